@@ -1,0 +1,5 @@
+import sys
+
+from compress.cli import main
+
+sys.exit(main())

@@ -1,0 +1,157 @@
+"""The ``compress`` command. Exit codes: 0 ok, 1 gate said no, 2 invalid input, 3 a stage failed."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import traceback
+from pathlib import Path
+
+from compress import __version__
+from compress.errors import CompressError, ConfigError
+
+
+def _console(stderr: bool = True):
+    from rich.console import Console
+
+    return Console(stderr=stderr, soft_wrap=stderr)
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from compress.inspect_view import render
+    from compress.pipeline_file import load_pipeline
+    from compress.runner import RunOptions, Runner, default_run_dir
+
+    pipeline = load_pipeline(args.pipeline, args.overrides)
+    run_dir = Path(args.run_dir) if args.run_dir else default_run_dir(pipeline)
+    options = RunOptions(only=args.only, from_stage=args.from_stage, force=set(args.force or []))
+    Runner(pipeline, run_dir, _console(), options).run()
+    render(run_dir, _console(stderr=False))
+    return 0
+
+
+def _cmd_validate(args: argparse.Namespace) -> int:
+    from compress.pipeline_file import load_pipeline
+
+    pipeline = load_pipeline(args.pipeline, args.overrides)
+    print(f"{args.pipeline}: valid ({len(pipeline.stages)} stages: {', '.join(s.name for s in pipeline.stages)})")
+    return 0
+
+
+def _cmd_schema(args: argparse.Namespace) -> int:
+    from compress.schema import pipeline_json_schema
+
+    print(json.dumps(pipeline_json_schema(), indent=2))
+    return 0
+
+
+def _cmd_inspect(args: argparse.Namespace) -> int:
+    from compress.inspect_view import render
+
+    render(Path(args.run_dir), _console(stderr=False))
+    return 0
+
+
+def _parse_inputs(items: list[str]) -> dict[str, Path]:
+    inputs = {}
+    for item in items:
+        role, sep, path = item.partition("=")
+        if not sep or not role or not path:
+            raise ConfigError(f"--input {item!r}: write ROLE=PATH, e.g. --input model=runs/q/train/model")
+        inputs[role] = Path(path)
+    return inputs
+
+
+def _cmd_stage(args: argparse.Namespace) -> int:
+    import yaml
+
+    from compress.inspect_view import render
+    from compress.pipeline_file import apply_override, build_pipeline
+    from compress.runner import RunOptions, Runner
+
+    if args.pipeline:
+        try:
+            base = yaml.safe_load(Path(args.pipeline).read_text())
+        except (OSError, yaml.YAMLError) as exc:
+            raise ConfigError(f"--pipeline {args.pipeline}: cannot read it ({exc})") from exc
+        base = {k: v for k, v in base.items() if k != "stages"} if isinstance(base, dict) else {}
+    else:
+        base = {"data": {"name": args.data}, "model": {"name": args.model}}
+    raw = {**base, "name": f"{args.kind}-alone", "stages": [{"name": args.kind, "kind": args.kind}]}
+    if args.seed is not None:
+        raw["seed"] = args.seed
+    for assignment in args.overrides:
+        top = assignment.split("=", 1)[0].split(".", 1)[0]
+        scoped = assignment if top in ("data", "model", "seed", "red_line", "latency") else f"stages.{args.kind}.{assignment}"
+        apply_override(raw, scoped)
+    pipeline = build_pipeline(raw, f"compress stage {args.kind}")
+    run_dir = Path(args.run_dir or Path("runs") / f"{args.kind}-alone")
+    options = RunOptions(force={args.kind} if args.force else set(), external_inputs=_parse_inputs(args.input))
+    Runner(pipeline, run_dir, _console(), options).run()
+    render(run_dir, _console(stderr=False))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="compress", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"compress {__version__}")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="run a pipeline (cached stages are skipped)")
+    run.add_argument("pipeline")
+    run.add_argument("--run-dir", help="default: the pipeline's run_dir, else runs/<name>")
+    run.add_argument("--only", metavar="STAGE", help="run only this stage, its inputs taken from the manifest")
+    run.add_argument("--from", dest="from_stage", metavar="STAGE", help="re-run this stage and every later one")
+    run.add_argument("--force", metavar="STAGE", action="append", help="re-run this stage even if cached (repeatable)")
+    run.add_argument("overrides", nargs="*", metavar="key=value", help="e.g. stages.train.epochs=3 seed=1")
+    run.set_defaults(func=_cmd_run)
+
+    validate = sub.add_parser("validate", help="check a pipeline file without running it")
+    validate.add_argument("pipeline")
+    validate.add_argument("overrides", nargs="*", metavar="key=value")
+    validate.set_defaults(func=_cmd_validate)
+
+    schema = sub.add_parser("schema", help="print the pipeline file's JSON schema (for editors)")
+    schema.set_defaults(func=_cmd_schema)
+
+    inspect = sub.add_parser("inspect", help="show a run's stages, metrics and artifacts")
+    inspect.add_argument("run_dir")
+    inspect.set_defaults(func=_cmd_inspect)
+
+    stage = sub.add_parser("stage", help="run one stage alone, inputs given as paths")
+    stage.add_argument("kind")
+    stage.add_argument("--pipeline", help="take data, model, seed and limits from this pipeline file")
+    stage.add_argument("--data", default="mnist5k", help="data set name (without --pipeline)")
+    stage.add_argument("--model", default="resnet20", help="model name (without --pipeline)")
+    stage.add_argument("--seed", type=int)
+    stage.add_argument("--input", action="append", default=[], metavar="ROLE=PATH", help="an input artifact")
+    stage.add_argument("--run-dir", help="default: runs/<kind>-alone")
+    stage.add_argument("--force", action="store_true", help="re-run even if cached")
+    stage.add_argument("overrides", nargs="*", metavar="key=value", help="stage settings, or data./model. keys")
+    stage.set_defaults(func=_cmd_stage)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    # Overrides may follow options (`run p.yaml --force train seed=1`); argparse leaves those unparsed.
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        if not hasattr(args, "overrides") or any(item.startswith("-") or "=" not in item for item in extra):
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        args.overrides = list(args.overrides) + extra
+    try:
+        return args.func(args)
+    except CompressError as exc:
+        if args.debug:
+            traceback.print_exc()
+        print(f"error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("interrupted; completed stages are kept and a re-run resumes from the last checkpoint", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

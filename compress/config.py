@@ -1,0 +1,82 @@
+"""The pipeline schema: what a pipeline file may say, checked once at load.
+
+Stage entries are validated against the config class their ``kind`` registered, so the
+schema grows with the stages and a typo in any setting is caught before anything runs.
+"""
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+NAME_PATTERN = r"^[A-Za-z][A-Za-z0-9_-]*$"
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class DataConfig(Strict):
+    name: Literal["digits", "mnist5k", "imagefolder", "cifar10", "synthetic"]
+    path: str | None = Field(None, description="folder of the data set (imagefolder, cifar10)")
+    image_size: int | None = Field(None, gt=0, le=1024, description="resize every image once to this square size")
+    channels: Literal[1, 3] | None = Field(None, description="convert to 1 (grey) or 3 (RGB) channels")
+    mean: list[float] | None = Field(None, description="per-channel mean; default: measured on the train split")
+    std: list[float] | None = Field(None, description="per-channel std; default: measured on the train split")
+    val_fraction: float = Field(0.1, gt=0, lt=1)
+    test_fraction: float = Field(0.2, gt=0, lt=1)
+    calib_size: int = Field(256, gt=0, description="calibration images, a seeded subset of the train split")
+    split_seed: int = Field(0, ge=0, description="seed of the split permutation; kept apart from the run seed so "
+                            "runs with different seeds are measured on the same test images")
+    synthetic_samples: int = Field(1024, gt=0)
+    synthetic_classes: int = Field(10, ge=2)
+
+    @model_validator(mode="after")
+    def _check(self) -> "DataConfig":
+        if self.name in ("imagefolder", "cifar10") and not self.path:
+            raise ValueError(f"data.path is required for {self.name}")
+        if (self.mean is None) != (self.std is None):
+            raise ValueError("give both mean and std, or neither (then both are measured on the train split)")
+        if self.std is not None and any(s <= 0 for s in self.std):
+            raise ValueError("every std value must be > 0")
+        if self.val_fraction + self.test_fraction >= 0.9:
+            raise ValueError("val_fraction + test_fraction must leave at least 10% for training")
+        return self
+
+
+class ModelConfig(Strict):
+    name: str = Field(..., description="resnet20/32/56, a torchvision model name, or 'package.module:callable'")
+    weights: str | None = Field(None, description="local state dict (.safetensors, or .pt read with weights_only)")
+    args: dict[str, Any] = Field(default_factory=dict, description="extra keyword arguments of the builder")
+
+
+class RedLine(Strict):
+    metric: Literal["top1", "top5"] = "top1"
+    max_drop: float = Field(1.0, ge=0, le=100, description="percentage points below the trained baseline")
+
+
+class Latency(Strict):
+    p99_budget_ms: float | None = Field(None, gt=0)
+    batch_size: int = Field(1, ge=1)
+
+
+class PipelineConfig(Strict):
+    name: str = Field(..., pattern=NAME_PATTERN)
+    seed: int = Field(0, ge=0)
+    run_dir: str | None = Field(None, description="default: runs/<name> beside the current directory")
+    data: DataConfig
+    model: ModelConfig
+    red_line: RedLine = Field(default_factory=RedLine)
+    latency: Latency = Field(default_factory=Latency)
+    stages: list[dict[str, Any]] = Field(..., min_length=1)
+
+
+class StageConfig(Strict):
+    """Fields every stage has; each kind subclasses this with its own settings."""
+
+    name: str = Field(..., pattern=NAME_PATTERN)
+    kind: str
+    inputs: dict[str, str] = Field(
+        default_factory=dict,
+        description="role -> 'stage' or 'stage.artifact'; default model: the latest earlier stage that makes one",
+    )

@@ -1,0 +1,46 @@
+"""One error hierarchy; the exit code is a property of the error, not of where it is caught.
+
+Every message names the stage, field or file concerned and what to do about it, because
+the CLI prints it as the whole story (no traceback unless --debug).
+"""
+from __future__ import annotations
+
+
+class CompressError(Exception):
+    exit_code = 3
+
+
+class ConfigError(CompressError):
+    """The pipeline file, an override or a command-line argument is invalid."""
+
+    exit_code = 2
+
+
+class DataInputError(CompressError):
+    """A data set or a user-provided file could not be used."""
+
+    exit_code = 2
+
+
+class ArtifactError(CompressError):
+    """An artifact is missing, changed since it was recorded, or unreadable."""
+
+    exit_code = 2
+
+
+class RunLockedError(CompressError):
+    """Another run holds the run directory."""
+
+    exit_code = 2
+
+
+class StageError(CompressError):
+    """A stage failed while running (divergence, backend error)."""
+
+    exit_code = 3
+
+
+class GateFailed(CompressError):
+    """The release gate said no."""
+
+    exit_code = 1

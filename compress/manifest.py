@@ -1,0 +1,119 @@
+"""The run's memory: every artifact with its digest and lineage, every stage with its cache key.
+
+The manifest is what lets a stage be skipped safely (same cache key, outputs still match
+their digests), lets a later stage find its inputs, and lets a reader trace any shipped
+file back to the data and settings that made it.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field, ValidationError
+
+from compress.errors import ArtifactError
+from train.atomic_io import atomic_write_text
+
+MANIFEST_FILE = "manifest.json"
+FORMAT = "compress-manifest/1"
+
+
+def now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
+
+
+def _file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def digest_path(path: Path) -> tuple[str, int]:
+    """sha256 and size of a file, or of a folder (its relative file names and their digests)."""
+    if path.is_file():
+        return _file_sha256(path), path.stat().st_size
+    if path.is_dir():
+        h, size = hashlib.sha256(), 0
+        for child in sorted(p for p in path.rglob("*") if p.is_file()):
+            h.update(child.relative_to(path).as_posix().encode() + b"\0" + _file_sha256(child).encode() + b"\n")
+            size += child.stat().st_size
+        return h.hexdigest(), size
+    raise FileNotFoundError(path)
+
+
+class ArtifactRecord(BaseModel):
+    name: str
+    kind: str
+    path: str  # relative to the run directory (absolute for external inputs)
+    sha256: str
+    size_bytes: int
+    stage: str
+    made_from: list[str] = Field(default_factory=list)
+    meta: dict[str, Any] = Field(default_factory=dict)
+    created: str = Field(default_factory=now)
+
+
+class StageRecord(BaseModel):
+    name: str
+    kind: str
+    status: Literal["running", "completed", "failed"]
+    config_hash: str
+    cache_key: str
+    input_digests: dict[str, str] = Field(default_factory=dict)
+    package_version: str
+    started: str
+    ended: str | None = None
+    duration_s: float | None = None
+    outputs: list[str] = Field(default_factory=list)
+    metrics: dict[str, Any] = Field(default_factory=dict)
+    error: str | None = None
+
+
+class Manifest(BaseModel):
+    format: str = FORMAT
+    pipeline: str
+    created: str = Field(default_factory=now)
+    updated: str = Field(default_factory=now)
+    environment: dict[str, Any] = Field(default_factory=dict)
+    data: dict[str, Any] = Field(default_factory=dict)
+    artifacts: dict[str, ArtifactRecord] = Field(default_factory=dict)
+    stages: dict[str, StageRecord] = Field(default_factory=dict)
+
+    @classmethod
+    def load(cls, run_dir: Path) -> "Manifest | None":
+        path = run_dir / MANIFEST_FILE
+        if not path.exists():
+            return None
+        try:
+            return cls.model_validate(json.loads(path.read_text()))
+        except (json.JSONDecodeError, ValidationError) as exc:
+            raise ArtifactError(
+                f"{path} is not a readable manifest ({type(exc).__name__}); move it away or use another --run-dir"
+            ) from exc
+
+    def save(self, run_dir: Path) -> None:
+        self.updated = now()
+        atomic_write_text(run_dir / MANIFEST_FILE, self.model_dump_json(indent=2) + "\n")
+
+    def resolve_path(self, run_dir: Path, record: ArtifactRecord) -> Path:
+        path = Path(record.path)
+        return path if path.is_absolute() else run_dir / path
+
+    def verify(self, run_dir: Path, name: str) -> str | None:
+        """None when the artifact still matches its digest, else what is wrong with it."""
+        record = self.artifacts.get(name)
+        if record is None:
+            return "it is not in the manifest"
+        path = self.resolve_path(run_dir, record)
+        try:
+            digest, _ = digest_path(path)
+        except FileNotFoundError:
+            return f"{path} is missing"
+        if digest != record.sha256:
+            return f"{path} changed since it was recorded (sha256 {digest[:12]}… ≠ {record.sha256[:12]}…)"
+        return None

@@ -1,0 +1,200 @@
+"""Runs a pipeline's stages in order, skipping those whose cached results still hold.
+
+A stage's cache key covers its kind, its resolved settings, the pipeline sections it
+uses, the data split digest, the digests of its inputs and the package version. So a
+changed setting re-runs that stage, and the changed artifacts it makes re-run exactly
+the stages after it that consume them, and nothing else.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rich.console import Console
+
+from compress import __version__
+from compress.errors import ArtifactError, CompressError, ConfigError, DataInputError, StageError
+from compress.fingerprint import environment
+from compress.manifest import ArtifactRecord, Manifest, StageRecord, digest_path, now
+from compress.pipeline_file import Pipeline
+from compress.run_lock import RunLock
+from compress.stages import registry
+from compress.stages.base import InputArtifact, StageContext
+from train.atomic_io import atomic_write_text
+from train.data import DataBundle, DataSpec, load_data
+from train.datasets import DataError
+
+
+@dataclass
+class RunOptions:
+    only: str | None = None
+    from_stage: str | None = None
+    force: set[str] = field(default_factory=set)
+    external_inputs: dict[str, Path] = field(default_factory=dict)  # role -> path, for `compress stage`
+
+
+def _hash(obj: object) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def default_run_dir(pipeline: Pipeline) -> Path:
+    return Path(pipeline.config.run_dir or Path("runs") / pipeline.config.name)
+
+
+def input_refs(pipeline: Pipeline) -> dict[str, dict[str, str]]:
+    """Artifact name each stage reads per input role; default model: the latest earlier model."""
+    refs: dict[str, dict[str, str]] = {}
+    earlier: list[tuple[str, tuple[str, ...]]] = []
+    for stage in pipeline.stages:
+        cls = registry.get(stage.kind)
+        assert cls is not None  # the pipeline was validated
+        chosen: dict[str, str] = {}
+        for role in cls.input_roles:
+            ref = stage.inputs.get(role)
+            if ref is not None and "." in ref:
+                chosen[role] = ref
+            elif ref is not None:  # a bare stage name: that stage's main artifact
+                made = dict(earlier)[ref]
+                chosen[role] = f"{ref}.{made[0] if made else role}"
+            elif role == "model":
+                makers = [n for n, p in earlier if "model" in p]
+                if makers:
+                    chosen[role] = f"{makers[-1]}.model"
+        refs[stage.name] = chosen
+        earlier.append((stage.name, cls.produces))
+    return refs
+
+
+class Runner:
+    def __init__(self, pipeline: Pipeline, run_dir: Path, console: Console | None = None,
+                 options: RunOptions | None = None) -> None:
+        self.pipeline, self.run_dir = pipeline, Path(run_dir)
+        self.console = console or Console(stderr=True)
+        self.options = options or RunOptions()
+        self._data: DataBundle | None = None
+        self._data_digest: str | None = None
+        self.manifest: Manifest | None = None
+
+    def _load_data(self) -> DataBundle:
+        if self._data is None:
+            cfg = self.pipeline.config.data
+            spec = DataSpec(**cfg.model_dump())
+            try:
+                self._data = load_data(spec)
+            except DataError as exc:
+                raise DataInputError(f"{self.pipeline.source}: data: {exc}") from exc
+            self._data_digest = self._data.digest()
+            assert self.manifest is not None
+            self.manifest.data = {**self._data.summary(), "split_hash": self._data_digest}
+        return self._data
+
+    def _selected(self) -> list[int]:
+        names = [s.name for s in self.pipeline.stages]
+        for flag, name in (("--only", self.options.only), ("--from", self.options.from_stage),
+                           *(("--force", f) for f in self.options.force)):
+            if name is not None and name not in names:
+                raise ConfigError(f"{flag} {name}: no such stage in {self.pipeline.source}; stages: {', '.join(names)}")
+        if self.options.only:
+            return [names.index(self.options.only)]
+        if self.options.from_stage:
+            return list(range(names.index(self.options.from_stage), len(names)))
+        return list(range(len(names)))
+
+    def run(self) -> Manifest:
+        selected = self._selected()
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        with RunLock(self.run_dir):
+            self.manifest = Manifest.load(self.run_dir) or Manifest(pipeline=self.pipeline.config.name)
+            atomic_write_text(self.run_dir / "pipeline.resolved.yaml", self.pipeline.resolved_yaml())
+            self.manifest.environment = environment()
+            self._register_external_inputs()
+            refs = input_refs(self.pipeline)
+            for stage_refs in refs.values():
+                stage_refs.update({role: f"external.{role}" for role in self.options.external_inputs})
+            for index in selected:
+                self._run_stage(index, refs[self.pipeline.stages[index].name])
+            self.manifest.save(self.run_dir)
+        return self.manifest
+
+    def _register_external_inputs(self) -> None:
+        assert self.manifest is not None
+        for role, path in self.options.external_inputs.items():
+            path = Path(path).resolve()
+            try:
+                digest, size = digest_path(path)
+            except FileNotFoundError as exc:
+                raise ArtifactError(f"--input {role}={path}: no such file or folder") from exc
+            kind = "torch-model" if (path / "model.json").is_file() else ("onnx" if path.suffix == ".onnx" else "file")
+            self.manifest.artifacts[f"external.{role}"] = ArtifactRecord(
+                name=f"external.{role}", kind=kind, path=str(path), sha256=digest, size_bytes=size, stage="external")
+
+    def _run_stage(self, index: int, refs: dict[str, str]) -> None:
+        manifest = self.manifest
+        assert manifest is not None
+        cfg = self.pipeline.stages[index]
+        cls = registry.get(cfg.kind)
+        assert cls is not None
+        inputs: dict[str, InputArtifact] = {}
+        for role, artifact in refs.items():
+            problem = manifest.verify(self.run_dir, artifact)
+            if problem:
+                producer = artifact.split(".", 1)[0]
+                raise ArtifactError(
+                    f"stage {cfg.name!r} needs input {artifact}, but {problem}; "
+                    f"re-run the stage that makes it: compress run {self.pipeline.source} --from {producer}")
+            record = manifest.artifacts[artifact]
+            inputs[role] = InputArtifact(artifact, record.kind, manifest.resolve_path(self.run_dir, record), record.meta)
+
+        settings = cfg.model_dump(mode="json")
+        global_cfg = self.pipeline.config.model_dump(mode="json")
+        used = {key: global_cfg[key] for key in cls.uses}
+        data_digest = None
+        if "data" in cls.uses:
+            self._load_data()
+            data_digest = self._data_digest
+        input_digests = {role: manifest.artifacts[a].sha256 for role, a in refs.items()}
+        key = _hash({"kind": cfg.kind, "settings": settings, "uses": used, "data": data_digest,
+                     "inputs": input_digests, "version": __version__})
+
+        previous = manifest.stages.get(cfg.name)
+        forced = cfg.name in self.options.force or cfg.name == self.options.from_stage
+        if (not forced and previous is not None and previous.status == "completed" and previous.cache_key == key
+                and all(manifest.verify(self.run_dir, o) is None for o in previous.outputs)):
+            self.console.print(f"[bold]{cfg.name}[/]: cached, skipped", highlight=False)
+            return
+
+        record = StageRecord(name=cfg.name, kind=cfg.kind, status="running", config_hash=_hash(settings),
+                             cache_key=key, input_digests=input_digests, package_version=__version__, started=now())
+        manifest.stages[cfg.name] = record
+        manifest.save(self.run_dir)
+        ctx = StageContext(run_dir=self.run_dir, stage_dir=self.run_dir / cfg.name, name=cfg.name,
+                           pipeline=self.pipeline.config, cache_key=key, console=self.console, load_data=self._load_data)
+        self.console.print(f"[bold]{cfg.name}[/]: running ({cfg.kind})", highlight=False)
+        try:
+            result, duration = cls(cfg).execute(ctx, inputs)
+        except BaseException as exc:
+            record.status, record.ended = "failed", now()
+            record.error = f"{type(exc).__name__}: {exc}"
+            manifest.save(self.run_dir)
+            if isinstance(exc, CompressError) or not isinstance(exc, Exception):
+                raise
+            raise StageError(f"stage {cfg.name!r} ({cfg.kind}) failed: {type(exc).__name__}: {exc} "
+                             "(run with --debug for the traceback)") from exc
+
+        for name in [a for a, r in manifest.artifacts.items() if r.stage == cfg.name]:
+            del manifest.artifacts[name]
+        outputs = []
+        for out in result.outputs:
+            digest, size = digest_path(out.path)
+            name = f"{cfg.name}.{out.role}"
+            manifest.artifacts[name] = ArtifactRecord(
+                name=name, kind=out.kind, path=out.path.relative_to(self.run_dir).as_posix(), sha256=digest,
+                size_bytes=size, stage=cfg.name, meta=out.meta,
+                made_from=out.made_from if out.made_from is not None else [i.name for i in inputs.values()])
+            outputs.append(name)
+        record.status, record.ended, record.duration_s = "completed", now(), round(duration, 3)
+        record.outputs, record.metrics = outputs, result.metrics
+        manifest.save(self.run_dir)
+        self.console.print(f"[bold]{cfg.name}[/]: done in {duration:.1f}s", highlight=False)

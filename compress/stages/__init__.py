@@ -1,0 +1,1 @@
+"""Stage kinds. Each module defines one thin adapter; the algorithms live elsewhere."""

@@ -1,0 +1,107 @@
+"""What every stage shares: registration by kind, the context it runs in, its result.
+
+A stage's ``run`` does only what is specific to it. The base class and the runner do
+the rest once: the stage folder, timing, the log line, checking that declared outputs
+exist, cache keys and manifest records.
+"""
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterator
+
+from rich.console import Console
+
+from compress.config import PipelineConfig, StageConfig
+from compress.errors import ArtifactError, StageError
+from compress.stages import registry
+from train.atomic_io import atomic_dir
+
+if TYPE_CHECKING:
+    from train.data import DataBundle
+
+
+@dataclass
+class InputArtifact:
+    name: str
+    kind: str
+    path: Path
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Output:
+    role: str  # registered as "<stage>.<role>"
+    kind: str
+    path: Path
+    meta: dict[str, Any] = field(default_factory=dict)
+    made_from: list[str] | None = None  # default: every input of the stage
+
+
+@dataclass
+class StageResult:
+    outputs: list[Output]
+    metrics: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class StageContext:
+    run_dir: Path
+    stage_dir: Path
+    name: str
+    pipeline: PipelineConfig
+    cache_key: str
+    console: Console
+    load_data: Callable[[], "DataBundle"]
+
+    @property
+    def data(self) -> "DataBundle":
+        return self.load_data()
+
+    def log(self, message: str) -> None:
+        self.console.print(f"[bold]{self.name}[/]: {message}", highlight=False)
+
+    @contextlib.contextmanager
+    def atomic_output_dir(self, relative: str) -> Iterator[Path]:
+        """A folder artifact that appears under its final name only once complete."""
+        with atomic_dir(self.stage_dir / relative) as tmp:
+            yield tmp
+
+
+class Stage:
+    kind: ClassVar[str]
+    Config: ClassVar[type[StageConfig]]
+    input_roles: ClassVar[tuple[str, ...]] = ()
+    required_inputs: ClassVar[tuple[str, ...]] = ()
+    produces: ClassVar[tuple[str, ...]] = ()
+    # Top-level pipeline sections whose values belong in this stage's cache key.
+    uses: ClassVar[tuple[str, ...]] = ("seed", "data", "model")
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "kind" in cls.__dict__:
+            registry.register(cls)
+
+    def __init__(self, config: StageConfig) -> None:
+        self.config = config
+
+    def execute(self, ctx: StageContext, inputs: dict[str, InputArtifact]) -> tuple[StageResult, float]:
+        missing = [role for role in self.required_inputs if role not in inputs]
+        if missing:
+            raise ArtifactError(
+                f"stage {ctx.name!r} ({self.kind}) needs input {', '.join(missing)}; "
+                f"set stages.{ctx.name}.inputs or add an earlier stage that makes one"
+            )
+        ctx.stage_dir.mkdir(parents=True, exist_ok=True)
+        start = time.perf_counter()
+        result = self.run(ctx, inputs)
+        duration = time.perf_counter() - start
+        for out in result.outputs:
+            if not out.path.exists():
+                raise StageError(f"stage {ctx.name!r} declared output {out.role} at {out.path}, which was not written")
+        return result, duration
+
+    def run(self, ctx: StageContext, inputs: dict[str, InputArtifact]) -> StageResult:
+        raise NotImplementedError(f"stage kind {self.kind!r} does not implement run()")

@@ -1,0 +1,72 @@
+"""The command line: exit codes, messages without tracebacks, inspect, and one stage run alone."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from compress.cli import main
+from tests.conftest import ROOT, run_cli
+
+
+def test_run_then_inspect(tmp_path, tiny_config, write_pipeline, capsys):
+    run_dir = tmp_path / "run"
+    assert main(["run", str(write_pipeline(tiny_config)), "--run-dir", str(run_dir)]) == 0
+    capsys.readouterr()
+    assert main(["inspect", str(run_dir)]) == 0
+    out = capsys.readouterr().out
+    assert "train.model" in out and "completed" in out and "test_top1=" in out and "torch-model" in out
+    (run_dir / "train" / "model" / "model.json").write_text("{}")
+    assert main(["inspect", str(run_dir)]) == 0
+    assert "(changed)" in capsys.readouterr().out
+
+
+def test_exit_codes_and_clean_messages(tmp_path, tiny_config, write_pipeline):
+    bad = dict(tiny_config, data={"name": "imagefolder", "path": str(tmp_path / "no-such-folder")})
+    result = run_cli("run", str(write_pipeline(bad, "bad_data.yaml")), "--run-dir", str(tmp_path / "a"))
+    assert result.returncode == 2
+    assert "data: imagefolder:" in result.stderr and "is not a folder" in result.stderr
+    assert "Traceback" not in result.stderr
+
+    exploding = dict(tiny_config, model={"name": "tests.user_models:ExplodingNet"})
+    result = run_cli("run", str(write_pipeline(exploding, "nan.yaml")), "--run-dir", str(tmp_path / "b"))
+    assert result.returncode == 3 and "loss became nan" in result.stderr and "Traceback" not in result.stderr
+
+    result = run_cli("--debug", "run", str(write_pipeline(exploding, "nan.yaml")), "--run-dir", str(tmp_path / "b"))
+    assert result.returncode == 3 and "Traceback" in result.stderr
+
+    wrong_weights = dict(tiny_config, model={"name": "resnet20", "weights": str(tmp_path / "missing.pt")})
+    result = run_cli("run", str(write_pipeline(wrong_weights, "w.yaml")), "--run-dir", str(tmp_path / "c"))
+    assert result.returncode == 2 and "model.weights:" in result.stderr and "does not exist" in result.stderr
+
+    assert main(["inspect", str(tmp_path)]) == 2
+
+
+def test_bad_input_leaves_an_existing_run_untouched(tmp_path, tiny_config, write_pipeline):
+    run_dir = tmp_path / "run"
+    path = write_pipeline(tiny_config)
+    assert main(["run", str(path), "--run-dir", str(run_dir)]) == 0
+    before = {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
+    assert main(["run", str(path), "--run-dir", str(run_dir), "stages.train.epochs=0"]) == 2
+    assert {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()} == before
+
+
+def test_stage_command_runs_one_stage_alone_on_a_given_model(tmp_path, tiny_config, write_pipeline):
+    first = tmp_path / "first"
+    assert main(["run", str(write_pipeline(tiny_config)), "--run-dir", str(first)]) == 0
+    alone = tmp_path / "alone"
+    code = main(["stage", "train", "--data", "digits", "--model", "resnet20", "--run-dir", str(alone),
+                 "--input", f"model={first / 'train' / 'model'}", "epochs=1", "amp=off", "checkpoint_every=0",
+                 "model.args={width: 4}"])
+    assert code == 0
+    manifest = json.loads((alone / "manifest.json").read_text())
+    assert manifest["artifacts"]["external.model"]["kind"] == "torch-model"
+    assert manifest["artifacts"]["train.model"]["made_from"] == ["external.model"]
+    assert manifest["stages"]["train"]["metrics"]["steps"] == 1294 // 128  # default batch_size
+    assert main(["stage", "train", "--input", "model"]) == 2
+
+
+def test_help_does_not_import_torch():
+    code = "import sys, compress.cli; compress.cli.build_parser(); print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"

@@ -1,0 +1,23 @@
+"""The README's promise, end to end: the quickstart trains to ≥ 97% and a re-run is a cache hit."""
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from tests.conftest import ROOT, run_cli
+
+
+@pytest.mark.slow
+def test_quickstart_reaches_97_percent_and_reruns_from_cache(tmp_path):
+    run_dir = tmp_path / "quickstart"
+    first = run_cli("run", str(ROOT / "pipelines" / "quickstart.yaml"), "--run-dir", str(run_dir), timeout=900)
+    assert first.returncode == 0, first.stderr
+    metrics = json.loads((run_dir / "manifest.json").read_text())["stages"]["train"]["metrics"]
+    assert metrics["test_top1"] >= 97.0 and metrics["precision"] == "bf16"
+    start = time.monotonic()
+    again = run_cli("run", str(ROOT / "pipelines" / "quickstart.yaml"), "--run-dir", str(run_dir))
+    elapsed = time.monotonic() - start
+    assert again.returncode == 0 and "train: cached, skipped" in again.stderr
+    assert elapsed < 15, f"a fully cached re-run took {elapsed:.1f}s"

