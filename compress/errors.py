@@ -38,9 +38,3 @@ class StageError(CompressError):
     """A stage failed while running (divergence, backend error)."""
 
     exit_code = 3
-
-
-class GateFailed(CompressError):
-    """The release gate said no."""
-
-    exit_code = 1

@@ -36,6 +36,8 @@ def render(run_dir: Path, console: Console) -> None:
     for record in manifest.stages.values():
         shown = [f"{k}={record.metrics[k]}" for k in KEY_METRICS if k in record.metrics]
         status = {"completed": "[green]completed[/]", "failed": "[red]failed[/]"}.get(record.status, record.status)
+        if record.last_attempt:
+            status += f"\n(a later attempt: {record.last_attempt['status']})"
         duration = f"{record.duration_s:.1f}s" if record.duration_s is not None else "-"
         stages.add_row(record.name, record.kind, status, duration, "\n".join(shown) or (record.error or ""),
                        "\n".join(record.outputs))

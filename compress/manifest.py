@@ -72,6 +72,9 @@ class StageRecord(BaseModel):
     outputs: list[str] = Field(default_factory=list)
     metrics: dict[str, Any] = Field(default_factory=dict)
     error: str | None = None
+    # A later attempt that has not completed (running, killed or failed). The completed
+    # record and its artifacts stay valid meanwhile: outputs are only replaced on success.
+    last_attempt: dict[str, Any] | None = None
 
 
 class Manifest(BaseModel):

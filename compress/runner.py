@@ -165,9 +165,13 @@ class Runner:
             self.console.print(f"[bold]{cfg.name}[/]: cached, skipped", highlight=False)
             return
 
+        kept = previous if previous is not None and previous.status == "completed" else None
         record = StageRecord(name=cfg.name, kind=cfg.kind, status="running", config_hash=_hash(settings),
                              cache_key=key, input_digests=input_digests, package_version=__version__, started=now())
-        manifest.stages[cfg.name] = record
+        if kept is not None:
+            kept.last_attempt = {"status": "running", "started": record.started, "cache_key": key}
+        else:
+            manifest.stages[cfg.name] = record
         manifest.save(self.run_dir)
         ctx = StageContext(run_dir=self.run_dir, stage_dir=self.run_dir / cfg.name, name=cfg.name,
                            pipeline=self.pipeline.config, cache_key=key, console=self.console, load_data=self._load_data)
@@ -175,8 +179,11 @@ class Runner:
         try:
             result, duration = cls(cfg).execute(ctx, inputs)
         except BaseException as exc:
-            record.status, record.ended = "failed", now()
-            record.error = f"{type(exc).__name__}: {exc}"
+            failure = {"status": "failed", "ended": now(), "error": f"{type(exc).__name__}: {exc}"}
+            if kept is not None:
+                kept.last_attempt.update(failure)
+            else:
+                record.status, record.ended, record.error = "failed", failure["ended"], failure["error"]
             manifest.save(self.run_dir)
             if isinstance(exc, CompressError) or not isinstance(exc, Exception):
                 raise
@@ -196,5 +203,6 @@ class Runner:
             outputs.append(name)
         record.status, record.ended, record.duration_s = "completed", now(), round(duration, 3)
         record.outputs, record.metrics = outputs, result.metrics
+        manifest.stages[cfg.name] = record
         manifest.save(self.run_dir)
         self.console.print(f"[bold]{cfg.name}[/]: done in {duration:.1f}s", highlight=False)

@@ -7,7 +7,7 @@ import json
 import pytest
 from rich.console import Console
 
-from compress.errors import ArtifactError, StageError
+from compress.errors import ArtifactError, ConfigError, StageError
 from compress.manifest import Manifest, digest_path
 from compress.pipeline_file import load_pipeline
 from compress.runner import RunOptions, Runner
@@ -106,3 +106,16 @@ def test_a_failed_stage_is_recorded_and_never_cached(tmp_path, tiny_config, writ
     assert (run_dir / "train" / "checkpoints" / "last.pt").is_file()
     with pytest.raises(StageError):
         _run(path, run_dir)
+
+
+def test_a_failed_attempt_keeps_the_completed_record_and_its_cache(tmp_path, tiny_config, write_pipeline):
+    path, run_dir = write_pipeline(tiny_config), tmp_path / "run"
+    first, _ = _run(path, run_dir)
+    model_digest = first.artifacts["train.model"].sha256
+    with pytest.raises(ConfigError, match=r"model.weights: .*missing.pt does not exist"):
+        _run(path, run_dir, [f"model.weights={tmp_path / 'missing.pt'}"])
+    record = Manifest.load(run_dir).stages["train"]
+    assert record.status == "completed" and record.last_attempt["status"] == "failed"
+    assert "does not exist" in record.last_attempt["error"]
+    manifest, log = _run(path, run_dir)
+    assert "train: cached, skipped" in log and manifest.artifacts["train.model"].sha256 == model_digest

@@ -28,8 +28,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from train.data import BatchStream, DataSpec, load_data
-from train.loop import LoopSettings, fit
-from train.memory import PeakMemory
+from train.loop import FitResult, LoopSettings, fit
 from train.models import build_model
 from train.optim import lr_factor, make_optimizer, make_scheduler
 from train.precision import make_precision
@@ -46,20 +45,18 @@ def _setup(args: argparse.Namespace, steps: int):
     return data, model, stream
 
 
-def _bare_loop(model: nn.Module, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> float:
+def _bare_loop(model: nn.Module, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
     """The reference: the plainest correct fp32 loop over already-normalised batches."""
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     model.train()
-    start = time.perf_counter()
     for x, y in batches:
         optimizer.zero_grad(set_to_none=True)
         loss = F.cross_entropy(model(x), y)
         loss.backward()
         optimizer.step()
-    return time.perf_counter() - start
 
 
-def _our_loop(model: nn.Module, stream: BatchStream, steps: int, amp: str, channels_last: bool = False) -> float:
+def _our_loop(model: nn.Module, stream: BatchStream, steps: int, amp: str, channels_last: bool = False) -> FitResult:
     if channels_last:
         model = model.to(memory_format=torch.channels_last)
         stream = BatchStream(stream.split, stream.bundle, stream.batch_size, shuffle=True, drop_last=True,
@@ -68,8 +65,12 @@ def _our_loop(model: nn.Module, stream: BatchStream, steps: int, amp: str, chann
     optimizer = make_optimizer(model, "adamw", 1e-3, 0.0)
     scheduler = make_scheduler(optimizer, lr_factor("constant", steps))
     settings = LoopSettings(epochs=1, label="bench", heartbeat_s=1e9)
+    return fit(model, stream, None, optimizer, scheduler, precision, settings)
+
+
+def _timed(run) -> float:
     start = time.perf_counter()
-    fit(model, stream, None, optimizer, scheduler, precision, settings)
+    run()
     return time.perf_counter() - start
 
 
@@ -109,10 +110,8 @@ def main(argv: list[str] | None = None) -> int:
     data, model, stream = _setup(args, args.steps)
     stream = _truncated(stream, args.steps)
     if args.child_memory:
-        before = PeakMemory(torch.device("cpu")).peak()[0]
-        _our_loop(model, stream, args.steps, args.child_memory)
-        peak = PeakMemory(torch.device("cpu")).peak()[0]
-        print(json.dumps({"peak_mb": (peak - before) / 2**20}))
+        result = _our_loop(model, stream, args.steps, args.child_memory)
+        print(json.dumps({"peak_mb": result.peak_memory_bytes / 2**20, "kind": result.peak_memory_kind}))
         return 0
 
     batches = list(stream.epoch(0))
@@ -128,17 +127,17 @@ def main(argv: list[str] | None = None) -> int:
     with open(os.devnull, "w") as quiet, contextlib.redirect_stderr(quiet):
         for name, run in variants.items():  # warm-up: oneDNN primitive creation, allocator growth
             model.to(memory_format=torch.contiguous_format).load_state_dict(initial)
-            run()
+            _timed(run)
         for _ in range(args.rounds):
             for name, run in variants.items():
                 model.to(memory_format=torch.contiguous_format).load_state_dict(initial)
-                times[name].append(run())
+                times[name].append(_timed(run))
     images = args.steps * args.batch_size
     throughput = {name: images / statistics.median(t) for name, t in times.items()}
     memory = {"fp32": _memory_child(args, "off"), "bf16": _memory_child(args, "bf16")}
     result = {
-        "model": args.model, "model_args": json.loads(args.model_args), "data": args.data, "input": list(data.input_shape), "batch_size": args.batch_size,
-        "steps": args.steps, "rounds": args.rounds, "threads": torch.get_num_threads(),
+        "model": args.model, "model_args": json.loads(args.model_args), "data": args.data,
+        "input": list(data.input_shape), "batch_size": args.batch_size, "steps": args.steps, "rounds": args.rounds, "threads": torch.get_num_threads(),
         "images_per_s": {k: round(v, 1) for k, v in throughput.items()},
         "amp_speedup": round(throughput["loop bf16"] / throughput["loop fp32"], 3),
         "amp_speedup_channels_last": round(throughput["loop bf16 channels_last"] / throughput["loop fp32 channels_last"], 3),

@@ -68,11 +68,6 @@ class DataBundle:
         c, h, w = self.input_shape
         return {"channels": c, "height": h, "width": w, "scale": 1 / 255, "mean": self.mean, "std": self.std}
 
-    def normalize(self, images: torch.Tensor) -> torch.Tensor:
-        mean = torch.tensor(self.mean, device=images.device).view(1, -1, 1, 1)
-        std = torch.tensor(self.std, device=images.device).view(1, -1, 1, 1)
-        return (images.float().div_(255.0) - mean) / std
-
     def digest(self) -> str:
         """sha256 over the split membership and the pixels and labels of every split."""
         h = hashlib.sha256()

@@ -92,9 +92,9 @@ def fit(model: nn.Module, train: BatchStream, val: BatchStream | None, optimizer
     state = {"step": 0, "skipped": 0, "history": [], "best_val_top1": -1.0, "best_epoch": -1}
 
     checkpoint = load_checkpoint(checkpoint_dir) if checkpoint_dir else None
-    progress = StepProgress(settings.label, total_steps, heartbeat_s=settings.heartbeat_s)
+    notes = []
     if checkpoint is not None and checkpoint.get("run_key") != settings.run_key:
-        progress.message(f"{settings.label}: ignoring a checkpoint written with other settings")
+        notes.append(f"{settings.label}: ignoring a checkpoint written with other settings")
         checkpoint = None
     if checkpoint is not None:
         train_model.load_state_dict(checkpoint["model"])
@@ -103,8 +103,10 @@ def fit(model: nn.Module, train: BatchStream, val: BatchStream | None, optimizer
         scaler.load_state_dict(checkpoint["scaler"])
         restore_rng(checkpoint["rng"])
         state.update(checkpoint["loop"])
-        progress.initial = state["step"]
-        progress.message(f"{settings.label}: resumed from checkpoint at step {state['step']}/{total_steps}")
+        notes.append(f"{settings.label}: resumed from checkpoint at step {state['step']}/{total_steps}")
+    progress = StepProgress(settings.label, total_steps, state["step"], heartbeat_s=settings.heartbeat_s)
+    for note in notes:
+        progress.message(note)
     resumed_from = state["step"]
 
     def write_checkpoint() -> None:

@@ -10,7 +10,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
@@ -66,6 +65,3 @@ def load_model(directory: str | Path) -> tuple[nn.Module, dict]:
         raise ModelError(f"{directory / WEIGHTS_FILE} does not fit {arch['name']}: {str(exc).splitlines()[0]}") from exc
     return model, description
 
-
-def model_dtype_bytes(model: nn.Module) -> int:
-    return sum(t.numel() * t.element_size() for t in model.state_dict().values() if isinstance(t, torch.Tensor))

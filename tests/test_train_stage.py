@@ -1,0 +1,62 @@
+"""The train stage's settings reach the loop, and its bad settings fail as config errors."""
+from __future__ import annotations
+
+import importlib.util
+import json
+
+import pytest
+import torch
+
+from compress.cli import main
+
+
+def _metrics(run_dir) -> dict:
+    return json.loads((run_dir / "manifest.json").read_text())["stages"]["train"]["metrics"]
+
+
+def test_speed_and_regularisation_settings_run_together(tmp_path, tiny_config, write_pipeline):
+    tiny_config["stages"][0].update(
+        batch_size=32, grad_accum=2, channels_last=True, checkpoint_blocks=["layer1"], optimizer="sgd",
+        schedule="step", label_smoothing=0.1, clip_grad_norm=1.0, amp="bf16", augment={"pad": 1, "hflip": True})
+    run_dir = tmp_path / "run"
+    assert main(["run", str(write_pipeline(tiny_config)), "--run-dir", str(run_dir)]) == 0
+    metrics = _metrics(run_dir)
+    assert metrics["effective_batch"] == 64 and metrics["steps"] == 1294 // 64 and metrics["precision"] == "bf16"
+    history = json.loads((run_dir / "train" / "history" / "history.json").read_text())
+    assert [h["epoch"] for h in history] == [1] and "val_top1" in history[0]
+
+
+@pytest.mark.parametrize("override, expected", [
+    ("stages.train.checkpoint_blocks=[layer9]", "stages.train.checkpoint_blocks: no module named layer9"),
+    ("stages.train.batch_size=5000", "stages.train.batch_size: 5000 × grad_accum 1 is more than the 1294 training images"),
+    ("model.name=resnet18", "expects 3-channel input, the data has 1; set data.channels: 3"),
+])
+def test_bad_settings_found_while_building_exit_2(tmp_path, tiny_config, write_pipeline, capsys, override, expected):
+    code = main(["run", str(write_pipeline(tiny_config)), "--run-dir", str(tmp_path / "run"), override])
+    assert code == 2
+    assert expected in capsys.readouterr().err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message shown when CUDA is absent")
+def test_cuda_requested_without_a_gpu(tmp_path, tiny_config, write_pipeline, capsys):
+    tiny_config["stages"][0]["device"] = "cuda"
+    assert main(["run", str(write_pipeline(tiny_config)), "--run-dir", str(tmp_path / "run")]) == 2
+    assert "device: cuda was asked for but torch sees no CUDA device" in capsys.readouterr().err
+
+
+def test_tensorboard_logging(tmp_path, tiny_config, write_pipeline, capsys):
+    tiny_config["stages"][0]["tensorboard"] = True
+    run_dir = tmp_path / "run"
+    code = main(["run", str(write_pipeline(tiny_config)), "--run-dir", str(run_dir)])
+    if importlib.util.find_spec("tensorboard") is None:
+        assert code == 2
+        assert "tensorboard: true needs the tensorboard package" in capsys.readouterr().err
+    else:
+        assert code == 0 and any((run_dir / "train" / "tensorboard").iterdir())
+
+
+def test_synthetic_data_accuracy_is_flagged(tmp_path, tiny_config, write_pipeline):
+    tiny_config["data"] = {"name": "synthetic", "image_size": 8, "channels": 1, "synthetic_samples": 300}
+    run_dir = tmp_path / "run"
+    assert main(["run", str(write_pipeline(tiny_config)), "--run-dir", str(run_dir)]) == 0
+    assert "meaningless" in _metrics(run_dir)["accuracy_meaningless"]
