@@ -21,7 +21,8 @@ from compress.manifest import ArtifactRecord, Manifest, StageRecord, digest_path
 from compress.pipeline_file import Pipeline
 from compress.run_lock import RunLock
 from compress.stages import registry
-from compress.stages.base import InputArtifact, StageContext
+from compress.config import StageConfig
+from compress.stages.base import InputArtifact, Output, StageContext
 from train.atomic_io import atomic_write_text
 from train.data import DataBundle, DataSpec, load_data
 from train.datasets import DataError
@@ -130,43 +131,58 @@ class Runner:
             self.manifest.artifacts[f"external.{role}"] = ArtifactRecord(
                 name=f"external.{role}", kind=kind, path=str(path), sha256=digest, size_bytes=size, stage="external")
 
+    def _inputs(self, stage_name: str, refs: dict[str, str]) -> dict[str, InputArtifact]:
+        manifest = self.manifest
+        assert manifest is not None
+        inputs = {}
+        for role, artifact in refs.items():
+            problem = manifest.verify(self.run_dir, artifact)
+            if problem:
+                producer = artifact.split(".", 1)[0]
+                raise ArtifactError(
+                    f"stage {stage_name!r} needs input {artifact}, but {problem}; "
+                    f"re-run the stage that makes it: compress run {self.pipeline.source} --from {producer}")
+            record = manifest.artifacts[artifact]
+            inputs[role] = InputArtifact(artifact, record.kind, manifest.resolve_path(self.run_dir, record), record.meta)
+        return inputs
+
+    def _cache_key(self, cfg: StageConfig, uses: tuple[str, ...], input_digests: dict[str, str]) -> str:
+        global_cfg = self.pipeline.config.model_dump(mode="json")
+        data_digest = None
+        if "data" in uses:
+            self._load_data()
+            data_digest = self._data_digest
+        return _hash({"kind": cfg.kind, "settings": cfg.model_dump(mode="json"),
+                      "uses": {key: global_cfg[key] for key in uses}, "data": data_digest,
+                      "inputs": input_digests, "version": __version__})
+
+    def _is_cached(self, name: str, key: str) -> bool:
+        manifest = self.manifest
+        assert manifest is not None
+        previous = manifest.stages.get(name)
+        if name in self.options.force or name == self.options.from_stage:
+            return False
+        return (previous is not None and previous.status == "completed" and previous.cache_key == key
+                and all(manifest.verify(self.run_dir, o) is None for o in previous.outputs))
+
     def _run_stage(self, index: int, refs: dict[str, str]) -> None:
         manifest = self.manifest
         assert manifest is not None
         cfg = self.pipeline.stages[index]
         cls = registry.get(cfg.kind)
         assert cls is not None
-        inputs: dict[str, InputArtifact] = {}
-        for role, artifact in refs.items():
-            problem = manifest.verify(self.run_dir, artifact)
-            if problem:
-                producer = artifact.split(".", 1)[0]
-                raise ArtifactError(
-                    f"stage {cfg.name!r} needs input {artifact}, but {problem}; "
-                    f"re-run the stage that makes it: compress run {self.pipeline.source} --from {producer}")
-            record = manifest.artifacts[artifact]
-            inputs[role] = InputArtifact(artifact, record.kind, manifest.resolve_path(self.run_dir, record), record.meta)
-
-        settings = cfg.model_dump(mode="json")
-        global_cfg = self.pipeline.config.model_dump(mode="json")
-        used = {key: global_cfg[key] for key in cls.uses}
-        data_digest = None
-        if "data" in cls.uses:
-            self._load_data()
-            data_digest = self._data_digest
+        inputs = self._inputs(cfg.name, refs)
         input_digests = {role: manifest.artifacts[a].sha256 for role, a in refs.items()}
-        key = _hash({"kind": cfg.kind, "settings": settings, "uses": used, "data": data_digest,
-                     "inputs": input_digests, "version": __version__})
-
-        previous = manifest.stages.get(cfg.name)
-        forced = cfg.name in self.options.force or cfg.name == self.options.from_stage
-        if (not forced and previous is not None and previous.status == "completed" and previous.cache_key == key
-                and all(manifest.verify(self.run_dir, o) is None for o in previous.outputs)):
-            self.console.print(f"[bold]{cfg.name}[/]: cached, skipped", highlight=False)
+        key = self._cache_key(cfg, cls.uses, input_digests)
+        if self._is_cached(cfg.name, key):
+            hint = f" (--force {cfg.name} re-runs it)" if self.options.only else ""
+            self.console.print(f"[bold]{cfg.name}[/]: cached, skipped{hint}", highlight=False)
             return
 
+        # A completed record stays while a new attempt runs: its outputs are only replaced on success.
+        previous = manifest.stages.get(cfg.name)
         kept = previous if previous is not None and previous.status == "completed" else None
-        record = StageRecord(name=cfg.name, kind=cfg.kind, status="running", config_hash=_hash(settings),
+        record = StageRecord(name=cfg.name, kind=cfg.kind, status="running", config_hash=_hash(cfg.model_dump(mode="json")),
                              cache_key=key, input_digests=input_digests, package_version=__version__, started=now())
         if kept is not None:
             kept.last_attempt = {"status": "running", "started": record.started, "cache_key": key}
@@ -190,19 +206,25 @@ class Runner:
             raise StageError(f"stage {cfg.name!r} ({cfg.kind}) failed: {type(exc).__name__}: {exc} "
                              "(run with --debug for the traceback)") from exc
 
-        for name in [a for a, r in manifest.artifacts.items() if r.stage == cfg.name]:
-            del manifest.artifacts[name]
-        outputs = []
-        for out in result.outputs:
-            digest, size = digest_path(out.path)
-            name = f"{cfg.name}.{out.role}"
-            manifest.artifacts[name] = ArtifactRecord(
-                name=name, kind=out.kind, path=out.path.relative_to(self.run_dir).as_posix(), sha256=digest,
-                size_bytes=size, stage=cfg.name, meta=out.meta,
-                made_from=out.made_from if out.made_from is not None else [i.name for i in inputs.values()])
-            outputs.append(name)
+        record.outputs = self._register_outputs(cfg.name, result.outputs, [i.name for i in inputs.values()])
         record.status, record.ended, record.duration_s = "completed", now(), round(duration, 3)
-        record.outputs, record.metrics = outputs, result.metrics
+        record.metrics = result.metrics
         manifest.stages[cfg.name] = record
         manifest.save(self.run_dir)
         self.console.print(f"[bold]{cfg.name}[/]: done in {duration:.1f}s", highlight=False)
+
+    def _register_outputs(self, stage: str, outputs: list[Output], input_names: list[str]) -> list[str]:
+        manifest = self.manifest
+        assert manifest is not None
+        for name in [a for a, r in manifest.artifacts.items() if r.stage == stage]:
+            del manifest.artifacts[name]
+        names = []
+        for out in outputs:
+            digest, size = digest_path(out.path)
+            name = f"{stage}.{out.role}"
+            manifest.artifacts[name] = ArtifactRecord(
+                name=name, kind=out.kind, path=out.path.relative_to(self.run_dir).as_posix(), sha256=digest,
+                size_bytes=size, stage=stage, meta=out.meta,
+                made_from=out.made_from if out.made_from is not None else input_names)
+            names.append(name)
+        return names

@@ -148,9 +148,14 @@ def test_loss_replacement_wrapper_and_epoch_hooks(digits):
     def mse(x, logits, y):
         return {"loss": (logits.float() - nn.functional.one_hot(y, 10)).square().mean()}
 
+    def aux(x, logits, y):
+        return {"aux": 0.01 * logits.float().square().mean()}
+
     result = _fit(Linear(), _stream(digits), epochs=2,
-                  hooks=Hooks(loss=mse, wrap_model=wrap, on_epoch=records.append))
+                  hooks=Hooks(loss=mse, extra_losses=[aux], wrap_model=wrap, on_epoch=records.append))
     assert len(wrapped) == 1 and [r["epoch"] for r in records] == [1, 2]
+    # Every loss part is logged per epoch, and the total includes the extra term.
+    assert 0 < records[1]["train_aux"] < records[1]["train_loss"]
     assert result.final_loss < 1.0  # an MSE against one-hot targets, not a cross-entropy
 
 

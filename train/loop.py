@@ -76,6 +76,99 @@ def _params_finite(model: nn.Module) -> bool:
     return all(bool(torch.isfinite(p).all()) for p in model.parameters())
 
 
+class _Loop:
+    """The state of one fit() call; each method is one phase of a step or an epoch."""
+
+    def __init__(self, train_model: nn.Module, forward_model: nn.Module, optimizer: torch.optim.Optimizer,
+                 scheduler: torch.optim.lr_scheduler.LRScheduler, precision: Precision, settings: LoopSettings,
+                 hooks: Hooks, total_steps: int) -> None:
+        self.train_model, self.forward_model = train_model, forward_model
+        self.optimizer, self.scheduler, self.precision = optimizer, scheduler, precision
+        self.settings, self.hooks, self.total_steps = settings, hooks, total_steps
+        self.state = {"step": 0, "skipped": 0, "history": [], "best_val_top1": -1.0, "best_epoch": -1}
+        self.images_seen, self.train_time = 0, 0.0
+        self.epoch_sums: dict[str, float] = {}
+        self.epoch_steps = 0
+
+    def _loss_terms(self, x: torch.Tensor, y: torch.Tensor) -> dict[str, torch.Tensor]:
+        with self.precision.autocast():
+            logits = self.forward_model(x)
+            if self.hooks.loss:
+                terms = dict(self.hooks.loss(x, logits, y))
+            else:
+                terms = {"loss": F.cross_entropy(logits.float(), y, label_smoothing=self.settings.label_smoothing)}
+            for extra in self.hooks.extra_losses:
+                for name, term in extra(x, logits, y).items():
+                    terms[name] = term
+                    terms["loss"] = terms["loss"] + term
+        return terms
+
+    def step(self, batches) -> float:
+        """One optimizer step over ``grad_accum`` micro-batches; returns the step's mean loss."""
+        t0 = time.perf_counter()
+        accum, scaler = self.settings.grad_accum, self.precision.scaler
+        step_loss = 0.0
+        for _ in range(accum):
+            x, y = next(batches)
+            terms = self._loss_terms(x, y)
+            value = terms["loss"].item()
+            if not math.isfinite(value):
+                raise NonFiniteLoss(
+                    f"{self.settings.label}: loss became {value} at step {self.state['step'] + 1}/{self.total_steps} "
+                    f"(precision {self.precision.name}). Try a lower lr, gradient clipping (clip_grad_norm: 1.0), "
+                    "or amp: off; the last good checkpoint was kept and no model was registered")
+            scaler.scale(terms["loss"] / accum).backward()
+            step_loss += value / accum
+            for name, term in terms.items():
+                self.epoch_sums[name] = self.epoch_sums.get(name, 0.0) + float(term.detach()) / accum
+            self.images_seen += len(y)
+        scaler.unscale_(self.optimizer)
+        if self.hooks.after_backward:
+            self.hooks.after_backward(self.train_model)
+        if self.settings.clip_grad_norm:
+            torch.nn.utils.clip_grad_norm_(self.train_model.parameters(), self.settings.clip_grad_norm)
+        scale_before = scaler.get_scale() if scaler.is_enabled() else 1.0
+        scaler.step(self.optimizer)
+        scaler.update()
+        if scaler.is_enabled() and scaler.get_scale() < scale_before:
+            self.state["skipped"] += 1  # inf/nan gradients: the scaler skipped this update
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.train_time += time.perf_counter() - t0
+        self.state["step"] += 1
+        self.epoch_steps += 1
+        return step_loss
+
+    def end_epoch(self, epoch: int, val: BatchStream | None, progress: StepProgress) -> None:
+        steps = max(1, self.epoch_steps)
+        record = {"epoch": epoch + 1, "step": self.state["step"],
+                  **{("train_loss" if k == "loss" else f"train_{k}"): v / steps for k, v in self.epoch_sums.items()}}
+        self.epoch_sums, self.epoch_steps = {}, 0
+        if val is not None:
+            metrics = evaluate(self.train_model, val, self.precision.autocast)
+            record.update(val_top1=metrics["top1"], val_loss=metrics["loss"])
+            if metrics["top1"] > self.state["best_val_top1"]:
+                self.state["best_val_top1"], self.state["best_epoch"] = metrics["top1"], epoch + 1
+            progress.message(f"{self.settings.label}: epoch {epoch + 1}/{self.settings.epochs} "
+                             f"loss {record.get('train_loss', float('nan')):.4f} val top1 {metrics['top1']:.2f}%")
+        self.state["history"].append(record)
+        if self.hooks.on_epoch:
+            self.hooks.on_epoch(record)
+
+    def checkpoint_state(self, scaler: torch.amp.GradScaler) -> dict:
+        return {"run_key": self.settings.run_key, "model": self.train_model.state_dict(),
+                "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
+                "scaler": scaler.state_dict(), "rng": rng_state(), "loop": self.state}
+
+    def resume(self, checkpoint: dict, scaler: torch.amp.GradScaler) -> None:
+        self.train_model.load_state_dict(checkpoint["model"])
+        self.optimizer.load_state_dict(checkpoint["optimizer"])
+        self.scheduler.load_state_dict(checkpoint["scheduler"])
+        scaler.load_state_dict(checkpoint["scaler"])
+        restore_rng(checkpoint["rng"])
+        self.state.update(checkpoint["loop"])
+
+
 def fit(model: nn.Module, train: BatchStream, val: BatchStream | None, optimizer: torch.optim.Optimizer,
         scheduler: torch.optim.lr_scheduler.LRScheduler, precision: Precision, settings: LoopSettings,
         hooks: Hooks | None = None, checkpoint_dir: Path | None = None, compile_model: bool = False) -> FitResult:
@@ -88,8 +181,8 @@ def fit(model: nn.Module, train: BatchStream, val: BatchStream | None, optimizer
         raise ValueError(f"{settings.label}: {len(train)} batches per epoch is fewer than grad_accum={accum}; "
                          "lower batch_size or grad_accum")
     total_steps = steps_per_epoch * settings.epochs
-    scaler = precision.scaler
-    state = {"step": 0, "skipped": 0, "history": [], "best_val_top1": -1.0, "best_epoch": -1}
+    loop = _Loop(train_model, forward_model, optimizer, scheduler, precision, settings, hooks, total_steps)
+    state = loop.state
 
     checkpoint = load_checkpoint(checkpoint_dir) if checkpoint_dir else None
     notes = []
@@ -97,28 +190,15 @@ def fit(model: nn.Module, train: BatchStream, val: BatchStream | None, optimizer
         notes.append(f"{settings.label}: ignoring a checkpoint written with other settings")
         checkpoint = None
     if checkpoint is not None:
-        train_model.load_state_dict(checkpoint["model"])
-        optimizer.load_state_dict(checkpoint["optimizer"])
-        scheduler.load_state_dict(checkpoint["scheduler"])
-        scaler.load_state_dict(checkpoint["scaler"])
-        restore_rng(checkpoint["rng"])
-        state.update(checkpoint["loop"])
+        loop.resume(checkpoint, precision.scaler)
         notes.append(f"{settings.label}: resumed from checkpoint at step {state['step']}/{total_steps}")
-    progress = StepProgress(settings.label, total_steps, state["step"], heartbeat_s=settings.heartbeat_s)
+    resumed_from = state["step"]
+    progress = StepProgress(settings.label, total_steps, resumed_from, heartbeat_s=settings.heartbeat_s)
     for note in notes:
         progress.message(note)
-    resumed_from = state["step"]
-
-    def write_checkpoint() -> None:
-        if checkpoint_dir is None or not _params_finite(train_model):
-            return
-        save_checkpoint(checkpoint_dir, {
-            "run_key": settings.run_key, "model": train_model.state_dict(), "optimizer": optimizer.state_dict(),
-            "scheduler": scheduler.state_dict(), "scaler": scaler.state_dict(), "rng": rng_state(), "loop": state,
-        })
 
     memory = PeakMemory(next(model.parameters()).device)
-    images_seen, train_time, last_loss = 0, 0.0, float("nan")
+    last_loss = float("nan")
     train_model.train()
     optimizer.zero_grad(set_to_none=True)
     try:
@@ -126,63 +206,16 @@ def fit(model: nn.Module, train: BatchStream, val: BatchStream | None, optimizer
             epoch = state["step"] // steps_per_epoch
             start_batch = (state["step"] % steps_per_epoch) * accum
             batches = train.epoch(epoch, start=start_batch)
-            epoch_loss, epoch_steps = 0.0, 0
             for _ in range(start_batch // accum, steps_per_epoch):
-                t0 = time.perf_counter()
-                step_loss = 0.0
-                for _ in range(accum):
-                    x, y = next(batches)
-                    with precision.autocast():
-                        logits = forward_model(x)
-                        terms = (hooks.loss(x, logits, y) if hooks.loss
-                                 else {"loss": F.cross_entropy(logits.float(), y, label_smoothing=settings.label_smoothing)})
-                        for extra in hooks.extra_losses:
-                            added = extra(x, logits, y)
-                            terms["loss"] = terms["loss"] + sum(added.values())
-                    loss = terms["loss"]
-                    value = loss.item()
-                    if not math.isfinite(value):
-                        raise NonFiniteLoss(
-                            f"{settings.label}: loss became {value} at step {state['step'] + 1}/{total_steps} "
-                            f"(precision {precision.name}). Try a lower lr, gradient clipping (clip_grad_norm: 1.0), "
-                            "or amp: off; the last good checkpoint was kept and no model was registered")
-                    scaler.scale(loss / accum).backward()
-                    step_loss += value / accum
-                    images_seen += len(y)
-                scaler.unscale_(optimizer)
-                if hooks.after_backward:
-                    hooks.after_backward(train_model)
-                if settings.clip_grad_norm:
-                    torch.nn.utils.clip_grad_norm_(train_model.parameters(), settings.clip_grad_norm)
-                scale_before = scaler.get_scale() if scaler.is_enabled() else 1.0
-                scaler.step(optimizer)
-                scaler.update()
-                if scaler.is_enabled() and scaler.get_scale() < scale_before:
-                    state["skipped"] += 1  # inf/nan gradients: the scaler skipped this update
-                scheduler.step()
-                optimizer.zero_grad(set_to_none=True)
-                train_time += time.perf_counter() - t0
-                state["step"] += 1
-                epoch_loss += step_loss
-                epoch_steps += 1
-                last_loss = step_loss
-                progress.update(state["step"], loss=step_loss, lr=optimizer.param_groups[0]["lr"],
-                                img_s=images_seen / max(train_time, 1e-9))
+                last_loss = loop.step(batches)
+                progress.update(state["step"], loss=last_loss, lr=optimizer.param_groups[0]["lr"],
+                                img_s=loop.images_seen / max(loop.train_time, 1e-9))
                 at_epoch_end = state["step"] % steps_per_epoch == 0
                 if at_epoch_end:
-                    record = {"epoch": epoch + 1, "step": state["step"], "train_loss": epoch_loss / max(1, epoch_steps)}
-                    if val is not None:
-                        metrics = evaluate(train_model, val, precision.autocast)
-                        record.update(val_top1=metrics["top1"], val_loss=metrics["loss"])
-                        if metrics["top1"] > state["best_val_top1"]:
-                            state["best_val_top1"], state["best_epoch"] = metrics["top1"], epoch + 1
-                        progress.message(f"{settings.label}: epoch {epoch + 1}/{settings.epochs} "
-                                         f"loss {record['train_loss']:.4f} val top1 {metrics['top1']:.2f}%")
-                    state["history"].append(record)
-                    if hooks.on_epoch:
-                        hooks.on_epoch(record)
-                if at_epoch_end or (settings.checkpoint_every and state["step"] % settings.checkpoint_every == 0):
-                    write_checkpoint()
+                    loop.end_epoch(epoch, val, progress)
+                due = settings.checkpoint_every and state["step"] % settings.checkpoint_every == 0
+                if checkpoint_dir is not None and (at_epoch_end or due) and _params_finite(train_model):
+                    save_checkpoint(checkpoint_dir, loop.checkpoint_state(precision.scaler))
     finally:
         progress.close()
 
@@ -192,7 +225,7 @@ def fit(model: nn.Module, train: BatchStream, val: BatchStream | None, optimizer
     return FitResult(
         steps=state["step"], epochs=settings.epochs, history=state["history"],
         best_val_top1=state["best_val_top1"], best_epoch=state["best_epoch"],
-        images_per_s=images_seen / max(train_time, 1e-9), train_time_s=train_time,
+        images_per_s=loop.images_seen / max(loop.train_time, 1e-9), train_time_s=loop.train_time,
         skipped_steps=state["skipped"], resumed_from_step=resumed_from, peak_memory_bytes=peak,
         peak_memory_kind=kind, effective_batch=train.batch_size * accum, final_loss=last_loss, model=train_model,
     )
