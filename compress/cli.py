@@ -1,4 +1,7 @@
-"""The ``compress`` command. Exit codes: 0 ok, 1 gate said no, 2 invalid input, 3 a stage failed."""
+"""The compress command line.
+
+Exit codes: 0 success, 1 the release gate said no, 2 invalid input, 3 a stage failed.
+"""
 from __future__ import annotations
 
 import argparse
@@ -93,7 +96,8 @@ def _cmd_stage(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="compress", description=__doc__)
+    parser = argparse.ArgumentParser(prog="compress", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"compress {__version__}")
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -104,12 +108,13 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--only", metavar="STAGE", help="run only this stage, its inputs taken from the manifest")
     run.add_argument("--from", dest="from_stage", metavar="STAGE", help="re-run this stage and every later one")
     run.add_argument("--force", metavar="STAGE", action="append", help="re-run this stage even if cached (repeatable)")
-    run.add_argument("overrides", nargs="*", metavar="key=value", help="e.g. stages.train.epochs=3 seed=1")
+    run.add_argument("overrides", nargs="*", metavar="key=value", default=[],
+                     help="e.g. stages.train.epochs=3 seed=1")
     run.set_defaults(func=_cmd_run)
 
     validate = sub.add_parser("validate", help="check a pipeline file without running it")
     validate.add_argument("pipeline")
-    validate.add_argument("overrides", nargs="*", metavar="key=value")
+    validate.add_argument("overrides", nargs="*", metavar="key=value", default=[])
     validate.set_defaults(func=_cmd_validate)
 
     schema = sub.add_parser("schema", help="print the pipeline file's JSON schema (for editors)")
@@ -128,7 +133,8 @@ def build_parser() -> argparse.ArgumentParser:
     stage.add_argument("--input", action="append", default=[], metavar="ROLE=PATH", help="an input artifact")
     stage.add_argument("--run-dir", help="default: runs/<kind>-alone")
     stage.add_argument("--force", action="store_true", help="re-run even if cached")
-    stage.add_argument("overrides", nargs="*", metavar="key=value", help="stage settings, or data./model. keys")
+    stage.add_argument("overrides", nargs="*", metavar="key=value", default=[],
+                       help="stage settings, or data./model. keys")
     stage.set_defaults(func=_cmd_stage)
     return parser
 

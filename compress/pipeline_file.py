@@ -74,24 +74,35 @@ def _line_of(lines: dict[tuple, int], loc: tuple) -> int | None:
     return None
 
 
-def apply_override(raw: dict, assignment: str) -> None:
-    """``stages.train.epochs=3``: a stage is addressed by its name (or index); values are YAML."""
+def apply_override(raw: dict, assignment: str) -> tuple:
+    """``stages.train.epochs=3``: a stage is addressed by its name (or index); values are YAML.
+
+    Returns the location it set, with stage names turned into indices, so a validation
+    error there can point at the override rather than at a line of the file.
+    """
     key, sep, value_text = assignment.partition("=")
     if not sep or not key:
         raise ConfigError(f"override {assignment!r}: write key=value, e.g. stages.train.epochs=3 or seed=1")
-    value = yaml.safe_load(value_text) if value_text else None
+    try:
+        value = yaml.safe_load(value_text) if value_text else None
+    except yaml.YAMLError:
+        value = value_text  # not YAML: take the text as it is
     parts = key.split(".")
     target: Any = raw
+    location: list = []
     for i, part in enumerate(parts[:-1]):
         if isinstance(target, list):
             names = [s.get("name") for s in target if isinstance(s, dict)]
             if part in names:
+                location.append(names.index(part))
                 target = target[names.index(part)]
             elif part.isdigit() and int(part) < len(target):
+                location.append(int(part))
                 target = target[int(part)]
             else:
                 raise ConfigError(f"override {assignment!r}: no stage named {part!r}; stages: {', '.join(map(str, names))}")
         elif isinstance(target, dict):
+            location.append(part)
             target = target.setdefault(part, {})
             if not isinstance(target, (dict, list)):
                 raise ConfigError(f"override {assignment!r}: {'.'.join(parts[:i + 1])} is a value, not a section")
@@ -100,6 +111,7 @@ def apply_override(raw: dict, assignment: str) -> None:
     if not isinstance(target, dict):
         raise ConfigError(f"override {assignment!r}: {'.'.join(parts[:-1])} is a list; address a stage by name")
     target[parts[-1]] = value
+    return tuple(location + [parts[-1]])
 
 
 def _describe(err: dict, model: type[BaseModel] | None) -> str:
@@ -154,8 +166,9 @@ def _validate_stage(i: int, entry: dict, raw_stages: list, seen: dict[str, int],
     return stage
 
 
-def build_pipeline(raw: Any, source: str, lines: dict[tuple, int] | None = None) -> Pipeline:
-    lines = lines or {}
+def build_pipeline(raw: Any, source: str, lines: dict[tuple, int] | None = None,
+                   overridden: dict[tuple, str] | None = None) -> Pipeline:
+    lines, overridden = lines or {}, overridden or {}
     problems: list[tuple[tuple, str]] = []
     if not isinstance(raw, dict):
         raise ConfigError(f"{source}: the file must be a YAML mapping with name, data, model and stages")
@@ -183,6 +196,9 @@ def build_pipeline(raw: Any, source: str, lines: dict[tuple, int] | None = None)
         for loc, message in problems:
             line = _line_of(lines, loc)
             where = f"{source}:{line}" if line else source
+            for path, assignment in overridden.items():
+                if tuple(loc[:len(path)]) == path:
+                    where = f"{source} (override {assignment})"
             rendered.append(f"  {where}: {_fmt_path(loc)}: {message}")
         noun = "problem" if len(problems) == 1 else "problems"
         raise ConfigError(f"{source}: {len(problems)} {noun} in the pipeline:\n" + "\n".join(rendered))
@@ -202,8 +218,9 @@ def load_pipeline(path: str | Path, overrides: list[str] | None = None) -> Pipel
         mark = getattr(exc, "problem_mark", None)
         where = f"{path}:{mark.line + 1}" if mark else str(path)
         raise ConfigError(f"{where}: not valid YAML: {getattr(exc, 'problem', exc)}") from exc
+    overridden = {}
     for assignment in overrides or []:
         if not isinstance(raw, dict):
             break
-        apply_override(raw, assignment)
-    return build_pipeline(raw, str(path), _line_map(text))
+        overridden[apply_override(raw, assignment)] = assignment
+    return build_pipeline(raw, str(path), _line_map(text), overridden)

@@ -70,3 +70,15 @@ def test_help_does_not_import_torch():
     code = "import sys, compress.cli; compress.cli.build_parser(); print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_stage_command_takes_data_and_model_from_a_pipeline_file(tmp_path, tiny_config, write_pipeline):
+    run_dir = tmp_path / "alone"
+    code = main(["stage", "train", "--pipeline", str(write_pipeline(tiny_config)), "--run-dir", str(run_dir),
+                 "epochs=1", "amp=off", "batch_size=64", "seed=2"])
+    assert code == 0
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    assert manifest["data"]["name"] == "digits" and manifest["artifacts"]["train.model"]["made_from"] == []
+    assert manifest["stages"]["train"]["metrics"]["params"] == 17_462  # resnet20 at width 4, from the file
+    resolved = (run_dir / "pipeline.resolved.yaml").read_text()
+    assert "seed: 2" in resolved

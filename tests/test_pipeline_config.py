@@ -101,9 +101,12 @@ def test_bad_overrides(tiny_config, override, expected):
         apply_override(tiny_config, override)
 
 
-def test_an_override_that_breaks_validation_is_reported(tiny_config, write_pipeline):
-    with pytest.raises(ConfigError, match=r"stages\[0\]\.epochs: Input should be greater than or equal to 1, got 0"):
+def test_an_override_that_breaks_validation_is_reported_as_the_override(tiny_config, write_pipeline):
+    with pytest.raises(ConfigError, match=r"\(override stages\.train\.epochs=0\): stages\[0\]\.epochs: "
+                                          r"Input should be greater than or equal to 1, got 0"):
         load_pipeline(write_pipeline(tiny_config), ["stages.train.epochs=0"])
+    with pytest.raises(ConfigError, match=r"\(override stages\.train\.lr=\[1, 2\]\): stages\[0\]\.lr"):
+        load_pipeline(write_pipeline(tiny_config), ["stages.train.lr=[1, 2]"])
 
 
 def test_validate_command_exit_codes(tmp_path, tiny_config, write_pipeline, capsys):
