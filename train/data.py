@@ -84,6 +84,7 @@ class DataBundle:
             "sizes": {s: len(getattr(self, s)) for s in ("train", "val", "calib", "test")},
             "input_shape": list(self.input_shape),
             "num_classes": self.num_classes,
+            "class_names": self.class_names,
             "mean": self.mean,
             "std": self.std,
             "meaningful_accuracy": self.meaningful_accuracy,
