@@ -10,7 +10,8 @@ from compress.errors import ArtifactError
 from compress.manifest import Manifest
 
 # Metrics worth a column; the full set is in manifest.json.
-KEY_METRICS = ("test_top1", "best_val_top1", "images_per_s", "peak_memory_mb", "precision", "amp_skipped_steps")
+KEY_METRICS = ("test_top1", "best_val_top1", "images_per_s", "peak_memory_mb", "precision", "amp_skipped_steps",
+               "summary")
 
 
 def _fmt_size(n: int) -> str:

@@ -139,6 +139,12 @@ class Runner:
             problem = manifest.verify(self.run_dir, artifact)
             if problem:
                 producer = artifact.split(".", 1)[0]
+                made = manifest.stages.get(producer)
+                skipped = [m["skipped"] for m in (made.metrics.values() if made else [])
+                           if isinstance(m, dict) and "skipped" in m]
+                if skipped:
+                    raise ArtifactError(f"stage {stage_name!r} needs input {artifact}, which stage {producer!r} "
+                                        f"skipped: {'; '.join(skipped)}")
                 raise ArtifactError(
                     f"stage {stage_name!r} needs input {artifact}, but {problem}; "
                     f"re-run the stage that makes it: compress run {self.pipeline.source} --from {producer}")

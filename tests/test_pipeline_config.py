@@ -27,7 +27,7 @@ BASE = "name: t\ndata: {name: digits}\nmodel: {name: resnet20}\n"
     ("  - {name: train, kind: train, optimiser: sgd}\n",
      r"stages\[0\]\.optimiser: unknown field; known fields: name, kind, inputs, epochs"),
     ("  - {name: train, kind: trian}\n",
-     r"stages\[0\]\.kind: unknown stage kind 'trian'; known kinds: train"),
+     r"stages\[0\]\.kind: unknown stage kind 'trian'; known kinds: export, .*train"),
     ("  - {name: a, kind: train, inputs: {model: ghost}}\n",
      r"stages\[0\]\.inputs\.model: refers to stage 'ghost', which is not an earlier stage; earlier stages: none"),
     ("  - {name: a, kind: train, inputs: {model: b}}\n  - {name: b, kind: train}\n",
@@ -120,7 +120,9 @@ def test_validate_command_exit_codes(tmp_path, tiny_config, write_pipeline, caps
 
 def test_schema_lists_stage_settings(capsys):
     schema = pipeline_json_schema()
-    train = schema["properties"]["stages"]["items"]["oneOf"][0]
+    kinds = {sub["title"]: sub for sub in schema["properties"]["stages"]["items"]["oneOf"]}
+    train = kinds["TrainConfig"]
+    assert {"formats", "precision", "opset", "parity", "tensorrt"} <= set(kinds["ExportConfig"]["properties"])
     assert {"epochs", "amp", "lr", "inputs"} <= set(train["properties"])
     assert main(["schema"]) == 0
     assert json.loads(capsys.readouterr().out)["title"] == "PipelineConfig"

@@ -1,4 +1,4 @@
-"""The README's promise, end to end: the quickstart trains to ≥ 97% and a re-run is a cache hit."""
+"""The README's promise, end to end: the quickstart trains to ≥ 97%, exports with parity, and re-runs from cache."""
 from __future__ import annotations
 
 import json
@@ -14,10 +14,14 @@ def test_quickstart_reaches_97_percent_and_reruns_from_cache(tmp_path):
     run_dir = tmp_path / "quickstart"
     first = run_cli("run", str(ROOT / "pipelines" / "quickstart.yaml"), "--run-dir", str(run_dir), timeout=900)
     assert first.returncode == 0, first.stderr
-    metrics = json.loads((run_dir / "manifest.json").read_text())["stages"]["train"]["metrics"]
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    metrics = manifest["stages"]["train"]["metrics"]
     assert metrics["test_top1"] >= 97.0 and metrics["precision"] == "bf16"
+    parity = manifest["artifacts"]["export.onnx"]["meta"]["parity"]["results"]
+    assert [r["batch_size"] for r in parity] == [1, 32] and all(r["rel_diff"] <= 1e-4 for r in parity)
     start = time.monotonic()
     again = run_cli("run", str(ROOT / "pipelines" / "quickstart.yaml"), "--run-dir", str(run_dir))
     elapsed = time.monotonic() - start
-    assert again.returncode == 0 and "train: cached, skipped" in again.stderr
+    assert again.returncode == 0
+    assert "train: cached, skipped" in again.stderr and "export: cached, skipped" in again.stderr
     assert elapsed < 15, f"a fully cached re-run took {elapsed:.1f}s"

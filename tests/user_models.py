@@ -55,3 +55,11 @@ class SlowNet(SmallNet):
 
 def not_a_module(num_classes: int = 10) -> str:
     return "not a model"
+
+
+class DiffersWhenExported(SmallNet):
+    """Adds 1 to its logits only while being exported: an ONNX file that must fail parity."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        logits = super().forward(x)
+        return logits + 1.0 if torch.compiler.is_exporting() else logits

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterator
 
 from rich.console import Console
+from rich.markup import escape
 
 from compress.config import PipelineConfig, StageConfig
 from compress.errors import ArtifactError, StageError
@@ -60,8 +61,9 @@ class StageContext:
     def data(self) -> "DataBundle":
         return self.load_data()
 
-    def log(self, message: str) -> None:
-        self.console.print(f"[bold]{self.name}[/]: {message}", highlight=False)
+    def log(self, message: str, style: str | None = None) -> None:
+        text = escape(message)  # messages carry things like compress[tensorrt] that are not markup
+        self.console.print(f"[bold]{self.name}[/]: " + (f"[{style}]{text}[/]" if style else text), highlight=False)
 
     @contextlib.contextmanager
     def atomic_output_dir(self, relative: str) -> Iterator[Path]:

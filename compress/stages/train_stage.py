@@ -122,7 +122,7 @@ class TrainStage(Stage):
         }
         if not data.meaningful_accuracy:
             metrics["accuracy_meaningless"] = "synthetic data: random images and labels, so this accuracy is meaningless"
-            ctx.log("[yellow]synthetic data: the accuracy below is meaningless (use it for latency only)[/]")
+            ctx.log("synthetic data: the accuracy below is meaningless (use it for latency only)", style="yellow")
         ctx.log(f"test top1 {metrics['test_top1']:.2f}% (best val {metrics['best_val_top1']:.2f}% at epoch "
                 f"{result.best_epoch}), {metrics['images_per_s']:,.0f} img/s, {result.skipped_steps} AMP-skipped steps")
 

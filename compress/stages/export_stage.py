@@ -1,0 +1,164 @@
+"""``kind: export``: a model artifact → ONNX (checked, parity-tested) and optionally a TensorRT engine."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from compress.config import StageConfig
+from compress.errors import ArtifactError, ConfigError, StageError
+from compress.model_source import model_from_artifact
+from compress.stages.base import InputArtifact, Output, Stage, StageContext, StageResult
+from export.external_data import UnsafeModelError, check_external_data
+from export.onnx_export import ExportError, export_onnx
+from export.parity import ParityError, as_dicts, check_parity
+from export.tensorrt_engine import BuildSettings, EngineBuildError, build_engine, unavailable_reason
+from train.data import BatchStream
+
+DEFAULT_TOLERANCE = {"fp32": 1e-4, "fp16": 1e-2}
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ParityConfig(_Strict):
+    tolerance: float | None = Field(None, gt=0, description="max |Δlogit| / max |logit|; default 1e-4 fp32, 1e-2 fp16")
+    min_top1_agreement: float = Field(99.9, ge=0, le=100, description="percent of images with the same top-1 class")
+    batch_sizes: list[int] = Field([1, 32], min_length=1, description="batch sizes checked (1 and a larger one)")
+    samples: int = Field(512, ge=1, description="validation images used (at most 64 at batch 1)")
+
+
+class TensorRTConfig(_Strict):
+    precision: Literal["fp32", "fp16", "int8"] = "fp16"
+    min_batch: int = Field(1, ge=1)
+    opt_batch: int = Field(1, ge=1)
+    max_batch: int = Field(32, ge=1)
+    workspace_mb: int = Field(1024, ge=16)
+    timing_cache: str | None = Field(None, description="default: <run dir>/tensorrt.timing-cache, shared by builds")
+    required: bool = Field(False, description="fail instead of recording 'skipped' where TensorRT or CUDA is absent")
+
+    @model_validator(mode="after")
+    def _profile(self) -> "TensorRTConfig":
+        if not self.min_batch <= self.opt_batch <= self.max_batch:
+            raise ValueError(f"need min_batch ≤ opt_batch ≤ max_batch, got {self.min_batch}, {self.opt_batch}, {self.max_batch}")
+        return self
+
+
+class ExportConfig(StageConfig):
+    kind: Literal["export"] = "export"
+    formats: list[Literal["onnx", "tensorrt"]] = Field(["onnx"], min_length=1)
+    precision: Literal["fp32", "fp16"] = "fp32"
+    io_dtype: Literal["fp32", "fp16"] = Field("fp32", description="fp16 models keep fp32 inputs/outputs unless fp16")
+    opset: int = Field(18, ge=18, le=23)
+    simplify: bool = Field(False, description="simplify the graph with onnxslim; parity is checked after")
+    parity: ParityConfig = Field(default_factory=ParityConfig)
+    tensorrt: TensorRTConfig = Field(default_factory=TensorRTConfig)
+
+    @model_validator(mode="after")
+    def _io(self) -> "ExportConfig":
+        if self.io_dtype == "fp16" and self.precision != "fp16":
+            raise ValueError("io_dtype: fp16 needs precision: fp16")
+        return self
+
+
+class ExportStage(Stage):
+    kind = "export"
+    Config = ExportConfig
+    input_roles = ("model", "onnx")
+    produces = ("onnx", "engine")
+
+    def run(self, ctx: StageContext, inputs: dict[str, InputArtifact]) -> StageResult:
+        cfg: ExportConfig = self.config  # type: ignore[assignment]
+        outputs, metrics = [], {}
+        source = None  # the ONNX an engine is built from: (file, its metadata, its artifact name)
+        if "onnx" in cfg.formats:
+            onnx_output, metrics["onnx"] = self._onnx(ctx, cfg, inputs)
+            outputs.append(onnx_output)
+            source = (onnx_output.path / onnx_output.meta["file"], onnx_output.meta, f"{ctx.name}.onnx")
+        if "tensorrt" in cfg.formats:
+            if source is None:
+                if "onnx" not in inputs:
+                    raise ConfigError(f"stages.{ctx.name}: formats [tensorrt] without onnx needs an ONNX input "
+                                      f"(inputs: {{onnx: <stage>}}) or add onnx to formats")
+                source = (_input_onnx(inputs["onnx"]), inputs["onnx"].meta, inputs["onnx"].name)
+            engine, metrics["tensorrt"] = self._tensorrt(ctx, cfg, *source)
+            if engine is not None:
+                outputs.append(engine)
+        metrics["summary"] = _summary(metrics)
+        return StageResult(outputs=outputs, metrics=metrics)
+
+    def _onnx(self, ctx: StageContext, cfg: ExportConfig, inputs: dict[str, InputArtifact]) -> tuple[Output, dict]:
+        if "model" not in inputs:
+            raise ArtifactError(f"stage {ctx.name!r} exports a model but has none: add a train stage before it "
+                                f"or set stages.{ctx.name}.inputs.model")
+        data = ctx.data
+        model, description = model_from_artifact(inputs["model"], data)
+        images = next(BatchStream(data.val, data, min(cfg.parity.samples, len(data.val)), shuffle=False,
+                                  drop_last=False).epoch(0))[0]
+        tolerance = cfg.parity.tolerance or DEFAULT_TOLERANCE[cfg.precision]
+        with ctx.atomic_output_dir("onnx") as folder:
+            try:
+                info = export_onnx(model, images[:2], folder / "model.onnx", opset=cfg.opset,
+                                   precision=cfg.precision, io_dtype=cfg.io_dtype, simplify=cfg.simplify)
+                parity = check_parity(info.path, model, images, cfg.parity.batch_sizes, tolerance=tolerance,
+                                      min_agreement=cfg.parity.min_top1_agreement, io_dtype=cfg.io_dtype)
+            except (ExportError, ParityError) as exc:
+                raise StageError(f"stage {ctx.name!r}: {exc}") from exc
+        worst = max(parity, key=lambda r: r.rel_diff)
+        ctx.log(f"ONNX opset {info.opset} {info.precision}, parity max |Δ| {worst.max_abs_diff:.2g} "
+                f"({worst.rel_diff:.2g} of the logit scale), top-1 agreement "
+                f"{min(r.top1_agreement for r in parity):.2f}% at batch sizes {cfg.parity.batch_sizes}")
+        meta = {"file": "model.onnx", "files": info.files, "opset": info.opset, "precision": info.precision,
+                "io_dtype": info.io_dtype, "input_name": info.input_name, "output_name": info.output_name,
+                "dynamic_batch": True, "external_data": info.external_data, "simplified": info.simplified,
+                "preprocessing": description["preprocessing"], "num_classes": data.num_classes,
+                "parity": {"tolerance": tolerance, "min_top1_agreement": cfg.parity.min_top1_agreement,
+                           "results": as_dicts(parity)}}
+        metrics = {"opset": info.opset, "precision": info.precision, "export_s": round(info.seconds, 2),
+                   "parity": meta["parity"], "simplified": info.simplified}
+        return Output("onnx", "onnx", ctx.stage_dir / "onnx", meta=meta), metrics
+
+    def _tensorrt(self, ctx: StageContext, cfg: ExportConfig, onnx_file: Path, source_meta: dict,
+                  source_name: str) -> tuple[Output | None, dict]:
+        reason = unavailable_reason()
+        if reason:
+            if cfg.tensorrt.required:
+                raise ConfigError(f"stages.{ctx.name}.tensorrt.required is true but {reason}")
+            ctx.log(f"tensorrt: skipped: {reason}", style="yellow")
+            return None, {"skipped": reason}
+        trt = cfg.tensorrt
+        cache = ctx.run_dir / "tensorrt.timing-cache" if trt.timing_cache is None else ctx.run_dir / trt.timing_cache
+        settings = BuildSettings(trt.precision, trt.min_batch, trt.opt_batch, trt.max_batch, trt.workspace_mb, cache)
+        chw = tuple(ctx.data.input_shape)
+        with ctx.atomic_output_dir("engine") as folder:
+            try:
+                meta = build_engine(onnx_file, folder, settings, source_meta.get("input_name", "input"), chw)
+            except EngineBuildError as exc:
+                raise StageError(f"stage {ctx.name!r}: {exc}") from exc
+        ctx.log(f"TensorRT {meta['tensorrt_version']} engine on {meta['gpu_name']}: layers {meta['layers']}"
+                + (f"; float compute layers: {', '.join(meta['float_compute_layers'])}" if meta["float_compute_layers"] else ""))
+        return Output("engine", "trt-engine", ctx.stage_dir / "engine", meta=meta, made_from=[source_name]), meta
+
+
+def _input_onnx(artifact: InputArtifact) -> Path:
+    path = artifact.path / artifact.meta.get("file", "model.onnx") if artifact.path.is_dir() else artifact.path
+    try:
+        check_external_data(path)
+    except UnsafeModelError as exc:
+        raise ArtifactError(f"input {artifact.name}: {exc}") from exc
+    return path
+
+
+def _summary(metrics: dict) -> str:
+    parts = []
+    if "onnx" in metrics:
+        results = metrics["onnx"]["parity"]["results"]
+        parts.append(f"onnx opset {metrics['onnx']['opset']} {metrics['onnx']['precision']}: parity rel "
+                     f"{max(r['rel_diff'] for r in results):.1e}, top-1 {min(r['top1_agreement'] for r in results):.1f}%")
+    if "tensorrt" in metrics:
+        trt = metrics["tensorrt"]
+        parts.append(f"tensorrt: skipped ({trt['skipped']})" if "skipped" in trt
+                     else f"tensorrt {trt['precision']}: layers {trt['layers']}")
+    return "; ".join(parts)
