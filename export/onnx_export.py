@@ -7,6 +7,7 @@ by default so callers keep feeding float32 images and reading float32 logits.
 from __future__ import annotations
 
 import contextlib
+import copy
 import io
 import time
 from dataclasses import dataclass, field
@@ -58,8 +59,6 @@ def _param_bytes(model: nn.Module) -> int:
 def export_onnx(model: nn.Module, sample: torch.Tensor, path: str | Path, *, opset: int = 18,
                 precision: str = "fp32", io_dtype: str = "fp32", simplify: bool = False) -> ExportInfo:
     """Export ``model`` (left unchanged) to ``path``; the batch dimension stays dynamic."""
-    import copy
-
     path = Path(path)
     if precision not in ("fp32", "fp16"):
         raise ValueError(f"precision must be fp32 or fp16, got {precision!r}")

@@ -1,12 +1,13 @@
 """``kind: export``: a model artifact → ONNX (checked, parity-tested) and optionally a TensorRT engine."""
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
-from compress.config import StageConfig
+from compress.config import StageConfig, Strict
 from compress.errors import ArtifactError, ConfigError, StageError
 from compress.model_source import model_from_artifact
 from compress.stages.base import InputArtifact, Output, Stage, StageContext, StageResult
@@ -19,18 +20,14 @@ from train.data import BatchStream
 DEFAULT_TOLERANCE = {"fp32": 1e-4, "fp16": 1e-2}
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class ParityConfig(_Strict):
+class ParityConfig(Strict):
     tolerance: float | None = Field(None, gt=0, description="max |Δlogit| / max |logit|; default 1e-4 fp32, 1e-2 fp16")
     min_top1_agreement: float = Field(99.9, ge=0, le=100, description="percent of images with the same top-1 class")
     batch_sizes: list[int] = Field([1, 32], min_length=1, description="batch sizes checked (1 and a larger one)")
     samples: int = Field(512, ge=1, description="validation images used (at most 64 at batch 1)")
 
 
-class TensorRTConfig(_Strict):
+class TensorRTConfig(Strict):
     precision: Literal["fp32", "fp16", "int8"] = "fp16"
     min_batch: int = Field(1, ge=1)
     opt_batch: int = Field(1, ge=1)
@@ -93,6 +90,8 @@ class ExportStage(Stage):
         if "model" not in inputs:
             raise ArtifactError(f"stage {ctx.name!r} exports a model but has none: add a train stage before it "
                                 f"or set stages.{ctx.name}.inputs.model")
+        if cfg.simplify and importlib.util.find_spec("onnxslim") is None:
+            raise ConfigError(f"stages.{ctx.name}.simplify: true needs onnxslim: pip install 'compress[simplify]'")
         data = ctx.data
         model, description = model_from_artifact(inputs["model"], data)
         images = next(BatchStream(data.val, data, min(cfg.parity.samples, len(data.val)), shuffle=False,

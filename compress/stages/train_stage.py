@@ -5,9 +5,9 @@ import json
 from typing import Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import Field, field_validator
 
-from compress.config import StageConfig
+from compress.config import StageConfig, Strict
 from compress.errors import ConfigError, StageError
 from compress.model_source import model_from_artifact, model_from_config
 from compress.stages.base import InputArtifact, Output, Stage, StageContext, StageResult
@@ -21,8 +21,7 @@ from train.optim import lr_factor, make_optimizer, make_scheduler
 from train.precision import make_precision
 
 
-class AugmentConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class AugmentConfig(Strict):
     pad: int = Field(2, ge=0, le=16, description="random shift by up to this many pixels")
     hflip: bool = Field(False, description="random horizontal flips (not for digits)")
 
