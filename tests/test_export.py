@@ -19,7 +19,7 @@ from train.models import build_model
 
 @pytest.mark.parametrize("name, channels, size", [
     ("resnet18", 3, 32), ("mobilenet_v2", 3, 32), ("efficientnet_b0", 3, 32),
-    ("resnet20", 1, 16), ("resnet56", 3, 16), ("tests.user_models:SmallNet", 1, 12),
+    ("resnet20", 1, 16), ("resnet32", 3, 16), ("resnet56", 3, 16), ("tests.user_models:SmallNet", 1, 12),
 ])
 def test_export_and_parity_across_architectures(tmp_path, name, channels, size):
     torch.manual_seed(0)
