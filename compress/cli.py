@@ -28,8 +28,15 @@ def _cmd_run(args: argparse.Namespace) -> int:
     pipeline = load_pipeline(args.pipeline, args.overrides)
     run_dir = Path(args.run_dir) if args.run_dir else default_run_dir(pipeline)
     options = RunOptions(only=args.only, from_stage=args.from_stage, force=set(args.force or []))
-    Runner(pipeline, run_dir, _console(), options).run()
+    runner = Runner(pipeline, run_dir, _console(), options)
+    manifest = runner.run()
     render(run_dir, _console(stderr=False))
+    for name in runner.selected_names:
+        record = manifest.stages.get(name)
+        if record is not None and record.kind == "bench" and record.metrics.get("gate_passed") is False:
+            reasons = "; ".join(record.metrics.get("gate_reasons", []))
+            print(f"release gate FAILED ({name}): {reasons}; report in {run_dir / 'report'}", file=sys.stderr)
+            return 1
     return 0
 
 
@@ -52,6 +59,28 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     from compress.inspect_view import render
 
     render(Path(args.run_dir), _console(stderr=False))
+    return 0
+
+
+def _cmd_gate(args: argparse.Namespace) -> int:
+    from serve_bench.gate import evaluate
+
+    from compress.bench_report import load_report, print_gate
+
+    report, path = load_report(Path(args.target))
+    gate = report["gate"]
+    budget = args.p99_ms if args.p99_ms is not None else gate["p99_budget_ms"]
+    max_drop = args.max_drop if args.max_drop is not None else gate["max_accuracy_drop"]
+    result = evaluate(report["artifacts"], budget, max_drop)
+    print_gate(result, path, _console(stderr=False))
+    return 0 if result["passed"] else 1
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    from compress.bench_report import rerender
+
+    folder = rerender(Path(args.run_dir))
+    print(f"re-rendered {folder / 'report.md'}, {folder / 'report.html'} and the plots")
     return 0
 
 
@@ -123,6 +152,16 @@ def build_parser() -> argparse.ArgumentParser:
     inspect = sub.add_parser("inspect", help="show a run's stages, metrics and artifacts")
     inspect.add_argument("run_dir")
     inspect.set_defaults(func=_cmd_inspect)
+
+    gate = sub.add_parser("gate", help="re-evaluate a saved report's release gate; exit 0 ship, 1 don't")
+    gate.add_argument("target", metavar="RUN_DIR|REPORT", help="a run directory or a report.json")
+    gate.add_argument("--p99-ms", type=float, help="p99 budget in ms (default: the report's)")
+    gate.add_argument("--max-drop", type=float, help="accuracy red line in points (default: the report's)")
+    gate.set_defaults(func=_cmd_gate)
+
+    report = sub.add_parser("report", help="re-render a run's report and plots without measuring again")
+    report.add_argument("run_dir")
+    report.set_defaults(func=_cmd_report)
 
     stage = sub.add_parser("stage", help="run one stage alone, inputs given as paths")
     stage.add_argument("kind")

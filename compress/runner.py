@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 
 from compress import __version__
 from compress.errors import ArtifactError, CompressError, ConfigError, DataInputError, StageError
@@ -44,10 +45,13 @@ def default_run_dir(pipeline: Pipeline) -> Path:
     return Path(pipeline.config.run_dir or Path("runs") / pipeline.config.name)
 
 
+ARTIFACT_ROLE = "artifact:"  # roles of a collecting stage: one per artifact it measures
+
+
 def input_refs(pipeline: Pipeline) -> dict[str, dict[str, str]]:
     """Artifact name each stage reads per input role; default model: the latest earlier model."""
     refs: dict[str, dict[str, str]] = {}
-    earlier: list[tuple[str, tuple[str, ...]]] = []
+    earlier: list[tuple[str, type]] = []
     for stage in pipeline.stages:
         cls = registry.get(stage.kind)
         assert cls is not None  # the pipeline was validated
@@ -57,14 +61,18 @@ def input_refs(pipeline: Pipeline) -> dict[str, dict[str, str]]:
             if ref is not None and "." in ref:
                 chosen[role] = ref
             elif ref is not None:  # a bare stage name: that stage's main artifact
-                made = dict(earlier)[ref]
+                made = dict(earlier)[ref].produces
                 chosen[role] = f"{ref}.{made[0] if made else role}"
             elif role == "model":
-                makers = [n for n, p in earlier if "model" in p]
+                makers = [n for n, c in earlier if "model" in c.produces]
                 if makers:
                     chosen[role] = f"{makers[-1]}.model"
+        if cls.collects_deployable:
+            names = getattr(stage, "artifacts", None) or [
+                f"{n}.{role}" for n, c in earlier for role in c.deployable]
+            chosen.update({f"{ARTIFACT_ROLE}{name}": name for name in names})
         refs[stage.name] = chosen
-        earlier.append((stage.name, cls.produces))
+        earlier.append((stage.name, cls))
     return refs
 
 
@@ -77,6 +85,7 @@ class Runner:
         self._data: DataBundle | None = None
         self._data_digest: str | None = None
         self.manifest: Manifest | None = None
+        self.selected_names: list[str] = []
 
     def _load_data(self) -> DataBundle:
         if self._data is None:
@@ -105,6 +114,7 @@ class Runner:
 
     def run(self) -> Manifest:
         selected = self._selected()
+        self.selected_names = [self.pipeline.stages[i].name for i in selected]
         self.run_dir.mkdir(parents=True, exist_ok=True)
         with RunLock(self.run_dir):
             self.manifest = Manifest.load(self.run_dir) or Manifest(pipeline=self.pipeline.config.name)
@@ -142,6 +152,13 @@ class Runner:
                 made = manifest.stages.get(producer)
                 skipped = [m["skipped"] for m in (made.metrics.values() if made else [])
                            if isinstance(m, dict) and "skipped" in m]
+                collected = role.startswith(ARTIFACT_ROLE) and not getattr(self.pipeline.stage(stage_name),
+                                                                           "artifacts", None)
+                if collected and made is not None and made.status == "completed" and artifact not in made.outputs:
+                    if skipped:  # e.g. a TensorRT engine on a machine without TensorRT
+                        self.console.print(f"[bold]{stage_name}[/]: " + escape(
+                            f"{artifact} not included: {producer} skipped it ({'; '.join(skipped)})"), highlight=False)
+                    continue
                 if skipped:
                     raise ArtifactError(f"stage {stage_name!r} needs input {artifact}, which stage {producer!r} "
                                         f"skipped: {'; '.join(skipped)}")
@@ -178,7 +195,7 @@ class Runner:
         cls = registry.get(cfg.kind)
         assert cls is not None
         inputs = self._inputs(cfg.name, refs)
-        input_digests = {role: manifest.artifacts[a].sha256 for role, a in refs.items()}
+        input_digests = {role: manifest.artifacts[art.name].sha256 for role, art in inputs.items()}
         key = self._cache_key(cfg, cls.uses, input_digests)
         if self._is_cached(cfg.name, key):
             hint = f" (--force {cfg.name} re-runs it)" if self.options.only else ""

@@ -125,3 +125,17 @@ def load_weights(model: nn.Module, path: str | Path) -> None:
 
 def count_params(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
+
+
+def count_macs(model: nn.Module, input_shape: tuple[int, ...]) -> int:
+    """Multiply-accumulates of one forward pass at batch 1 (torch-pruning's counter)."""
+    import torch_pruning as tp
+
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    try:
+        macs, _ = tp.utils.count_ops_and_params(model, torch.zeros(1, *input_shape, device=device))
+    finally:
+        model.train(was_training)
+    return int(macs)

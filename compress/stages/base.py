@@ -78,6 +78,8 @@ class Stage:
     input_roles: ClassVar[tuple[str, ...]] = ()
     required_inputs: ClassVar[tuple[str, ...]] = ()
     produces: ClassVar[tuple[str, ...]] = ()
+    deployable: ClassVar[tuple[str, ...]] = ()  # produced roles a benchmark measures
+    collects_deployable: ClassVar[bool] = False  # takes every earlier deployable artifact as "artifact:<name>"
     # Top-level pipeline sections whose values belong in this stage's cache key.
     uses: ClassVar[tuple[str, ...]] = ("seed", "data", "model")
 

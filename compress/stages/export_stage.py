@@ -65,6 +65,7 @@ class ExportStage(Stage):
     Config = ExportConfig
     input_roles = ("model", "onnx")
     produces = ("onnx", "engine")
+    deployable = ("onnx", "engine")
 
     def run(self, ctx: StageContext, inputs: dict[str, InputArtifact]) -> StageResult:
         cfg: ExportConfig = self.config  # type: ignore[assignment]
@@ -113,6 +114,7 @@ class ExportStage(Stage):
                 "io_dtype": info.io_dtype, "input_name": info.input_name, "output_name": info.output_name,
                 "dynamic_batch": True, "external_data": info.external_data, "simplified": info.simplified,
                 "preprocessing": description["preprocessing"], "num_classes": data.num_classes,
+                "params": inputs["model"].meta.get("params"), "macs": inputs["model"].meta.get("macs"),
                 "parity": {"tolerance": tolerance, "min_top1_agreement": cfg.parity.min_top1_agreement,
                            "results": as_dicts(parity)}}
         metrics = {"opset": info.opset, "precision": info.precision, "export_s": round(info.seconds, 2),
@@ -138,6 +140,7 @@ class ExportStage(Stage):
                 raise StageError(f"stage {ctx.name!r}: {exc}") from exc
         ctx.log(f"TensorRT {meta['tensorrt_version']} engine on {meta['gpu_name']}: layers {meta['layers']}"
                 + (f"; float compute layers: {', '.join(meta['float_compute_layers'])}" if meta["float_compute_layers"] else ""))
+        meta = {**meta, "params": source_meta.get("params"), "macs": source_meta.get("macs")}
         return Output("engine", "trt-engine", ctx.stage_dir / "engine", meta=meta, made_from=[source_name]), meta
 
 

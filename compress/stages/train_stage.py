@@ -16,7 +16,7 @@ from train.data import Augment, BatchStream
 from train.evaluate import evaluate
 from train.loop import Hooks, LoopSettings, NonFiniteLoss, fit
 from train.model_io import save_model
-from train.models import count_params
+from train.models import count_macs, count_params
 from train.optim import lr_factor, make_optimizer, make_scheduler
 from train.precision import make_precision
 
@@ -64,7 +64,8 @@ class TrainStage(Stage):
     kind = "train"
     Config = TrainConfig
     input_roles = ("model",)
-    produces = ("model",)
+    produces = ("model", "history")
+    deployable = ("model",)
 
     def run(self, ctx: StageContext, inputs: dict[str, InputArtifact]) -> StageResult:
         cfg: TrainConfig = self.config  # type: ignore[assignment]
@@ -118,6 +119,7 @@ class TrainStage(Stage):
             "precision": precision.name, "device": str(device), "epochs": cfg.epochs, "steps": result.steps,
             "effective_batch": result.effective_batch, "amp_skipped_steps": result.skipped_steps,
             "resumed_from_step": result.resumed_from_step, "params": count_params(model),
+            "macs": count_macs(model, data.input_shape),
         }
         if not data.meaningful_accuracy:
             metrics["accuracy_meaningless"] = "synthetic data: random images and labels, so this accuracy is meaningless"
@@ -132,7 +134,7 @@ class TrainStage(Stage):
             (folder / "history.json").write_text(json.dumps(result.history, indent=2))
         return StageResult(
             outputs=[Output("model", "torch-model", ctx.stage_dir / "model",
-                            meta={"params": metrics["params"], "test_top1": metrics["test_top1"],
+                            meta={"params": metrics["params"], "macs": metrics["macs"], "test_top1": metrics["test_top1"],
                                   "preprocessing": description["preprocessing"]}),
                      Output("history", "report", ctx.stage_dir / "history")],
             metrics=metrics,

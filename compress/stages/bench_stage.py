@@ -1,0 +1,143 @@
+"""``kind: bench``: latency and accuracy of every deployable artifact, the report and the gate."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, model_validator
+from rich.table import Table
+
+from compress.config import StageConfig
+from compress.errors import ArtifactError, StageError
+from compress.stages.base import InputArtifact, Output, Stage, StageContext, StageResult
+from serve_bench.bench import ArtifactSpec, BenchSettings, run_benchmark
+from serve_bench.gate import evaluate
+from serve_bench.harness import HarnessSettings
+from serve_bench.report import write_report
+from train.atomic_io import atomic_dir
+from train.data import BatchStream
+
+BACKENDS = {"torch-model": "torch", "onnx": "onnxruntime", "trt-engine": "tensorrt"}
+
+
+class BenchConfig(StageConfig):
+    kind: Literal["bench"] = "bench"
+    artifacts: list[str] | None = Field(None, description="artifact names; default: every earlier deployable one")
+    baseline: str | None = Field(None, description="a torch-model artifact; default: the first train stage's model")
+    batch_size: int | None = Field(None, ge=1, description="default: the pipeline's latency.batch_size")
+    threads: int | None = Field(None, ge=1, description="intra-op threads; default: physical cores")
+    device: Literal["cpu", "cuda"] = "cpu"
+    device_only: bool = Field(False, description="GPU: time the computation only, without host↔device copies")
+    warmup_iters: int = Field(50, ge=0)
+    warmup_s: float = Field(0.5, ge=0)
+    min_iters: int = Field(1000, ge=1)
+    min_duration_s: float = Field(2.0, ge=0)
+    block_iters: int = Field(100, ge=1, description="minimum requests per interleaved block")
+    block_s: float = Field(0.25, ge=0, description="target duration of a block")
+    settle_s: float = Field(0.2, ge=0, description="pause before each block so the previous runtime's threads sleep")
+    min_samples: int = Field(1000, ge=1, description="a p99 from fewer samples is refused")
+    concurrency: int = Field(1, ge=1, description="closed-loop client threads per artifact")
+    per_class: bool = False
+
+    @model_validator(mode="after")
+    def _floor(self) -> "BenchConfig":
+        if self.min_iters < self.min_samples:
+            raise ValueError(f"min_iters {self.min_iters} is below min_samples {self.min_samples}: "
+                             "the p99 would be refused; raise min_iters")
+        return self
+
+
+class BenchStage(Stage):
+    kind = "bench"
+    Config = BenchConfig
+    collects_deployable = True
+    produces = ("report",)
+    uses = ("seed", "data", "model", "red_line", "latency")
+
+    def run(self, ctx: StageContext, inputs: dict[str, InputArtifact]) -> StageResult:
+        cfg: BenchConfig = self.config  # type: ignore[assignment]
+        data, pipeline = ctx.data, ctx.pipeline
+        specs = [_spec(a) for a in inputs.values()]
+        if not specs:
+            raise ArtifactError(f"stage {ctx.name!r} found no deployable artifact to measure; add a train stage first")
+        baseline = cfg.baseline or next((s.name for s in specs if s.backend == "torch"), None)
+        if baseline not in {s.name for s in specs}:
+            raise ArtifactError(f"stage {ctx.name!r}: baseline {baseline!r} is not among the measured artifacts "
+                                f"({', '.join(s.name for s in specs)})")
+        batch = cfg.batch_size or pipeline.latency.batch_size
+        test = next(BatchStream(data.test, data, len(data.test), shuffle=False, drop_last=False).epoch(0))
+        images, labels = test[0].numpy(), test[1].numpy()
+        pool = images[: max(batch * 64, 256)]
+        settings = BenchSettings(HarnessSettings(cfg.warmup_iters, cfg.warmup_s, cfg.min_iters, cfg.min_duration_s,
+                                                 cfg.block_iters, cfg.block_s, concurrency=cfg.concurrency,
+                                                 settle_s=cfg.settle_s),
+                                 batch, cfg.threads, cfg.device, cfg.device_only, cfg.min_samples, cfg.per_class)
+        metric = pipeline.red_line.metric
+        ctx.log(f"measuring {len(specs)} artifacts interleaved (batch {batch}, ≥{cfg.min_iters} requests and "
+                f"≥{cfg.min_duration_s:g}s each), baseline {baseline}")
+        try:
+            entries, latencies, _ = run_benchmark(specs, baseline, pool, images, labels, settings, metric)
+        except RuntimeError as exc:
+            raise StageError(f"stage {ctx.name!r}: {exc}") from exc
+        gate = evaluate(entries, pipeline.latency.p99_budget_ms, pipeline.red_line.max_drop)
+        report = {"pipeline": pipeline.name, "baseline": baseline, "metric": metric, "artifacts": entries,
+                  "gate": gate, "environment": _environment(), "settings": {**cfg.model_dump(mode="json"),
+                                                                           "batch_size": batch},
+                  "data": {"name": data.name, "test_images": len(labels),
+                           "meaningful_accuracy": data.meaningful_accuracy}}
+        with atomic_dir(ctx.run_dir / "report") as folder:
+            write_report(folder, report, latencies)
+        ctx.console.print(summary_table(report))
+        verdict = "passed" if gate["passed"] else "FAILED"
+        ctx.log(f"gate {verdict}: release {gate['release']}" + "".join(f"\n  - {r}" for r in gate["reasons"]))
+        metrics = {"gate_passed": gate["passed"], "release": gate["release"], "gate_reasons": gate["reasons"],
+                   "summary": f"gate {verdict}, release {gate['release']}"}
+        return StageResult(outputs=[Output("report", "report", ctx.run_dir / "report", meta={"passed": gate["passed"]})],
+                           metrics=metrics)
+
+
+def _spec(artifact: InputArtifact) -> ArtifactSpec:
+    backend = BACKENDS.get(artifact.kind)
+    if backend is None:
+        raise ArtifactError(f"{artifact.name} is a {artifact.kind!r}, which no benchmark runner can load "
+                            f"(runners: {', '.join(BACKENDS)})")
+    meta = artifact.meta
+    path = artifact.path / meta["file"] if backend == "onnxruntime" and artifact.path.is_dir() else artifact.path
+    if backend == "tensorrt":
+        from export.tensorrt_engine import EngineMismatch, check_compatible, current_platform, unavailable_reason
+
+        reason = unavailable_reason()
+        if reason:
+            raise ArtifactError(f"{artifact.name} is a TensorRT engine but {reason}")
+        try:
+            check_compatible(meta, current_platform())
+        except EngineMismatch as exc:
+            raise ArtifactError(f"{artifact.name}: {exc}") from exc
+    size = sum(p.stat().st_size for p in Path(artifact.path).rglob("*") if p.is_file()) if artifact.path.is_dir() \
+        else artifact.path.stat().st_size
+    macs = meta.get("macs")
+    return ArtifactSpec(name=artifact.name, stage=artifact.name.split(".", 1)[0], backend=backend, path=str(path),
+                        format={"torch": "torch", "onnxruntime": "onnx", "tensorrt": "engine"}[backend],
+                        precision=meta.get("precision", "fp32"), size_bytes=size, params=meta.get("params"),
+                        macs=macs, max_batch=(meta.get("profile") or {}).get("max"))
+
+
+def _environment() -> dict:
+    from compress.fingerprint import environment
+
+    return environment()
+
+
+def summary_table(report: dict) -> Table:
+    metric = report.get("metric", "top1")
+    table = Table(title=f"benchmark — gate {'passed' if report['gate']['passed'] else 'FAILED'}, "
+                        f"release {report['gate']['release']}")
+    for col in ("artifact", "backend", f"{metric} %", "drop", "p50 ms", "p99 ms", "p99 95% CI", "speed-up"):
+        table.add_column(col, justify="left" if col in ("artifact", "backend") else "right")
+    for a in report["artifacts"]:
+        lat = a["latency_ms"]
+        style = "bold green" if a["name"] == report["gate"]["release"] else None
+        table.add_row(a["name"], a["backend"], f"{a['accuracy'][metric]:.2f}", f"{a['accuracy_drop']:+.2f}",
+                      f"{lat['p50']:.3f}", f"{lat['p99']:.3f}", f"{lat['p99_ci'][0]:.3f}–{lat['p99_ci'][1]:.3f}",
+                      f"{a['speedup_p99']:.2f}×", style=style)
+    return table

@@ -1,0 +1,66 @@
+"""Latency measurement of several artifacts in one run, interleaved so noise hits all alike.
+
+Each artifact is warmed up (by iterations and by time), then measured in round-robin
+blocks until it has both a minimum number of requests and a minimum measured duration.
+Inputs are real images, rotated so no cache sees the same input twice in a row.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from serve_bench.worker import BenchWorker
+
+
+@dataclass
+class HarnessSettings:
+    warmup_iters: int = 50
+    warmup_s: float = 0.5
+    min_iters: int = 1000
+    min_duration_s: float = 2.0
+    block_iters: int = 100  # at least this many requests per block...
+    block_s: float = 0.25  # ...and about this long, so the settle pause stays a small share of the run
+    max_iters: int = 100_000
+    concurrency: int = 1
+    # Pause before each block: the runtime that ran the previous block keeps its worker threads
+    # spinning after its last call, and on a small machine they steal this block's cores. Measured
+    # on 2 cores (torch eager after onnxruntime): with no pause 40-67% of the first ten requests of
+    # a block took > 3 ms (p50 1.1 ms); 20 ms cleared positions 6-10 only; 200 ms cleared them all.
+    settle_s: float = 0.2
+
+
+@dataclass
+class Measurement:
+    latencies_ms: np.ndarray
+    wall_s: float  # wall time of the measured blocks (throughput under concurrency)
+    requests: int
+
+
+def measure_interleaved(workers: dict[str, BenchWorker], settings: HarnessSettings, progress=None) -> dict[str, Measurement]:
+    block = {}
+    for name, worker in workers.items():
+        done, seconds = worker.call("warmup", max(1, settings.warmup_iters), settings.warmup_s)
+        block[name] = max(settings.block_iters, int(settings.block_s / max(seconds / done, 1e-9)))
+    samples: dict[str, list[np.ndarray]] = {name: [] for name in workers}
+    spent = {name: 0.0 for name in workers}  # measured wall time: the minimum-duration condition and throughput
+    counts = {name: 0 for name in workers}
+
+    def done(name: str) -> bool:
+        return counts[name] >= settings.max_iters or (
+            counts[name] >= settings.min_iters and spent[name] >= settings.min_duration_s)
+
+    while not all(done(n) for n in workers):
+        for name, worker in workers.items():
+            if done(name):
+                continue
+            time.sleep(settings.settle_s)
+            latencies_ns, block_wall = worker.call("block", block[name], counts[name], settings.concurrency)
+            samples[name].append(latencies_ns)
+            counts[name] += len(latencies_ns)
+            spent[name] += block_wall
+        if progress is not None:
+            progress(dict(counts))
+    return {name: Measurement(np.concatenate(samples[name]).astype(np.float64) / 1e6, spent[name], counts[name])
+            for name in workers}

@@ -1,0 +1,240 @@
+"""Backends behind one interface: load, infer, close; checking and bookkeeping live in the base.
+
+Every runner refuses to pretend: onnxruntime silently falls back to the CPU when a GPU
+provider cannot start, so the providers actually in use are checked after the session
+is created and a fallback is an error, never a GPU number measured on the CPU.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+
+
+class RunnerError(RuntimeError):
+    """A backend is unavailable, fell back to another device, or was misused."""
+
+
+def physical_cores() -> int:
+    """Physical cores (hyper-threads share execution units, so they add little to inference)."""
+    try:
+        pairs = set()
+        physical = core = None
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.startswith("physical id"):
+                    physical = line.split(":")[1].strip()
+                elif line.startswith("core id"):
+                    core = line.split(":")[1].strip()
+                    pairs.add((physical, core))
+        if pairs:
+            return len(pairs)
+    except OSError:
+        pass
+    return os.cpu_count() or 1
+
+
+class Runner:
+    backend: ClassVar[str]
+
+    def __init__(self, path: str | Path, *, threads: int | None = None, device: str = "cpu", **options: Any) -> None:
+        self.path, self.device = Path(path), device
+        self.threads = threads or physical_cores()
+        self.options = options
+        self.loaded = False
+
+    def load(self) -> "Runner":
+        if self.loaded:
+            raise RunnerError(f"{self.backend} runner for {self.path} is already loaded")
+        self._load()
+        self.loaded = True
+        return self
+
+    def prepare(self, x: np.ndarray) -> Any:
+        """Stage an input where the backend reads it (the device), for device-only timing."""
+        self._check(x)
+        return self._prepare(x)
+
+    def run_prepared(self, staged: Any) -> Any:
+        """Run on a staged input and wait for the result to be complete (GPU work synchronised)."""
+        return self._run(staged)
+
+    def infer(self, x: np.ndarray) -> np.ndarray:
+        """Host array in, host array out: the end-to-end latency a caller sees."""
+        self._check(x)
+        return self._to_host(self._run(self._prepare(x)))
+
+    def close(self) -> None:
+        if self.loaded:
+            self._close()
+            self.loaded = False
+
+    def info(self) -> dict:
+        return {"backend": self.backend, "device": self.device, "threads": self.threads}
+
+    def __enter__(self) -> "Runner":
+        return self.load()
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _check(self, x: np.ndarray) -> None:
+        if not self.loaded:
+            raise RunnerError(f"{self.backend} runner for {self.path}: call load() (or use it as a context manager) first")
+        if x.ndim != 4:
+            raise RunnerError(f"{self.backend} runner expects N×C×H×W images, got shape {x.shape}")
+
+    def _prepare(self, x: np.ndarray) -> Any:
+        return x
+
+    def _to_host(self, y: Any) -> np.ndarray:
+        return y
+
+    def _load(self) -> None:
+        raise NotImplementedError
+
+    def _run(self, staged: Any) -> Any:
+        raise NotImplementedError
+
+    def _close(self) -> None:
+        pass
+
+
+class TorchRunner(Runner):
+    """Eager (optionally compiled) PyTorch: the baseline every artifact is compared with."""
+
+    backend = "torch"
+
+    def _load(self) -> None:
+        import torch
+
+        from train.model_io import load_model
+
+        if self.device == "cuda" and not torch.cuda.is_available():
+            raise RunnerError("torch runner: device cuda was asked for but no CUDA device is visible")
+        if self.device == "cpu":
+            torch.set_num_threads(self.threads)
+        self._torch = torch
+        model, self.description = load_model(self.path)
+        self.model = model.eval().to(self.device)
+        if self.options.get("compile"):
+            self.model = torch.compile(self.model)
+
+    def _prepare(self, x: np.ndarray):
+        return self._torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)).to(self.device)
+
+    def _run(self, staged):
+        with self._torch.inference_mode():
+            y = self.model(staged)
+        if self.device == "cuda":
+            self._torch.cuda.synchronize()
+        return y
+
+    def _to_host(self, y) -> np.ndarray:
+        return y.float().cpu().numpy()
+
+    def info(self) -> dict:
+        return {**super().info(), "precision": "fp32", "compile": bool(self.options.get("compile"))}
+
+
+class OnnxRuntimeRunner(Runner):
+    backend = "onnxruntime"
+    _DEVICE_PROVIDERS = {"cpu": ["CPUExecutionProvider"], "cuda": ["CUDAExecutionProvider", "CPUExecutionProvider"],
+                         "tensorrt": ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"]}
+
+    def _load(self) -> None:
+        try:
+            import onnxruntime as ort
+        except ImportError as exc:
+            raise RunnerError("onnxruntime is not installed: pip install 'compress[cpu]' (or [gpu])") from exc
+        if self.device not in self._DEVICE_PROVIDERS:
+            raise RunnerError(f"onnxruntime device must be one of {', '.join(self._DEVICE_PROVIDERS)}, got {self.device!r}")
+        wanted = self._DEVICE_PROVIDERS[self.device]
+        missing = [p for p in wanted if p not in ort.get_available_providers()]
+        if missing:
+            raise RunnerError(f"onnxruntime on this machine has no {', '.join(missing)} "
+                              f"(available: {', '.join(ort.get_available_providers())})")
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = self.threads
+        options.inter_op_num_threads = self.options.get("inter_op_threads", 1)
+        self.session = ort.InferenceSession(str(self.path), options, providers=wanted)
+        active = self.session.get_providers()
+        if active[0] != wanted[0]:
+            raise RunnerError(f"onnxruntime fell back to {active[0]} although {wanted[0]} was asked for; "
+                              "refusing to report its numbers as that device's")
+        first = self.session.get_inputs()[0]
+        self.input_name = first.name
+        self.input_dtype = np.float16 if first.type == "tensor(float16)" else np.float32
+
+    def _prepare(self, x: np.ndarray):
+        return {self.input_name: np.ascontiguousarray(x, dtype=self.input_dtype)}
+
+    def _run(self, staged):
+        return self.session.run(None, staged)[0]
+
+    def _to_host(self, y) -> np.ndarray:
+        return y.astype(np.float32, copy=False)
+
+    def info(self) -> dict:
+        return {**super().info(), "providers": self.session.get_providers() if self.loaded else None,
+                "inter_op_threads": self.options.get("inter_op_threads", 1)}
+
+
+class TensorRTRunner(Runner):
+    """A serialized engine on the GPU; device buffers come from torch (pycuda is not needed)."""
+
+    backend = "tensorrt"
+
+    def _load(self) -> None:
+        try:
+            import tensorrt as trt
+        except ImportError as exc:
+            raise RunnerError("TensorRT is not installed (pip install 'compress[tensorrt]')") from exc
+        import torch
+
+        if not torch.cuda.is_available():
+            raise RunnerError("the TensorRT runner needs a CUDA device; none is visible")
+        self._torch = torch
+        logger = trt.Logger(trt.Logger.WARNING)
+        engine_file = self.path / "model.engine" if self.path.is_dir() else self.path
+        self.engine = trt.Runtime(logger).deserialize_cuda_engine(engine_file.read_bytes())
+        if self.engine is None:
+            raise RunnerError(f"TensorRT could not deserialise {engine_file}; rebuild it on this machine")
+        self.context = self.engine.create_execution_context()
+        names = [self.engine.get_tensor_name(i) for i in range(self.engine.num_io_tensors)]
+        self.input_name = next(n for n in names if self.engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT)
+        self.output_name = next(n for n in names if self.engine.get_tensor_mode(n) == trt.TensorIOMode.OUTPUT)
+        self.stream = torch.cuda.Stream()
+        self._trt = trt
+
+    def _prepare(self, x: np.ndarray):
+        dtype = self._torch.float16 if self.engine.get_tensor_dtype(self.input_name) == self._trt.DataType.HALF \
+            else self._torch.float32
+        return self._torch.from_numpy(np.ascontiguousarray(x)).to("cuda", dtype=dtype)
+
+    def _run(self, staged):
+        self.context.set_input_shape(self.input_name, tuple(staged.shape))
+        out_shape = tuple(self.context.get_tensor_shape(self.output_name))
+        out_dtype = self._torch.float16 if self.engine.get_tensor_dtype(self.output_name) == self._trt.DataType.HALF \
+            else self._torch.float32
+        output = self._torch.empty(out_shape, dtype=out_dtype, device="cuda")
+        self.context.set_tensor_address(self.input_name, staged.data_ptr())
+        self.context.set_tensor_address(self.output_name, output.data_ptr())
+        if not self.context.execute_async_v3(self.stream.cuda_stream):
+            raise RunnerError("TensorRT execute_async_v3 failed")
+        self.stream.synchronize()
+        return output
+
+    def _to_host(self, y) -> np.ndarray:
+        return y.float().cpu().numpy()
+
+
+RUNNERS: dict[str, type[Runner]] = {r.backend: r for r in (TorchRunner, OnnxRuntimeRunner, TensorRTRunner)}
+
+
+def make_runner(backend: str, path: str | Path, **kwargs: Any) -> Runner:
+    if backend not in RUNNERS:
+        raise RunnerError(f"unknown backend {backend!r}; known: {', '.join(RUNNERS)}")
+    return RUNNERS[backend](path, **kwargs)

@@ -1,0 +1,92 @@
+"""Runners behind one interface, the provider-fallback refusal, and interleaved measurement in workers."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from export.onnx_export import export_onnx
+from serve_bench.harness import HarnessSettings, measure_interleaved
+from serve_bench.runners import OnnxRuntimeRunner, RunnerError, TorchRunner, make_runner, physical_cores
+from serve_bench.worker import BenchWorker
+from train.model_io import describe, save_model
+from train.models import build_model
+
+
+@pytest.fixture(scope="module")
+def artifacts(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("artifacts")
+    torch.manual_seed(0)
+    model = build_model("resnet20", 10, 1, {"width": 4}).eval()
+    save_model(model, folder / "model", describe("resnet20", 10, 1, {"width": 4}, {}))
+    export_onnx(model, torch.randn(2, 1, 8, 8), folder / "model.onnx")
+    images = np.random.default_rng(0).standard_normal((64, 1, 8, 8)).astype(np.float32)
+    return folder, images
+
+
+def test_torch_and_onnxruntime_runners_agree(artifacts):
+    folder, images = artifacts
+    with TorchRunner(folder / "model", threads=1) as torch_runner, OnnxRuntimeRunner(folder / "model.onnx") as ort:
+        a, b = torch_runner.infer(images[:4]), ort.infer(images[:4])
+        assert a.shape == b.shape == (4, 10)
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+        assert ort.info()["providers"] == ["CPUExecutionProvider"] and ort.info()["threads"] == physical_cores()
+    with pytest.raises(RunnerError, match=r"call load\(\)"):
+        torch_runner.infer(images[:1])
+
+
+def test_runner_refuses_bad_input_and_unknown_backends(artifacts):
+    folder, images = artifacts
+    with OnnxRuntimeRunner(folder / "model.onnx") as runner:
+        with pytest.raises(RunnerError, match=r"expects N×C×H×W images, got shape \(1, 8, 8\)"):
+            runner.infer(images[0])
+    with pytest.raises(RunnerError, match=r"unknown backend 'tflite'"):
+        make_runner("tflite", folder)
+
+
+def test_a_gpu_provider_that_falls_back_to_cpu_is_refused(artifacts, monkeypatch):
+    import onnxruntime
+
+    folder, _ = artifacts
+    with pytest.raises(RunnerError, match=r"has no CUDAExecutionProvider"):
+        OnnxRuntimeRunner(folder / "model.onnx", device="cuda").load()
+    # onnxruntime-gpu without CUDA libraries lists the provider, then silently runs on the CPU.
+    monkeypatch.setattr(onnxruntime, "get_available_providers",
+                        lambda: ["CUDAExecutionProvider", "CPUExecutionProvider"])
+    with pytest.warns(UserWarning), pytest.raises(RunnerError, match=r"fell back to CPUExecutionProvider although "
+                                                                     r"CUDAExecutionProvider was asked for"):
+        OnnxRuntimeRunner(folder / "model.onnx", device="cuda").load()
+
+
+def test_interleaved_measurement_in_worker_processes(artifacts):
+    folder, images = artifacts
+    settings = HarnessSettings(warmup_iters=5, warmup_s=0.0, min_iters=300, min_duration_s=0.05, block_iters=50,
+                               block_s=0.0, settle_s=0.0)
+    rounds = []
+    with BenchWorker("torch", "torch", str(folder / "model"), {"threads": 1}, images, 1) as torch_worker, \
+            BenchWorker("onnx", "onnxruntime", str(folder / "model.onnx"), {"threads": 1}, images, 1) as ort_worker:
+        result = measure_interleaved({"torch": torch_worker, "onnx": ort_worker}, settings, progress=rounds.append)
+        logits = ort_worker.call("predict", images, 16)
+    assert set(result) == {"torch", "onnx"}
+    for m in result.values():
+        assert m.requests >= 300 and len(m.latencies_ms) == m.requests and (m.latencies_ms > 0).all()
+    assert rounds[0] == {"torch": 50, "onnx": 50}  # one block each per round: interleaved, not one after the other
+    assert logits.shape == (64, 10)
+
+
+def test_a_worker_that_cannot_load_reports_why(tmp_path):
+    with pytest.raises(RuntimeError, match=r"broken: .*"):
+        BenchWorker("broken", "onnxruntime", str(tmp_path / "missing.onnx"), {}, np.zeros((1, 1, 8, 8), np.float32), 1)
+
+
+def test_harness_check_reports_both_loops(artifacts, capsys):
+    import json
+
+    from serve_bench.check_harness import main as check_main
+
+    folder, _ = artifacts
+    assert check_main([str(folder / "model.onnx"), "--rounds", "2", "--block", "50", "--threads", "1"]) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert result["requests_each"] == 100
+    assert {"p50", "p99"} <= set(result["harness"]) and {"p50", "p99"} <= set(result["minimal"])
+    assert result["p50_ratio"] > 0 and "overhead_pct_of_median" in result

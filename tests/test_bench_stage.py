@@ -1,0 +1,97 @@
+"""The bench stage end to end on a tiny model: report schema, files, gate exit codes, re-rendering."""
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+import yaml
+
+from compress.cli import main
+from tests.conftest import TINY
+
+FAST_BENCH = {"name": "bench", "kind": "bench", "min_iters": 200, "min_samples": 200, "min_duration_s": 0.0,
+              "warmup_iters": 5, "warmup_s": 0.0, "block_iters": 50, "threads": 1, "settle_s": 0.0, "block_s": 0.0}
+
+
+@pytest.fixture(scope="module")
+def bench_run(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("bench")
+    config = copy.deepcopy(TINY)
+    config["latency"] = {"p99_budget_ms": 1000.0, "batch_size": 1}
+    config["red_line"] = {"metric": "top1", "max_drop": 0.5}
+    config["stages"] += [{"name": "export", "kind": "export", "parity": {"samples": 32}}, dict(FAST_BENCH)]
+    path = folder / "pipeline.yaml"
+    path.write_text(yaml.safe_dump(config))
+    run_dir = folder / "run"
+    code = main(["run", str(path), "--run-dir", str(run_dir)])
+    return code, path, run_dir
+
+
+def test_report_json_has_the_documented_keys(bench_run):
+    code, _, run_dir = bench_run
+    assert code == 0
+    report = json.loads((run_dir / "report" / "report.json").read_text())
+    assert {"baseline", "artifacts", "gate", "environment"} <= set(report)
+    assert report["baseline"] == "train.model"
+    names = [a["name"] for a in report["artifacts"]]
+    assert names == ["train.model", "export.onnx"]
+    for art in report["artifacts"]:
+        assert {"name", "stage", "backend", "precision", "format", "path", "size_bytes", "params", "macs", "accuracy",
+                "accuracy_drop", "latency_ms", "throughput", "speedup_p99"} <= set(art)
+        assert {"p50", "p90", "p95", "p99", "p99_ci", "mean", "n"} <= set(art["latency_ms"])
+        assert art["latency_ms"]["n"] >= 200 and art["latency_ms"]["p99_ci"][0] <= art["latency_ms"]["p99"]
+        assert {"top1", "top5"} <= set(art["accuracy"]) and art["accuracy"]["n"] == 359
+    torch_entry, onnx_entry = report["artifacts"]
+    assert (torch_entry["backend"], onnx_entry["backend"]) == ("torch", "onnxruntime")
+    assert torch_entry["speedup_p99"] == 1.0 and torch_entry["accuracy_drop"] == 0.0
+    assert abs(onnx_entry["accuracy_drop"]) < 0.5  # the same weights: ONNX accuracy equals torch's
+    assert torch_entry["macs"] > 0 and onnx_entry["params"] == torch_entry["params"]
+    gate = report["gate"]
+    assert {"p99_budget_ms", "max_accuracy_drop", "passed", "release", "reasons"} <= set(gate)
+    assert gate["passed"] and gate["release"] in names
+
+
+def test_report_files_are_self_contained(bench_run):
+    _, _, run_dir = bench_run
+    folder = run_dir / "report"
+    html = (folder / "report.html").read_text()
+    assert html.count("data:image/png;base64,") == 3 and "src=\"http" not in html and "<link" not in html
+    assert "Gate <b>PASSED</b>" in html
+    assert (folder / "report.md").read_text().startswith("# Release report: tiny")
+    assert {p.name for p in folder.iterdir()} >= {"latency_cdf.png", "accuracy_vs_p99.png", "size_by_artifact.png",
+                                                 "latencies.npz"}
+
+
+def test_gate_command_re_evaluates_with_other_limits(bench_run, capsys):
+    _, _, run_dir = bench_run
+    assert main(["gate", str(run_dir)]) == 0
+    assert main(["gate", str(run_dir / "report" / "report.json"), "--p99-ms", "0.000001"]) == 1
+    out = capsys.readouterr().out
+    assert "FAILED" in out and "no artifact meets both the accuracy red line and the p99 budget" in out
+    assert main(["gate", str(run_dir), "--max-drop", "-5"]) == 1
+    assert main(["gate", str(run_dir / "nowhere")]) == 2
+
+
+def test_report_command_re_renders_without_measuring(bench_run):
+    _, _, run_dir = bench_run
+    (run_dir / "report" / "report.html").unlink()
+    before = (run_dir / "report" / "report.json").read_text()
+    assert main(["report", str(run_dir)]) == 0
+    assert (run_dir / "report" / "report.html").is_file()
+    assert (run_dir / "report" / "report.json").read_text() == before
+
+
+def test_a_failing_gate_exits_1_after_writing_the_report(bench_run, capsys):
+    _, path, run_dir = bench_run
+    assert main(["run", str(path), "--run-dir", str(run_dir), "latency.p99_budget_ms=0.000001"]) == 1
+    err = capsys.readouterr().err
+    assert "release gate FAILED (bench)" in err and "p99" in err
+    report = json.loads((run_dir / "report" / "report.json").read_text())
+    assert not report["gate"]["passed"] and report["gate"]["p99_budget_ms"] == 0.000001
+
+
+def test_bench_settings_are_validated(tmp_path, tiny_config, write_pipeline, capsys):
+    tiny_config["stages"].append({"name": "bench", "kind": "bench", "min_iters": 100})
+    assert main(["validate", str(write_pipeline(tiny_config))]) == 2
+    assert "min_iters 100 is below min_samples 1000" in capsys.readouterr().err
