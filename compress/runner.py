@@ -70,6 +70,11 @@ def input_refs(pipeline: Pipeline) -> dict[str, dict[str, str]]:
         if cls.collects_deployable:
             names = getattr(stage, "artifacts", None) or [
                 f"{n}.{role}" for n, c in earlier for role in c.deployable]
+            # The baseline is always measured in the same run, listed or not.
+            baseline = getattr(stage, "baseline", None) or next(
+                (f"{n}.model" for n, c in earlier if c.kind == "train"), None)
+            if baseline and baseline not in names:
+                names = [baseline, *names]
             chosen.update({f"{ARTIFACT_ROLE}{name}": name for name in names})
         refs[stage.name] = chosen
         earlier.append((stage.name, cls))

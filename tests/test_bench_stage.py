@@ -95,3 +95,15 @@ def test_bench_settings_are_validated(tmp_path, tiny_config, write_pipeline, cap
     tiny_config["stages"].append({"name": "bench", "kind": "bench", "min_iters": 100})
     assert main(["validate", str(write_pipeline(tiny_config))]) == 2
     assert "min_iters 100 is below min_samples 1000" in capsys.readouterr().err
+
+
+def test_the_baseline_is_measured_even_when_not_listed(tmp_path, capsys):
+    config = copy.deepcopy(TINY)
+    config["stages"] += [{"name": "export", "kind": "export", "parity": {"samples": 32}},
+                         dict(FAST_BENCH, artifacts=["export.onnx"], concurrency=2)]
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml.safe_dump(config))
+    assert main(["run", str(path), "--run-dir", str(tmp_path / "run")]) == 0
+    report = json.loads((tmp_path / "run" / "report" / "report.json").read_text())
+    assert [a["name"] for a in report["artifacts"]] == ["train.model", "export.onnx"]
+    assert report["settings"]["concurrency"] == 2 and all(a["throughput"] > 0 for a in report["artifacts"])

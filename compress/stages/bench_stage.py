@@ -26,6 +26,8 @@ class BenchConfig(StageConfig):
     baseline: str | None = Field(None, description="a torch-model artifact; default: the first train stage's model")
     batch_size: int | None = Field(None, ge=1, description="default: the pipeline's latency.batch_size")
     threads: int | None = Field(None, ge=1, description="intra-op threads; default: physical cores")
+    inter_op_threads: int = Field(1, ge=1, description="onnxruntime inter-op threads")
+    torch_compile: bool = Field(False, description="torch.compile the torch artifacts before timing them")
     device: Literal["cpu", "cuda"] = "cpu"
     device_only: bool = Field(False, description="GPU: time the computation only, without host↔device copies")
     warmup_iters: int = Field(50, ge=0)
@@ -57,7 +59,7 @@ class BenchStage(Stage):
     def run(self, ctx: StageContext, inputs: dict[str, InputArtifact]) -> StageResult:
         cfg: BenchConfig = self.config  # type: ignore[assignment]
         data, pipeline = ctx.data, ctx.pipeline
-        specs = [_spec(a) for a in inputs.values()]
+        specs = [_spec(a, cfg) for a in inputs.values()]
         if not specs:
             raise ArtifactError(f"stage {ctx.name!r} found no deployable artifact to measure; add a train stage first")
         baseline = cfg.baseline or next((s.name for s in specs if s.backend == "torch"), None)
@@ -96,7 +98,7 @@ class BenchStage(Stage):
                            metrics=metrics)
 
 
-def _spec(artifact: InputArtifact) -> ArtifactSpec:
+def _spec(artifact: InputArtifact, cfg: BenchConfig) -> ArtifactSpec:
     backend = BACKENDS.get(artifact.kind)
     if backend is None:
         raise ArtifactError(f"{artifact.name} is a {artifact.kind!r}, which no benchmark runner can load "
@@ -119,7 +121,9 @@ def _spec(artifact: InputArtifact) -> ArtifactSpec:
     return ArtifactSpec(name=artifact.name, stage=artifact.name.split(".", 1)[0], backend=backend, path=str(path),
                         format={"torch": "torch", "onnxruntime": "onnx", "tensorrt": "engine"}[backend],
                         precision=meta.get("precision", "fp32"), size_bytes=size, params=meta.get("params"),
-                        macs=macs, max_batch=(meta.get("profile") or {}).get("max"))
+                        macs=macs, max_batch=(meta.get("profile") or {}).get("max"),
+                        options={"compile": cfg.torch_compile} if backend == "torch" else
+                        {"inter_op_threads": cfg.inter_op_threads} if backend == "onnxruntime" else {})
 
 
 def _environment() -> dict:
