@@ -21,7 +21,7 @@ import numpy as np
 
 from serve_bench.runners import OnnxRuntimeRunner
 from serve_bench.stats import percentile
-from serve_bench.worker import _batches, _timed_block
+from serve_bench.worker import batches_of, timed_block
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -37,16 +37,16 @@ def main(argv: list[str] | None = None) -> int:
     first = session.get_inputs()[0]
     shape = [1 if not isinstance(d, int) else d for d in first.shape]
     pool = np.random.default_rng(0).standard_normal((64, *shape[1:])).astype(np.float32)
-    batches = _batches(pool, 1)
+    batches = batches_of(pool, 1)
     feeds = [{first.name: b} for b in batches]
 
     harness, minimal = [], []
     for _ in range(3):  # warm-up both paths
-        _timed_block(runner, batches, None, args.block, 0, 1)
+        timed_block(runner, batches, None, args.block, 0, 1)
         for feed in feeds:
             session.run(None, feed)
     for r in range(args.rounds):
-        harness.append(_timed_block(runner, batches, None, args.block, r * args.block, 1)[0])
+        harness.append(timed_block(runner, batches, None, args.block, r * args.block, 1)[0])
         block = np.empty(args.block, dtype=np.int64)
         for i in range(args.block):
             feed = feeds[(r * args.block + i) % len(feeds)]

@@ -15,12 +15,12 @@ from typing import Any
 import numpy as np
 
 
-def _batches(pool: np.ndarray, batch_size: int) -> list[np.ndarray]:
+def batches_of(pool: np.ndarray, batch_size: int) -> list[np.ndarray]:
     count = max(1, len(pool) // batch_size)
     return [pool[i * batch_size:(i + 1) * batch_size] for i in range(count)]
 
 
-def _timed_block(runner, batches: list, staged: list | None, n: int, start: int, concurrency: int) -> tuple[np.ndarray, float]:
+def timed_block(runner, batches: list, staged: list | None, n: int, start: int, concurrency: int) -> tuple[np.ndarray, float]:
     """n requests, inputs rotated from ``start``; returns per-request latencies (ns) and wall time (s)."""
     latencies = np.empty(n, dtype=np.int64)
 
@@ -56,7 +56,7 @@ def worker_main(conn, backend: str, path: str, options: dict, pool: np.ndarray, 
 
     try:
         runner = make_runner(backend, path, **options).load()
-        batches = _batches(pool, batch_size)
+        batches = batches_of(pool, batch_size)
         staged = [runner.prepare(b) for b in batches] if device_only else None
         conn.send(("ready", runner.info()))
     except Exception as exc:  # report any load failure to the parent instead of dying silently
@@ -70,12 +70,12 @@ def worker_main(conn, backend: str, path: str, options: dict, pool: np.ndarray, 
                 start = time.perf_counter()
                 deadline, done = start + seconds, 0
                 while done < iters or time.perf_counter() < deadline:
-                    _timed_block(runner, batches, staged, 1, done, 1)
+                    timed_block(runner, batches, staged, 1, done, 1)
                     done += 1
                 conn.send(("ok", (done, time.perf_counter() - start)))
             elif command == "block":
                 n, start, concurrency = args
-                conn.send(("ok", _timed_block(runner, batches, staged, n, start, concurrency)))
+                conn.send(("ok", timed_block(runner, batches, staged, n, start, concurrency)))
             elif command == "predict":
                 images, eval_batch = args
                 outputs = [runner.infer(images[i:i + eval_batch]) for i in range(0, len(images), eval_batch)]

@@ -8,7 +8,7 @@ from pydantic import Field, model_validator
 from rich.table import Table
 
 from compress.config import StageConfig
-from compress.errors import ArtifactError, StageError
+from compress.errors import ArtifactError, ConfigError, StageError
 from compress.stages.base import InputArtifact, Output, Stage, StageContext, StageResult
 from serve_bench.bench import ArtifactSpec, BenchSettings, run_benchmark
 from serve_bench.gate import evaluate
@@ -69,6 +69,8 @@ class BenchStage(Stage):
         batch = cfg.batch_size or pipeline.latency.batch_size
         test = next(BatchStream(data.test, data, len(data.test), shuffle=False, drop_last=False).epoch(0))
         images, labels = test[0].numpy(), test[1].numpy()
+        if len(images) < batch:
+            raise ConfigError(f"stages.{ctx.name}.batch_size: {batch} is more than the {len(images)} test images")
         pool = images[: max(batch * 64, 256)]
         settings = BenchSettings(HarnessSettings(cfg.warmup_iters, cfg.warmup_s, cfg.min_iters, cfg.min_duration_s,
                                                  cfg.block_iters, cfg.block_s, concurrency=cfg.concurrency,
