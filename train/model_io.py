@@ -53,11 +53,28 @@ def read_description(directory: str | Path) -> dict:
     return description
 
 
+def replay_pruning(model: nn.Module, pruning: dict) -> None:
+    """Re-apply a recorded channel pruning to a freshly built model, so its weights fit.
+
+    The history is torch-pruning's own: (module name, output-channel pruning?, indices) per
+    step; the dependency graph replays it, including the coupled layers (residual adds,
+    concatenations, BatchNorms) each step touched.
+    """
+    import torch
+    import torch_pruning as tp
+
+    example = torch.zeros(1, *pruning["input_shape"])
+    graph = tp.DependencyGraph().build_dependency(model.eval(), example_inputs=example)
+    graph.load_pruning_history([(name, bool(out), list(idxs)) for name, out, idxs in pruning["history"]])
+
+
 def load_model(directory: str | Path) -> tuple[nn.Module, dict]:
     directory = Path(directory)
     description = read_description(directory)
     arch = description["architecture"]
     model = build_model(arch["name"], arch["num_classes"], arch["in_channels"], arch.get("args"))
+    if description.get("pruning"):
+        replay_pruning(model, description["pruning"])
     state = load_file(str(directory / WEIGHTS_FILE))
     try:
         model.load_state_dict(state, strict=True)

@@ -1,0 +1,123 @@
+"""Network slimming: L1 on BatchNorm scales during training, then dependency-aware channel surgery.
+
+Liu et al. 2017 ("Learning Efficient Convolutional Networks through Network Slimming"):
+an L1 penalty drives the BN scale γ of unimportant channels towards zero, then channels
+are removed by |γ|. torch-pruning's dependency graph keeps residual adds, concatenations,
+depthwise and grouped convolutions consistent, and records a history that rebuilds the
+pruned architecture from the original one.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+import torch_pruning as tp
+from torch import nn
+
+
+class PruningError(ValueError):
+    """The model or the target does not allow a meaningful pruning; the message says why."""
+
+
+def batchnorm_layers(model: nn.Module) -> list[nn.modules.batchnorm._BatchNorm]:
+    return [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.affine]
+
+
+def gamma_values(model: nn.Module) -> torch.Tensor:
+    layers = batchnorm_layers(model)
+    return torch.cat([m.weight.detach().abs().flatten().cpu() for m in layers]) if layers else torch.empty(0)
+
+
+def gamma_histogram(model: nn.Module, bins: int = 20) -> dict:
+    values = gamma_values(model)
+    if values.numel() == 0:
+        return {"counts": [], "edges": []}
+    counts, edges = torch.histogram(values.float(), bins=bins)
+    return {"counts": [int(c) for c in counts], "edges": [round(float(e), 6) for e in edges]}
+
+
+def bn_l1_hook(model: nn.Module, lam: float, ignored: list[nn.Module] | None = None) -> Callable[[nn.Module], None]:
+    """The post-backward gradient hook of the sparsity phase: ∂(λ·Σ|γ|)/∂γ = λ·sign(γ).
+
+    The loop calls it after the scaler has unscaled the gradients and before clipping and
+    the optimizer step, so the penalty has the same strength under fp16 as under fp32.
+    """
+    if not batchnorm_layers(model):
+        raise PruningError("the model has no BatchNorm layers, so BN-scale sparsity has nothing to act on; "
+                           "use importance: magnitude (and sparsity.epochs: 0)")
+    skip = set(ignored or [])
+
+    def hook(trained: nn.Module) -> None:
+        for bn in batchnorm_layers(trained):
+            if bn not in skip and bn.weight.grad is not None:
+                bn.weight.grad.add_(lam * torch.sign(bn.weight.detach()))
+
+    return hook
+
+
+@dataclass
+class PruneTarget:
+    macs_fraction: float | None = None  # keep at most this share of the MACs
+    channel_ratio: float | None = None  # or remove this share of channels
+    importance: str = "bn_scale"  # bn_scale | magnitude
+    global_pruning: bool = True
+    round_to: int | None = None
+    max_layer_ratio: float = 0.9  # no layer loses more than this share of its channels
+    steps: int = 8  # iterative steps towards a MACs target
+
+
+@dataclass
+class PruneResult:
+    history: list
+    macs_before: int
+    macs_after: int
+    params_before: int
+    params_after: int
+    channels_before: dict[str, int] = field(default_factory=dict)
+    channels_after: dict[str, int] = field(default_factory=dict)
+
+
+def _channels(model: nn.Module) -> dict[str, int]:
+    return {name: m.out_channels for name, m in model.named_modules() if isinstance(m, nn.Conv2d)}
+
+
+def prune(model: nn.Module, example: torch.Tensor, target: PruneTarget, protected: list[nn.Module]) -> PruneResult:
+    """Prune ``model`` in place towards the target; raises PruningError when it cannot."""
+    if target.importance == "bn_scale":
+        if not batchnorm_layers(model):
+            raise PruningError("the model has no BatchNorm layers; BN-scale importance cannot rank its channels. "
+                               "Use importance: magnitude")
+        gammas = gamma_values(model)
+        if float(gammas.max() - gammas.min()) < 1e-8:
+            raise PruningError("every BatchNorm scale has the same value, so BN-scale ranking would prune nothing "
+                               "meaningful; run the sparsity phase first (sparsity.epochs > 0, lambda > 0)")
+        importance = tp.importance.BNScaleImportance()
+    elif target.importance == "magnitude":
+        importance = tp.importance.MagnitudeImportance(p=2)
+    else:
+        raise PruningError(f"importance must be bn_scale or magnitude, got {target.importance!r}")
+    model.eval()
+    macs_before, params_before = tp.utils.count_ops_and_params(model, example)
+    channels_before = _channels(model)
+    by_macs = target.macs_fraction is not None
+    pruner = tp.pruner.MetaPruner(
+        model, example, importance=importance, global_pruning=target.global_pruning,
+        pruning_ratio=target.max_layer_ratio if by_macs else target.channel_ratio,
+        max_pruning_ratio=target.max_layer_ratio, iterative_steps=target.steps if by_macs else 1,
+        ignored_layers=protected, round_to=target.round_to)
+    macs = macs_before
+    for _ in range(target.steps if by_macs else 1):
+        pruner.step()
+        macs, _ = tp.utils.count_ops_and_params(model, example)
+        if by_macs and macs <= target.macs_fraction * macs_before:
+            break
+    if macs >= macs_before:
+        raise PruningError("the pruner removed no channel: every layer is protected or at its max_layer_ratio")
+    if by_macs and macs > target.macs_fraction * macs_before:
+        raise PruningError(f"reached {macs / macs_before:.1%} of the MACs, not the {target.macs_fraction:.0%} target, "
+                           f"with max_layer_ratio {target.max_layer_ratio}; raise it or relax the target")
+    params_after = sum(p.numel() for p in model.parameters())
+    history = [[name, bool(out), [int(i) for i in idxs]] for name, out, idxs in pruner.pruning_history()]
+    return PruneResult(history, int(macs_before), int(macs), int(params_before), int(params_after),
+                       channels_before, _channels(model))

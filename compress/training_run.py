@@ -1,0 +1,135 @@
+"""Training settings and one training run, shared by every stage that trains (train, prune, ...).
+
+The stages differ in what they do around the loop (sparsity hooks, surgery, distillation),
+not in how a model is trained; this module is the single place that turns validated
+settings into the loop's plain objects and its result into recorded metrics.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import torch
+from pydantic import Field, field_validator
+from torch import nn
+
+from compress.config import Strict
+from compress.errors import ConfigError, StageError
+from compress.stages.base import StageContext
+from train.activation_checkpointing import checkpoint_blocks
+from train.data import Augment, BatchStream, DataBundle
+from train.evaluate import evaluate
+from train.loop import FitResult, Hooks, LoopSettings, NonFiniteLoss, fit
+from train.optim import lr_factor, make_optimizer, make_scheduler
+from train.precision import Precision, make_precision
+
+
+class AugmentConfig(Strict):
+    pad: int = Field(2, ge=0, le=16, description="random shift by up to this many pixels")
+    hflip: bool = Field(False, description="random horizontal flips (not for digits)")
+
+
+class TrainingSettings(Strict):
+    epochs: int = Field(8, ge=1)
+    batch_size: int = Field(128, ge=1)
+    eval_batch_size: int = Field(512, ge=1)
+    optimizer: Literal["adamw", "sgd"] = "adamw"
+    lr: float = Field(2e-3, gt=0, le=10)
+    weight_decay: float = Field(0.05, ge=0)
+    momentum: float = Field(0.9, ge=0, lt=1)
+    schedule: Literal["cosine", "wsd", "step", "constant"] = "cosine"
+    warmup_epochs: float = Field(0.5, ge=0)
+    decay_fraction: float = Field(0.2, gt=0, le=1, description="wsd: share of steps spent decaying")
+    milestones: list[float] = Field([0.5, 0.75], description="step: fractions of training where lr drops")
+    gamma: float = Field(0.1, gt=0, le=1, description="step: lr factor at each milestone")
+    grad_accum: int = Field(1, ge=1)
+    clip_grad_norm: float | None = Field(None, gt=0)
+    label_smoothing: float = Field(0.0, ge=0, lt=1)
+    amp: Literal["auto", "off", "bf16", "fp16"] = "auto"
+    channels_last: bool = False
+    compile: bool = False
+    checkpoint_blocks: list[str] = Field(default_factory=list, description="modules to run with activation checkpointing")
+    checkpoint_every: int = Field(100, ge=0, description="optimizer steps between resumable checkpoints")
+    augment: AugmentConfig = Field(default_factory=AugmentConfig)
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    heartbeat_s: float = Field(30.0, gt=0)
+
+    @field_validator("amp", mode="before")
+    @classmethod
+    def _yaml_off(cls, value):
+        # YAML 1.1 reads a bare `off` as false; that is what the user meant.
+        return "off" if value is False else value
+
+
+@dataclass
+class TrainingRun:
+    result: FitResult
+    precision: Precision
+    device: torch.device
+    metrics: dict
+
+
+def resolve_device(choice: str) -> torch.device:
+    if choice == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("device: cuda was asked for but torch sees no CUDA device; use device: auto or cpu")
+    if choice == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(choice)
+
+
+def eval_stream(data: DataBundle, split: str, cfg: TrainingSettings, device: torch.device) -> BatchStream:
+    return BatchStream(getattr(data, split), data, cfg.eval_batch_size, shuffle=False, drop_last=False,
+                       seed=0, device=device, channels_last=cfg.channels_last)
+
+
+def run_training(ctx: StageContext, model: nn.Module, cfg: TrainingSettings, *, field: str, label: str,
+                 hooks: Hooks | None = None, checkpoint_dir: Path | None = None) -> TrainingRun:
+    """Train ``model`` in place; ``field`` names the settings in error messages (e.g. stages.prune.finetune)."""
+    device = resolve_device(cfg.device)
+    data = ctx.data
+    if device.type == "cuda":
+        torch.backends.cudnn.benchmark = True
+    model.to(device, memory_format=torch.channels_last if cfg.channels_last else torch.preserve_format)
+    if cfg.checkpoint_blocks:
+        try:
+            checkpoint_blocks(model, cfg.checkpoint_blocks)
+        except ValueError as exc:
+            raise ConfigError(f"{field}.{exc}") from exc
+    train = BatchStream(data.train, data, cfg.batch_size, shuffle=True, drop_last=True,
+                        augment=Augment(cfg.augment.pad, cfg.augment.hflip), seed=ctx.pipeline.seed, device=device,
+                        channels_last=cfg.channels_last)
+    steps_per_epoch = len(train) // cfg.grad_accum
+    if steps_per_epoch == 0:
+        raise ConfigError(f"{field}.batch_size: {cfg.batch_size} × grad_accum {cfg.grad_accum} is more "
+                          f"than the {len(data.train)} training images; lower it")
+    total = steps_per_epoch * cfg.epochs
+    precision = make_precision(cfg.amp, device)
+    optimizer = make_optimizer(model, cfg.optimizer, cfg.lr, cfg.weight_decay, cfg.momentum)
+    scheduler = make_scheduler(optimizer, lr_factor(
+        cfg.schedule, total, int(cfg.warmup_epochs * steps_per_epoch), cfg.decay_fraction, tuple(cfg.milestones), cfg.gamma))
+    settings = LoopSettings(epochs=cfg.epochs, grad_accum=cfg.grad_accum, clip_grad_norm=cfg.clip_grad_norm,
+                            label_smoothing=cfg.label_smoothing, checkpoint_every=cfg.checkpoint_every,
+                            label=label, heartbeat_s=cfg.heartbeat_s, run_key=f"{ctx.cache_key}:{label}")
+    ctx.log(f"{label}: {cfg.epochs} epochs × {steps_per_epoch} steps on {device}, {precision.name}")
+    try:
+        result = fit(model, train, eval_stream(data, "val", cfg, device), optimizer, scheduler, precision, settings,
+                     hooks, checkpoint_dir=checkpoint_dir, compile_model=cfg.compile)
+    except NonFiniteLoss as exc:
+        raise StageError(str(exc)) from exc
+    metrics = {
+        "best_val_top1": round(result.best_val_top1, 3), "best_epoch": result.best_epoch,
+        "images_per_s": round(result.images_per_s, 1), "train_time_s": round(result.train_time_s, 2),
+        "peak_memory_mb": round(result.peak_memory_bytes / 2**20, 1), "peak_memory_kind": result.peak_memory_kind,
+        "precision": precision.name, "device": str(device), "epochs": cfg.epochs, "steps": result.steps,
+        "effective_batch": result.effective_batch, "amp_skipped_steps": result.skipped_steps,
+        "resumed_from_step": result.resumed_from_step,
+    }
+    return TrainingRun(result, precision, device, metrics)
+
+
+def test_accuracy(ctx: StageContext, model: nn.Module, cfg: TrainingSettings, run: TrainingRun | None = None) -> dict:
+    device = run.device if run else resolve_device(cfg.device)
+    autocast = run.precision.autocast if run else make_precision(cfg.amp, device).autocast
+    model.to(device)
+    return evaluate(model, eval_stream(ctx.data, "test", cfg, device), autocast)
