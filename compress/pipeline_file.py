@@ -31,7 +31,7 @@ class Pipeline:
 
     def resolved(self) -> dict:
         data = self.config.model_dump(mode="json")
-        data["stages"] = [s.model_dump(mode="json") for s in self.stages]
+        data["stages"] = [s.model_dump(mode="json", by_alias=True) for s in self.stages]
         return data
 
     def resolved_yaml(self) -> str:

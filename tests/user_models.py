@@ -63,3 +63,15 @@ class DiffersWhenExported(SmallNet):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         logits = super().forward(x)
         return logits + 1.0 if torch.compiler.is_exporting() else logits
+
+
+class NoBatchNorm(nn.Module):
+    """A model network slimming cannot rank: no BatchNorm anywhere."""
+
+    def __init__(self, num_classes: int = 10, in_channels: int = 1) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(in_channels, 8, 3, padding=1)
+        self.head = nn.Linear(8, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.relu(self.conv(x)).mean(dim=(2, 3)))

@@ -1,0 +1,135 @@
+"""``kind: prune``: BN-scale sparsity training, channel surgery, finetune; saved as history, not pickle."""
+from __future__ import annotations
+
+import json
+from typing import Literal
+
+import torch
+from pydantic import ConfigDict, Field, model_validator
+from torch import nn
+
+from compress.channel_pruning import (PruneTarget, PruningError, bn_l1_hook, gamma_histogram, latency_ratio, prune)
+from compress.config import StageConfig, Strict
+from compress.errors import ConfigError
+from compress.model_source import model_from_artifact
+from compress.stages.base import InputArtifact, Output, Stage, StageContext, StageResult
+from compress.stages.train_stage import model_meta
+from compress.training_run import TrainingSettings, eval_stream, resolve_device, run_training, test_accuracy
+from train.evaluate import evaluate
+from train.loop import Hooks
+from train.model_io import save_model
+from train.models import count_macs, count_params
+
+
+class SparsityConfig(TrainingSettings):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    epochs: int = Field(2, ge=0, description="0 skips the sparsity phase (e.g. with importance: magnitude)")
+    l1: float = Field(1e-4, ge=0, alias="lambda", description="λ of the L1 penalty on BatchNorm scales")
+
+
+class FinetuneConfig(TrainingSettings):
+    epochs: int = Field(3, ge=0)
+    lr: float = Field(1e-3, gt=0, le=10)
+
+
+class TargetConfig(Strict):
+    macs: float | None = Field(None, gt=0, lt=1, description="keep at most this share of the MACs")
+    ratio: float | None = Field(None, gt=0, lt=1, description="or remove this share of the channels")
+
+    @model_validator(mode="after")
+    def _one(self) -> "TargetConfig":
+        if (self.macs is None) == (self.ratio is None):
+            raise ValueError("give exactly one of macs (share of MACs to keep) or ratio (share of channels to remove)")
+        return self
+
+
+class PruneConfig(StageConfig):
+    kind: Literal["prune"] = "prune"
+    importance: Literal["bn_scale", "magnitude"] = "bn_scale"
+    sparsity: SparsityConfig = Field(default_factory=SparsityConfig)
+    target: TargetConfig = Field(default_factory=lambda: TargetConfig(macs=0.45))
+    round_to: int | None = Field(None, ge=1, description="channel counts rounded to multiples of this (e.g. 8)")
+    global_pruning: bool = True
+    max_layer_ratio: float = Field(0.9, gt=0, lt=1, description="no layer loses more than this share of its channels")
+    steps: int = Field(16, ge=1, description="iterative steps towards a MACs target")
+    protected: list[str] = Field(default_factory=list, description="module names never pruned (the classifier always)")
+    finetune: FinetuneConfig = Field(default_factory=FinetuneConfig)
+
+
+def _protected(model: nn.Module, names: list[str], field: str) -> list[nn.Module]:
+    modules = dict(model.named_modules())
+    missing = [n for n in names if n not in modules]
+    if missing:
+        raise ConfigError(f"{field}.protected: no module named {', '.join(missing)}")
+    linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
+    return [modules[n] for n in names] + linears[-1:]  # the classifier keeps its class count
+
+
+class PruneStage(Stage):
+    kind = "prune"
+    Config = PruneConfig
+    input_roles = ("model",)
+    required_inputs = ("model",)
+    produces = ("model", "report")
+    deployable = ("model",)
+
+    def run(self, ctx: StageContext, inputs: dict[str, InputArtifact]) -> StageResult:
+        cfg: PruneConfig = self.config  # type: ignore[assignment]
+        field, data = f"stages.{ctx.name}", ctx.data
+        torch.manual_seed(ctx.pipeline.seed)
+        model, description = model_from_artifact(inputs["model"], data)
+        original, _ = model_from_artifact(inputs["model"], data)
+        protected = _protected(model, cfg.protected, field)
+        example = torch.zeros(1, *data.input_shape)
+        report: dict = {"gamma_before": gamma_histogram(model)}
+
+        if cfg.sparsity.epochs > 0:
+            try:
+                hook = bn_l1_hook(model, cfg.sparsity.l1)
+            except PruningError as exc:
+                raise ConfigError(f"{field}.sparsity: {exc}") from exc
+            run_training(ctx, model, cfg.sparsity, field=f"{field}.sparsity", label=f"{ctx.name}.sparsity",
+                         hooks=Hooks(after_backward=hook), checkpoint_dir=ctx.stage_dir / "checkpoints-sparsity")
+            report["gamma_after_sparsity"] = gamma_histogram(model)
+        model.cpu().eval()
+        target = PruneTarget(cfg.target.macs, cfg.target.ratio, cfg.importance, cfg.global_pruning, cfg.round_to,
+                             cfg.max_layer_ratio, cfg.steps)
+        try:
+            result = prune(model, example, target, protected)
+        except PruningError as exc:
+            raise ConfigError(f"{field}: {exc}") from exc
+        device = resolve_device(cfg.finetune.device)
+        after_surgery = evaluate(model.to(device), eval_stream(data, "val", cfg.finetune, device))["top1"]
+        ctx.log(f"pruned to {result.macs_after / result.macs_before:.1%} of the MACs "
+                f"({result.params_after:,} of {result.params_before:,} params); val top1 right after surgery "
+                f"{after_surgery:.2f}%")
+        run = None
+        if cfg.finetune.epochs > 0:
+            run = run_training(ctx, model, cfg.finetune, field=f"{field}.finetune", label=f"{ctx.name}.finetune",
+                               checkpoint_dir=ctx.stage_dir / "checkpoints-finetune")
+        test = test_accuracy(ctx, model, cfg.finetune, run)
+        model.cpu().eval()
+        ratio = latency_ratio(original.eval(), model, example)
+        ctx.log(f"test top1 {test['top1']:.2f}% after finetune; CPU latency pruned/unpruned {ratio:.2f}")
+
+        history = (description.get("pruning") or {}).get("history", []) + result.history
+        description["pruning"] = {"history": history, "input_shape": list(data.input_shape), "stage": ctx.name}
+        metrics = {"macs_before": result.macs_before, "macs_after": result.macs_after,
+                   "macs_fraction": round(result.macs_after / result.macs_before, 4),
+                   "params_before": result.params_before, "params_after": result.params_after,
+                   "val_top1_after_surgery": round(after_surgery, 3), "test_top1": round(test["top1"], 3),
+                   "test_top5": round(test["top5"], 3), "cpu_latency_ratio": round(ratio, 3),
+                   "params": count_params(model), "macs": count_macs(model, data.input_shape),
+                   "summary": f"MACs {result.macs_after / result.macs_before:.1%}, test top1 {test['top1']:.2f}%, "
+                              f"latency ×{ratio:.2f}"}
+        report.update(channels_before=result.channels_before, channels_after=result.channels_after, metrics=metrics)
+        with ctx.atomic_output_dir("model") as folder:
+            save_model(model, folder, description)
+        with ctx.atomic_output_dir("report") as folder:
+            (folder / "pruning.json").write_text(json.dumps(report, indent=2))
+            from compress.pruning_plots import gamma_plot
+
+            (folder / "gamma.png").write_bytes(gamma_plot(report))
+        return StageResult(outputs=[Output("model", "torch-model", ctx.stage_dir / "model",
+                                           meta=model_meta(metrics, description)),
+                                    Output("report", "report", ctx.stage_dir / "report")], metrics=metrics)

@@ -1,0 +1,123 @@
+"""Channel pruning: reload round trips on many architectures, the λ penalty under AMP, the error cases."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from torch import nn
+
+from compress.channel_pruning import PruneTarget, PruningError, bn_l1_hook, prune
+from compress.cli import main
+from train.data import BatchStream, DataSpec, load_data
+from train.loop import Hooks, LoopSettings, fit
+from train.model_io import describe, load_model, save_model
+from train.models import build_model
+from train.optim import lr_factor, make_optimizer, make_scheduler
+from train.precision import make_precision
+
+
+def _spread_gammas(model: nn.Module) -> None:
+    for bn in model.modules():
+        if isinstance(bn, nn.BatchNorm2d):
+            bn.weight.data = torch.rand_like(bn.weight) + 0.01
+
+
+@pytest.mark.parametrize("name, channels, size", [
+    ("resnet18", 3, 32), ("mobilenet_v2", 3, 32), ("efficientnet_b0", 3, 32), ("resnet20", 1, 16),
+    ("tests.user_models:SmallNet", 1, 12),
+])
+def test_pruned_model_reloads_with_identical_outputs(tmp_path, name, channels, size):
+    torch.manual_seed(0)
+    model = build_model(name, 10, channels).eval()
+    _spread_gammas(model)
+    example = torch.zeros(1, channels, size, size)
+    classifier = [m for m in model.modules() if isinstance(m, nn.Linear)][-1]
+    result = prune(model, example, PruneTarget(macs_fraction=0.5), [classifier])
+    assert result.macs_after <= 0.5 * result.macs_before and result.params_after < result.params_before
+    assert classifier.out_features == 10
+    description = describe(name, 10, channels, {}, {}, pruning={"history": result.history,
+                                                                "input_shape": [channels, size, size]})
+    save_model(model, tmp_path / "pruned", description)
+    json.loads((tmp_path / "pruned" / "model.json").read_text())  # the history is plain JSON
+    reloaded, _ = load_model(tmp_path / "pruned")
+    x = torch.randn(3, channels, size, size)
+    assert torch.equal(model(x), reloaded.eval()(x))
+
+
+def test_round_to_gives_hardware_friendly_widths():
+    torch.manual_seed(0)
+    model = build_model("resnet20", 10, 1, {"width": 16}).eval()
+    _spread_gammas(model)
+    prune(model, torch.zeros(1, 1, 16, 16), PruneTarget(channel_ratio=0.4, round_to=8), [model.fc])
+    widths = {m.out_channels for m in model.modules() if isinstance(m, nn.Conv2d)}
+    assert all(w % 8 == 0 for w in widths)
+
+
+def test_the_l1_penalty_lands_on_unscaled_gradients_under_fp16():
+    digits = load_data(DataSpec(name="digits"))
+    one_batch = digits.train.__class__(digits.train.images[:64], digits.train.labels[:64])
+    stream = BatchStream(one_batch, digits, 64, shuffle=False, drop_last=True)
+    torch.manual_seed(0)
+    model = build_model("resnet20", 10, 1, {"width": 4})
+    reference = build_model("resnet20", 10, 1, {"width": 4})
+    reference.load_state_dict(model.state_dict())
+    lam, seen = 1e-3, {}
+    penalty = bn_l1_hook(model, lam)
+
+    def record(m):
+        seen["before"] = m.bn1.weight.grad.detach().clone()
+        penalty(m)
+        seen["after"] = m.bn1.weight.grad.detach().clone()
+
+    precision = make_precision("fp16", torch.device("cpu"))
+    optimizer = make_optimizer(model, "sgd", 0.1, 0.0, momentum=0.0)
+    fit(model, stream, None, optimizer, make_scheduler(optimizer, lr_factor("constant", 1)), precision,
+        LoopSettings(epochs=1, heartbeat_s=1e9), Hooks(after_backward=record))
+    assert precision.scaler.get_scale() > 1000  # the loss really was scaled
+    torch.testing.assert_close(seen["after"] - seen["before"], lam * torch.sign(reference.bn1.weight.detach()))
+    x, y = next(iter(stream.epoch(0)))
+    with precision.autocast():
+        loss = nn.functional.cross_entropy(reference(x).float(), y)
+    loss.backward()
+    torch.testing.assert_close(seen["before"], reference.bn1.weight.grad, rtol=2e-2, atol=2e-4)
+
+
+def test_error_cases_say_what_to_do():
+    with pytest.raises(PruningError, match=r"no BatchNorm layers.*use importance: magnitude"):
+        bn_l1_hook(build_model("tests.user_models:NoBatchNorm", 10, 1), 1e-4)
+    fresh = build_model("resnet20", 10, 1, {"width": 4}).eval()  # every γ is 1: ranking would be ties
+    with pytest.raises(PruningError, match=r"same value.*run the sparsity phase first"):
+        prune(fresh, torch.zeros(1, 1, 8, 8), PruneTarget(macs_fraction=0.5), [fresh.fc])
+    _spread_gammas(fresh)
+    with pytest.raises(PruningError, match=r"reached .* of the MACs, not the 1% target"):
+        prune(fresh, torch.zeros(1, 1, 8, 8), PruneTarget(macs_fraction=0.01, max_layer_ratio=0.3), [fresh.fc])
+    no_bn = build_model("tests.user_models:NoBatchNorm", 10, 1).eval()
+    result = prune(no_bn, torch.zeros(1, 1, 8, 8), PruneTarget(channel_ratio=0.5, importance="magnitude"), [no_bn.head])
+    assert result.channels_after["conv"] == 4
+
+
+def test_prune_stage_end_to_end(tmp_path, tiny_config, write_pipeline, capsys):
+    tiny_config["stages"][0]["epochs"] = 2
+    tiny_config["stages"].append({"name": "prune", "kind": "prune", "target": {"macs": 0.5},
+                                  "sparsity": {"epochs": 1, "lambda": 1e-3, "amp": "off", "batch_size": 64},
+                                  "finetune": {"epochs": 1, "amp": "off", "batch_size": 64}})
+    run_dir = tmp_path / "run"
+    path = write_pipeline(tiny_config)
+    assert main(["run", str(path), "--run-dir", str(run_dir)]) == 0
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    metrics = manifest["stages"]["prune"]["metrics"]
+    assert metrics["macs_fraction"] <= 0.5 and metrics["params_after"] < metrics["params_before"]
+    assert {"val_top1_after_surgery", "test_top1", "cpu_latency_ratio"} <= set(metrics)
+    assert manifest["artifacts"]["prune.model"]["made_from"] == ["train.model"]
+    report = json.loads((run_dir / "prune" / "report" / "pruning.json").read_text())
+    assert report["gamma_before"]["counts"] and report["gamma_after_sparsity"]["counts"]
+    assert report["channels_after"]["conv1"] <= report["channels_before"]["conv1"]
+    model, description = load_model(run_dir / "prune" / "model")
+    assert description["pruning"]["history"] and sum(p.numel() for p in model.parameters()) == metrics["params_after"]
+    resolved = (run_dir / "pipeline.resolved.yaml").read_text()
+    assert "lambda: 0.001" in resolved  # written back under the name the user wrote
+    capsys.readouterr()
+    assert main(["run", str(path), "--run-dir", str(tmp_path / "nobn"), "model.name=tests.user_models:NoBatchNorm",
+                 "model.args={}"]) == 2
+    assert "no BatchNorm layers" in capsys.readouterr().err
