@@ -153,15 +153,18 @@ def _validate_stage(i: int, entry: dict, raw_stages: list, seen: dict[str, int],
         return None
     if stage.name in seen:
         problems.append((("stages", i, "name"), f"duplicate stage name {stage.name!r} (also stages[{seen[stage.name]}])"))
-    for role, ref in stage.inputs.items():
-        if role not in cls.input_roles:
+    refs = {**{("inputs", role): ref for role, ref in stage.inputs.items()},
+            **{(role,): ref for role, ref in cls.config_refs(stage).items()}}
+    for where, ref in refs.items():
+        role = where[-1]
+        if where[0] == "inputs" and role not in cls.input_roles:
             problems.append((("stages", i, "inputs", role),
                              f"stage kind {kind!r} takes no input {role!r}; it takes: {', '.join(cls.input_roles) or 'none'}"))
         ref_stage = ref.split(".", 1)[0]
         if ref_stage not in seen:
             later = any(isinstance(s, dict) and s.get("name") == ref_stage for s in raw_stages[i:])
             hint = " (it runs later; inputs must come from earlier stages)" if later else ""
-            problems.append((("stages", i, "inputs", role), f"refers to stage {ref_stage!r}, which is not an earlier "
+            problems.append((("stages", i, *where), f"refers to stage {ref_stage!r}, which is not an earlier "
                              f"stage{hint}; earlier stages: {', '.join(seen) or 'none'}"))
     return stage
 

@@ -48,16 +48,25 @@ def default_run_dir(pipeline: Pipeline) -> Path:
 ARTIFACT_ROLE = "artifact:"  # roles of a collecting stage: one per artifact it measures
 
 
+def _first_train_model(earlier: list[tuple[str, type]]) -> str | None:
+    return next((f"{n}.model" for n, c in earlier if c.kind == "train"), None)
+
+
 def input_refs(pipeline: Pipeline) -> dict[str, dict[str, str]]:
-    """Artifact name each stage reads per input role; default model: the latest earlier model."""
+    """Artifact name each stage reads per input role.
+
+    Defaults: ``model`` is the latest earlier model; ``teacher`` (and a benchmark's baseline)
+    is the first train stage's model, the trained baseline.
+    """
     refs: dict[str, dict[str, str]] = {}
     earlier: list[tuple[str, type]] = []
     for stage in pipeline.stages:
         cls = registry.get(stage.kind)
         assert cls is not None  # the pipeline was validated
+        given = {**stage.inputs, **cls.config_refs(stage)}
         chosen: dict[str, str] = {}
         for role in cls.input_roles:
-            ref = stage.inputs.get(role)
+            ref = given.get(role)
             if ref is not None and "." in ref:
                 chosen[role] = ref
             elif ref is not None:  # a bare stage name: that stage's main artifact
@@ -67,12 +76,13 @@ def input_refs(pipeline: Pipeline) -> dict[str, dict[str, str]]:
                 makers = [n for n, c in earlier if "model" in c.produces]
                 if makers:
                     chosen[role] = f"{makers[-1]}.model"
+            elif role == "teacher" and cls.default_teacher and _first_train_model(earlier):
+                chosen[role] = _first_train_model(earlier)
         if cls.collects_deployable:
             names = getattr(stage, "artifacts", None) or [
                 f"{n}.{role}" for n, c in earlier for role in c.deployable]
             # The baseline is always measured in the same run, listed or not.
-            baseline = getattr(stage, "baseline", None) or next(
-                (f"{n}.model" for n, c in earlier if c.kind == "train"), None)
+            baseline = getattr(stage, "baseline", None) or _first_train_model(earlier)
             if baseline and baseline not in names:
                 names = [baseline, *names]
             chosen.update({f"{ARTIFACT_ROLE}{name}": name for name in names})
@@ -234,7 +244,8 @@ class Runner:
             raise StageError(f"stage {cfg.name!r} ({cfg.kind}) failed: {type(exc).__name__}: {exc} "
                              "(run with --debug for the traceback)") from exc
 
-        record.outputs = self._register_outputs(cfg.name, result.outputs, [i.name for i in inputs.values()])
+        sources = list(dict.fromkeys(i.name for i in inputs.values()))  # one artifact may fill two roles
+        record.outputs = self._register_outputs(cfg.name, result.outputs, sources)
         record.status, record.ended, record.duration_s = "completed", now(), round(duration, 3)
         record.metrics = result.metrics
         manifest.stages[cfg.name] = record

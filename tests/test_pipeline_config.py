@@ -27,7 +27,7 @@ BASE = "name: t\ndata: {name: digits}\nmodel: {name: resnet20}\n"
     ("  - {name: train, kind: train, optimiser: sgd}\n",
      r"stages\[0\]\.optimiser: unknown field; known fields: .*epochs.*optimizer"),
     ("  - {name: train, kind: trian}\n",
-     r"stages\[0\]\.kind: unknown stage kind 'trian'; known kinds: bench, export, .*train"),
+     r"stages\[0\]\.kind: unknown stage kind 'trian'; known kinds: bench, distill, export, .*train"),
     ("  - {name: a, kind: train, inputs: {model: ghost}}\n",
      r"stages\[0\]\.inputs\.model: refers to stage 'ghost', which is not an earlier stage; earlier stages: none"),
     ("  - {name: a, kind: train, inputs: {model: b}}\n  - {name: b, kind: train}\n",

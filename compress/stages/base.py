@@ -80,6 +80,7 @@ class Stage:
     produces: ClassVar[tuple[str, ...]] = ()
     deployable: ClassVar[tuple[str, ...]] = ()  # produced roles a benchmark measures
     collects_deployable: ClassVar[bool] = False  # takes every earlier deployable artifact as "artifact:<name>"
+    default_teacher: ClassVar[bool] = False  # an unset "teacher" input defaults to the trained baseline
     # Top-level pipeline sections whose values belong in this stage's cache key.
     uses: ClassVar[tuple[str, ...]] = ("seed", "data", "model")
 
@@ -90,6 +91,11 @@ class Stage:
 
     def __init__(self, config: StageConfig) -> None:
         self.config = config
+
+    @classmethod
+    def config_refs(cls, config: StageConfig) -> dict[str, str]:
+        """References to earlier artifacts made by settings (a distillation teacher); resolved like inputs."""
+        return {}
 
     def execute(self, ctx: StageContext, inputs: dict[str, InputArtifact]) -> tuple[StageResult, float]:
         missing = [role for role in self.required_inputs if role not in inputs]

@@ -10,9 +10,11 @@ from torch import nn
 
 from compress.channel_pruning import (PruneTarget, PruningError, bn_l1_hook, gamma_histogram, latency_ratio, prune)
 from compress.config import StageConfig, Strict
+from compress.distillation import DistillSettings
 from compress.errors import ConfigError
 from compress.model_source import model_from_artifact
 from compress.stages.base import InputArtifact, Output, Stage, StageContext, StageResult
+from compress.stages.distill_stage import check_pair, teacher_loss
 from compress.stages.train_stage import model_meta
 from compress.training_run import TrainingSettings, eval_stream, resolve_device, run_training, test_accuracy
 from train.evaluate import evaluate
@@ -30,6 +32,7 @@ class SparsityConfig(TrainingSettings):
 class FinetuneConfig(TrainingSettings):
     epochs: int = Field(3, ge=0)
     lr: float = Field(1e-3, gt=0, le=10)
+    distill: DistillSettings | None = Field(None, description="distil from a teacher, e.g. {teacher: train}")
 
 
 class TargetConfig(Strict):
@@ -68,10 +71,15 @@ def _protected(model: nn.Module, names: list[str], field: str) -> list[nn.Module
 class PruneStage(Stage):
     kind = "prune"
     Config = PruneConfig
-    input_roles = ("model",)
+    input_roles = ("model", "teacher")
     required_inputs = ("model",)
     produces = ("model", "report")
     deployable = ("model",)
+
+    @classmethod
+    def config_refs(cls, config: PruneConfig) -> dict[str, str]:  # type: ignore[override]
+        distill = config.finetune.distill
+        return {"teacher": distill.teacher} if distill else {}
 
     def run(self, ctx: StageContext, inputs: dict[str, InputArtifact]) -> StageResult:
         cfg: PruneConfig = self.config  # type: ignore[assignment]
@@ -105,8 +113,16 @@ class PruneStage(Stage):
                 f"{after_surgery:.2f}%")
         run = None
         if cfg.finetune.epochs > 0:
+            hooks = Hooks()
+            distill = cfg.finetune.distill
+            if distill is not None:
+                teacher, teacher_desc = model_from_artifact(inputs["teacher"], data)
+                check_pair(teacher_desc, description, inputs["teacher"].name, inputs["model"].name)
+                hooks.loss = teacher_loss(ctx, teacher, cfg.finetune, distill.temperature, distill.alpha,
+                                          distill.cache_teacher, f"{field}.finetune.distill")
+                ctx.log(f"finetune distils from {inputs['teacher'].name} (T={distill.temperature:g}, α={distill.alpha:g})")
             run = run_training(ctx, model, cfg.finetune, field=f"{field}.finetune", label=f"{ctx.name}.finetune",
-                               checkpoint_dir=ctx.stage_dir / "checkpoints-finetune")
+                               hooks=hooks, checkpoint_dir=ctx.stage_dir / "checkpoints-finetune")
         test = test_accuracy(ctx, model, cfg.finetune, run)
         model.cpu().eval()
         ratio = latency_ratio(original.eval(), model, example)

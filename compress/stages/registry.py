@@ -28,6 +28,7 @@ def kinds() -> list[str]:
 def _load_builtin() -> None:
     # Imported here, not at module top, so `compress --help` does not pay for torch.
     import compress.stages.bench_stage  # noqa: F401
+    import compress.stages.distill_stage  # noqa: F401
     import compress.stages.export_stage  # noqa: F401
     import compress.stages.prune_stage  # noqa: F401
     import compress.stages.train_stage  # noqa: F401

@@ -1,0 +1,65 @@
+"""Knowledge distillation (Hinton et al. 2015) as a loss object the training loop calls.
+
+loss = α · T² · KL(softmax(teacher/T) ‖ softmax(student/T)) + (1 − α) · CE(student, labels)
+
+T² keeps the soft term's gradients on the same scale as the hard term's when T changes
+(the soft gradients shrink as 1/T²). The parts are returned separately so every epoch's
+record shows how much of the loss came from the teacher.
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Callable, ContextManager
+
+import torch
+from pydantic import Field
+from torch import nn
+from torch.nn import functional as F
+
+from compress.config import Strict
+
+
+class DistillSettings(Strict):
+    teacher: str = Field(..., description="an earlier stage or artifact, e.g. train or train.model")
+    temperature: float = Field(4.0, gt=0)
+    alpha: float = Field(0.5, ge=0, le=1, description="weight of the soft (teacher) term; 0 = plain cross-entropy")
+    cache_teacher: bool = Field(False, description="compute teacher logits once per image (only without augmentation)")
+
+
+def distillation_terms(student: torch.Tensor, teacher: torch.Tensor, labels: torch.Tensor, temperature: float,
+                       alpha: float) -> dict[str, torch.Tensor]:
+    student, teacher = student.float(), teacher.float()
+    kd = F.kl_div(F.log_softmax(student / temperature, dim=1), F.log_softmax(teacher / temperature, dim=1),
+                  reduction="batchmean", log_target=True) * temperature**2
+    ce = F.cross_entropy(student, labels)
+    return {"loss": alpha * kd + (1 - alpha) * ce, "kd": kd, "ce": ce}
+
+
+class DistillationLoss:
+    """A ``Hooks.loss`` for the loop: the teacher runs frozen, in eval mode, in the loop's precision."""
+
+    def __init__(self, teacher: nn.Module, temperature: float = 4.0, alpha: float = 0.5,
+                 autocast: Callable[[], ContextManager] = contextlib.nullcontext, cache: bool = False) -> None:
+        self.teacher = teacher.eval()
+        for p in self.teacher.parameters():
+            p.requires_grad_(False)
+        self.temperature, self.alpha, self.autocast = temperature, alpha, autocast
+        self.cache: dict[bytes, torch.Tensor] | None = {} if cache else None
+
+    def teacher_logits(self, x: torch.Tensor) -> torch.Tensor:
+        if self.cache is None:
+            return self._run_teacher(x)
+        keys = [bytes(row.detach().cpu().numpy().tobytes()) for row in x]
+        missing = [i for i, k in enumerate(keys) if k not in self.cache]
+        if missing:
+            fresh = self._run_teacher(x[missing])
+            for i, row in zip(missing, fresh):
+                self.cache[keys[i]] = row
+        return torch.stack([self.cache[k] for k in keys])
+
+    def _run_teacher(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad(), self.autocast():
+            return self.teacher(x).float()
+
+    def __call__(self, x: torch.Tensor, student_logits: torch.Tensor, labels: torch.Tensor) -> dict[str, torch.Tensor]:
+        return distillation_terms(student_logits, self.teacher_logits(x), labels, self.temperature, self.alpha)

@@ -1,0 +1,126 @@
+"""``kind: distill``: train a student against a frozen teacher with the KL-temperature loss."""
+from __future__ import annotations
+
+import json
+from typing import Any, Literal
+
+import torch
+from pydantic import Field
+from torch import nn
+
+from compress.config import ModelConfig, StageConfig, Strict
+from compress.distillation import DistillationLoss
+from compress.errors import ConfigError
+from compress.model_source import model_from_artifact, model_from_config
+from compress.stages.base import InputArtifact, Output, Stage, StageContext, StageResult
+from compress.stages.train_stage import model_meta
+from compress.training_run import TrainingSettings, resolve_device, run_training, test_accuracy
+from train.loop import Hooks
+from train.model_io import save_model
+from train.models import ModelError, build_model, count_macs, count_params, load_weights
+from train.precision import make_precision
+
+
+class ExternalTeacher(Strict):
+    name: str = Field(..., description="package.module:callable (or any registry name)")
+    weights: str = Field(..., description="local state dict, read with weights_only=True or as safetensors")
+    args: dict[str, Any] = Field(default_factory=dict)
+
+
+class DistillConfig(StageConfig, TrainingSettings):
+    kind: Literal["distill"] = "distill"
+    teacher: str | None = Field(None, description="an earlier stage or artifact; default: the trained baseline")
+    external_teacher: ExternalTeacher | None = None
+    student: ModelConfig | None = Field(None, description="build a fresh student; default: the latest earlier model")
+    temperature: float = Field(4.0, gt=0)
+    alpha: float = Field(0.5, ge=0, le=1, description="weight of the teacher term; 0 trains on labels alone")
+    cache_teacher: bool = Field(False, description="teacher logits computed once per image (needs augment.pad 0)")
+
+
+def check_pair(teacher_desc: dict, student_desc: dict, teacher_name: str, student_name: str) -> None:
+    """Teacher and student must see the same classes and the same preprocessed images."""
+    t_arch, s_arch = teacher_desc["architecture"], student_desc["architecture"]
+    if t_arch["num_classes"] != s_arch["num_classes"]:
+        raise ConfigError(f"teacher {teacher_name} has {t_arch['num_classes']} classes but student {student_name} "
+                          f"has {s_arch['num_classes']}; distill between models of the same task")
+    t_pre, s_pre = teacher_desc.get("preprocessing") or {}, student_desc.get("preprocessing") or {}
+    keys = ("channels", "height", "width", "mean", "std")
+    if t_pre and s_pre and any(t_pre.get(k) != s_pre.get(k) for k in keys):
+        differ = ", ".join(f"{k} {t_pre.get(k)} vs {s_pre.get(k)}" for k in keys if t_pre.get(k) != s_pre.get(k))
+        raise ConfigError(f"teacher {teacher_name} and student {student_name} expect different inputs ({differ})")
+
+
+def teacher_loss(ctx: StageContext, teacher: nn.Module, cfg: TrainingSettings, temperature: float, alpha: float,
+                 cache: bool, field: str) -> DistillationLoss:
+    if cache and (cfg.augment.pad or cfg.augment.hflip):
+        raise ConfigError(f"{field}: cache_teacher needs training without augmentation (augment: {{pad: 0}}): "
+                          "augmented images differ every epoch, so cached teacher logits would be wrong")
+    device = resolve_device(cfg.device)
+    teacher = teacher.to(device, memory_format=torch.channels_last if cfg.channels_last else torch.preserve_format)
+    return DistillationLoss(teacher, temperature, alpha, make_precision(cfg.amp, device).autocast, cache)
+
+
+class DistillStage(Stage):
+    kind = "distill"
+    Config = DistillConfig
+    input_roles = ("model", "teacher")
+    produces = ("model", "history")
+    deployable = ("model",)
+    default_teacher = True
+
+    @classmethod
+    def config_refs(cls, config: DistillConfig) -> dict[str, str]:  # type: ignore[override]
+        return {"teacher": config.teacher} if config.teacher else {}
+
+    def run(self, ctx: StageContext, inputs: dict[str, InputArtifact]) -> StageResult:
+        cfg: DistillConfig = self.config  # type: ignore[assignment]
+        field, data = f"stages.{ctx.name}", ctx.data
+        torch.manual_seed(ctx.pipeline.seed)
+        teacher, teacher_desc, teacher_name = self._teacher(ctx, cfg, inputs, field)
+        if cfg.student is not None:
+            student, description = model_from_config(cfg.student, data)
+            student_name = cfg.student.name
+        elif "model" in inputs:
+            student, description = model_from_artifact(inputs["model"], data)
+            student_name = inputs["model"].name
+        else:
+            raise ConfigError(f"{field}: no student: set student: {{name: ...}} or add a stage that makes a model")
+        check_pair(teacher_desc, description, teacher_name, student_name)
+        loss = teacher_loss(ctx, teacher, cfg, cfg.temperature, cfg.alpha, cfg.cache_teacher, field)
+        ctx.log(f"student {student_name} ({count_params(student):,} params) from teacher {teacher_name} "
+                f"({count_params(teacher):,} params), T={cfg.temperature:g}, α={cfg.alpha:g}")
+        run = run_training(ctx, student, cfg, field=field, label=ctx.name, hooks=Hooks(loss=loss),
+                           checkpoint_dir=ctx.stage_dir / "checkpoints")
+        test = test_accuracy(ctx, student, cfg, run)
+        metrics = {**run.metrics, "test_top1": round(test["top1"], 3), "test_top5": round(test["top5"], 3),
+                   "params": count_params(student), "macs": count_macs(student, data.input_shape),
+                   "temperature": cfg.temperature, "alpha": cfg.alpha, "teacher": teacher_name,
+                   "loss_parts": [{k: round(v, 5) for k, v in r.items() if k.startswith("train_") or k == "epoch"}
+                                  for r in run.result.history],
+                   "summary": f"student test top1 {test['top1']:.2f}% (T={cfg.temperature:g}, α={cfg.alpha:g})"}
+        ctx.log(f"student test top1 {test['top1']:.2f}%")
+        description["training"] = {"stage": ctx.name, "test_top1": metrics["test_top1"], "distilled_from": teacher_name}
+        with ctx.atomic_output_dir("model") as folder:
+            save_model(student.to("cpu", memory_format=torch.contiguous_format), folder, description)
+        with ctx.atomic_output_dir("history") as folder:
+            (folder / "history.json").write_text(json.dumps(run.result.history, indent=2))
+        return StageResult(outputs=[Output("model", "torch-model", ctx.stage_dir / "model",
+                                           meta=model_meta(metrics, description)),
+                                    Output("history", "report", ctx.stage_dir / "history")], metrics=metrics)
+
+    def _teacher(self, ctx: StageContext, cfg: DistillConfig, inputs: dict[str, InputArtifact],
+                 field: str) -> tuple[nn.Module, dict, str]:
+        data = ctx.data
+        if cfg.external_teacher is not None:
+            ext = cfg.external_teacher
+            try:
+                teacher = build_model(ext.name, data.num_classes, data.input_shape[0], ext.args)
+                load_weights(teacher, ext.weights)
+            except ModelError as exc:
+                raise ConfigError(f"{field}.external_teacher: {exc}") from exc
+            desc = {"architecture": {"num_classes": data.num_classes}, "preprocessing": data.preprocessing()}
+            return teacher, desc, ext.name
+        if "teacher" not in inputs:
+            raise ConfigError(f"{field}: no teacher: set teacher: <stage> or external_teacher, or add a train stage")
+        teacher, desc = model_from_artifact(inputs["teacher"], data)
+        return teacher, desc, inputs["teacher"].name
