@@ -1,7 +1,6 @@
 """Data sets by name: real loaders, fixed seeded splits, reproducible batches."""
 from __future__ import annotations
 
-import io
 import pickle
 
 import numpy as np

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch import nn
 
 from train.model_io import describe, load_model, read_description, save_model
 from train.models import ModelError, build_model, count_params, load_weights
