@@ -17,6 +17,9 @@ from torch import nn
 from torch.nn import functional as F
 
 from compress.config import Strict
+from compress.errors import ConfigError
+from compress.training_run import TrainingSettings, resolve_device
+from train.precision import make_precision
 
 
 class DistillSettings(Strict):
@@ -63,3 +66,27 @@ class DistillationLoss:
 
     def __call__(self, x: torch.Tensor, student_logits: torch.Tensor, labels: torch.Tensor) -> dict[str, torch.Tensor]:
         return distillation_terms(student_logits, self.teacher_logits(x), labels, self.temperature, self.alpha)
+
+
+def check_pair(teacher_desc: dict, student_desc: dict, teacher_name: str, student_name: str) -> None:
+    """Teacher and student must see the same classes and the same preprocessed images."""
+    t_arch, s_arch = teacher_desc["architecture"], student_desc["architecture"]
+    if t_arch["num_classes"] != s_arch["num_classes"]:
+        raise ConfigError(f"teacher {teacher_name} has {t_arch['num_classes']} classes but student {student_name} "
+                          f"has {s_arch['num_classes']}; distill between models of the same task")
+    t_pre, s_pre = teacher_desc.get("preprocessing") or {}, student_desc.get("preprocessing") or {}
+    keys = ("channels", "height", "width", "mean", "std")
+    if t_pre and s_pre and any(t_pre.get(k) != s_pre.get(k) for k in keys):
+        differ = ", ".join(f"{k} {t_pre.get(k)} vs {s_pre.get(k)}" for k in keys if t_pre.get(k) != s_pre.get(k))
+        raise ConfigError(f"teacher {teacher_name} and student {student_name} expect different inputs ({differ})")
+
+
+def teacher_loss(teacher: nn.Module, cfg: TrainingSettings, temperature: float, alpha: float, cache: bool,
+                 field: str) -> DistillationLoss:
+    """The loss for a student trained with ``cfg``: teacher on the same device, in the same precision."""
+    if cache and (cfg.augment.pad or cfg.augment.hflip):
+        raise ConfigError(f"{field}: cache_teacher needs training without augmentation (augment: {{pad: 0}}): "
+                          "augmented images differ every epoch, so cached teacher logits would be wrong")
+    device = resolve_device(cfg.device)
+    teacher = teacher.to(device, memory_format=torch.channels_last if cfg.channels_last else torch.preserve_format)
+    return DistillationLoss(teacher, temperature, alpha, make_precision(cfg.amp, device).autocast, cache)

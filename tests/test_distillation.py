@@ -9,9 +9,8 @@ import torch
 from torch import nn
 
 from compress.cli import main
-from compress.distillation import DistillationLoss, distillation_terms
+from compress.distillation import DistillationLoss, check_pair, distillation_terms
 from compress.errors import ConfigError
-from compress.stages.distill_stage import check_pair
 
 
 def test_loss_equals_a_hand_computed_value_including_t_squared():

@@ -9,16 +9,15 @@ from pydantic import Field
 from torch import nn
 
 from compress.config import ModelConfig, StageConfig, Strict
-from compress.distillation import DistillationLoss
+from compress.distillation import check_pair, teacher_loss
 from compress.errors import ConfigError
 from compress.model_source import model_from_artifact, model_from_config
 from compress.stages.base import InputArtifact, Output, Stage, StageContext, StageResult
 from compress.stages.train_stage import model_meta
-from compress.training_run import TrainingSettings, resolve_device, run_training, test_accuracy
+from compress.training_run import TrainingSettings, run_training, test_accuracy
 from train.loop import Hooks
 from train.model_io import save_model
 from train.models import ModelError, build_model, count_macs, count_params, load_weights
-from train.precision import make_precision
 
 
 class ExternalTeacher(Strict):
@@ -35,29 +34,6 @@ class DistillConfig(StageConfig, TrainingSettings):
     temperature: float = Field(4.0, gt=0)
     alpha: float = Field(0.5, ge=0, le=1, description="weight of the teacher term; 0 trains on labels alone")
     cache_teacher: bool = Field(False, description="teacher logits computed once per image (needs augment.pad 0)")
-
-
-def check_pair(teacher_desc: dict, student_desc: dict, teacher_name: str, student_name: str) -> None:
-    """Teacher and student must see the same classes and the same preprocessed images."""
-    t_arch, s_arch = teacher_desc["architecture"], student_desc["architecture"]
-    if t_arch["num_classes"] != s_arch["num_classes"]:
-        raise ConfigError(f"teacher {teacher_name} has {t_arch['num_classes']} classes but student {student_name} "
-                          f"has {s_arch['num_classes']}; distill between models of the same task")
-    t_pre, s_pre = teacher_desc.get("preprocessing") or {}, student_desc.get("preprocessing") or {}
-    keys = ("channels", "height", "width", "mean", "std")
-    if t_pre and s_pre and any(t_pre.get(k) != s_pre.get(k) for k in keys):
-        differ = ", ".join(f"{k} {t_pre.get(k)} vs {s_pre.get(k)}" for k in keys if t_pre.get(k) != s_pre.get(k))
-        raise ConfigError(f"teacher {teacher_name} and student {student_name} expect different inputs ({differ})")
-
-
-def teacher_loss(ctx: StageContext, teacher: nn.Module, cfg: TrainingSettings, temperature: float, alpha: float,
-                 cache: bool, field: str) -> DistillationLoss:
-    if cache and (cfg.augment.pad or cfg.augment.hflip):
-        raise ConfigError(f"{field}: cache_teacher needs training without augmentation (augment: {{pad: 0}}): "
-                          "augmented images differ every epoch, so cached teacher logits would be wrong")
-    device = resolve_device(cfg.device)
-    teacher = teacher.to(device, memory_format=torch.channels_last if cfg.channels_last else torch.preserve_format)
-    return DistillationLoss(teacher, temperature, alpha, make_precision(cfg.amp, device).autocast, cache)
 
 
 class DistillStage(Stage):
@@ -86,7 +62,7 @@ class DistillStage(Stage):
         else:
             raise ConfigError(f"{field}: no student: set student: {{name: ...}} or add a stage that makes a model")
         check_pair(teacher_desc, description, teacher_name, student_name)
-        loss = teacher_loss(ctx, teacher, cfg, cfg.temperature, cfg.alpha, cfg.cache_teacher, field)
+        loss = teacher_loss(teacher, cfg, cfg.temperature, cfg.alpha, cfg.cache_teacher, field)
         ctx.log(f"student {student_name} ({count_params(student):,} params) from teacher {teacher_name} "
                 f"({count_params(teacher):,} params), T={cfg.temperature:g}, α={cfg.alpha:g}")
         run = run_training(ctx, student, cfg, field=field, label=ctx.name, hooks=Hooks(loss=loss),

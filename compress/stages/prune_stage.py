@@ -10,11 +10,10 @@ from torch import nn
 
 from compress.channel_pruning import (PruneTarget, PruningError, bn_l1_hook, gamma_histogram, latency_ratio, prune)
 from compress.config import StageConfig, Strict
-from compress.distillation import DistillSettings
+from compress.distillation import DistillSettings, check_pair, teacher_loss
 from compress.errors import ConfigError
 from compress.model_source import model_from_artifact
 from compress.stages.base import InputArtifact, Output, Stage, StageContext, StageResult
-from compress.stages.distill_stage import check_pair, teacher_loss
 from compress.stages.train_stage import model_meta
 from compress.training_run import TrainingSettings, eval_stream, resolve_device, run_training, test_accuracy
 from train.evaluate import evaluate
@@ -118,7 +117,7 @@ class PruneStage(Stage):
             if distill is not None:
                 teacher, teacher_desc = model_from_artifact(inputs["teacher"], data)
                 check_pair(teacher_desc, description, inputs["teacher"].name, inputs["model"].name)
-                hooks.loss = teacher_loss(ctx, teacher, cfg.finetune, distill.temperature, distill.alpha,
+                hooks.loss = teacher_loss(teacher, cfg.finetune, distill.temperature, distill.alpha,
                                           distill.cache_teacher, f"{field}.finetune.distill")
                 ctx.log(f"finetune distils from {inputs['teacher'].name} (T={distill.temperature:g}, α={distill.alpha:g})")
             run = run_training(ctx, model, cfg.finetune, field=f"{field}.finetune", label=f"{ctx.name}.finetune",
