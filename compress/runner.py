@@ -181,7 +181,8 @@ class Runner:
                     f"stage {stage_name!r} needs input {artifact}, but {problem}; "
                     f"re-run the stage that makes it: compress run {self.pipeline.source} --from {producer}")
             record = manifest.artifacts[artifact]
-            inputs[role] = InputArtifact(artifact, record.kind, manifest.resolve_path(self.run_dir, record), record.meta)
+            inputs[role] = InputArtifact(artifact, record.kind, manifest.resolve_path(self.run_dir, record), record.meta,
+                                         record.size_bytes)
         return inputs
 
     def _cache_key(self, cfg: StageConfig, uses: tuple[str, ...], input_digests: dict[str, str]) -> str:

@@ -30,6 +30,7 @@ class InputArtifact:
     kind: str
     path: Path
     meta: dict[str, Any] = field(default_factory=dict)
+    size_bytes: int = 0  # as recorded in the manifest (a folder's files summed)
 
 
 @dataclass

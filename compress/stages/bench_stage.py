@@ -1,7 +1,6 @@
 """``kind: bench``: latency and accuracy of every deployable artifact, the report and the gate."""
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Literal
 
 from pydantic import Field, model_validator
@@ -9,6 +8,7 @@ from rich.table import Table
 
 from compress.config import StageConfig
 from compress.errors import ArtifactError, ConfigError, StageError
+from compress.fingerprint import environment
 from compress.stages.base import InputArtifact, Output, Stage, StageContext, StageResult
 from serve_bench.bench import ArtifactSpec, BenchSettings, run_benchmark
 from serve_bench.gate import evaluate
@@ -85,7 +85,7 @@ class BenchStage(Stage):
             raise StageError(f"stage {ctx.name!r}: {exc}") from exc
         gate = evaluate(entries, pipeline.latency.p99_budget_ms, pipeline.red_line.max_drop)
         report = {"pipeline": pipeline.name, "baseline": baseline, "metric": metric, "artifacts": entries,
-                  "gate": gate, "environment": _environment(), "settings": {**cfg.model_dump(mode="json"),
+                  "gate": gate, "environment": environment(), "settings": {**cfg.model_dump(mode="json"),
                                                                            "batch_size": batch},
                   "data": {"name": data.name, "test_images": len(labels),
                            "meaningful_accuracy": data.meaningful_accuracy}}
@@ -117,21 +117,12 @@ def _spec(artifact: InputArtifact, cfg: BenchConfig) -> ArtifactSpec:
             check_compatible(meta, current_platform())
         except EngineMismatch as exc:
             raise ArtifactError(f"{artifact.name}: {exc}") from exc
-    size = sum(p.stat().st_size for p in Path(artifact.path).rglob("*") if p.is_file()) if artifact.path.is_dir() \
-        else artifact.path.stat().st_size
-    macs = meta.get("macs")
     return ArtifactSpec(name=artifact.name, stage=artifact.name.split(".", 1)[0], backend=backend, path=str(path),
                         format={"torch": "torch", "onnxruntime": "onnx", "tensorrt": "engine"}[backend],
-                        precision=meta.get("precision", "fp32"), size_bytes=size, params=meta.get("params"),
-                        macs=macs, max_batch=(meta.get("profile") or {}).get("max"),
+                        precision=meta.get("precision", "fp32"), size_bytes=artifact.size_bytes,
+                        params=meta.get("params"), macs=meta.get("macs"), max_batch=(meta.get("profile") or {}).get("max"),
                         options={"compile": cfg.torch_compile} if backend == "torch" else
                         {"inter_op_threads": cfg.inter_op_threads} if backend == "onnxruntime" else {})
-
-
-def _environment() -> dict:
-    from compress.fingerprint import environment
-
-    return environment()
 
 
 def summary_table(report: dict) -> Table:

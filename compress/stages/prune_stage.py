@@ -1,6 +1,7 @@
 """``kind: prune``: BN-scale sparsity training, channel surgery, finetune; saved as history, not pickle."""
 from __future__ import annotations
 
+import copy
 import json
 from typing import Literal
 
@@ -19,7 +20,6 @@ from compress.training_run import TrainingSettings, eval_stream, resolve_device,
 from train.evaluate import evaluate
 from train.loop import Hooks
 from train.model_io import save_model
-from train.models import count_macs, count_params
 
 
 class SparsityConfig(TrainingSettings):
@@ -85,7 +85,7 @@ class PruneStage(Stage):
         field, data = f"stages.{ctx.name}", ctx.data
         torch.manual_seed(ctx.pipeline.seed)
         model, description = model_from_artifact(inputs["model"], data)
-        original, _ = model_from_artifact(inputs["model"], data)
+        original = copy.deepcopy(model).eval()  # the unpruned model, for the latency ratio
         protected = _protected(model, cfg.protected, field)
         example = torch.zeros(1, *data.input_shape)
         report: dict = {"gamma_before": gamma_histogram(model)}
@@ -124,7 +124,7 @@ class PruneStage(Stage):
                                hooks=hooks, checkpoint_dir=ctx.stage_dir / "checkpoints-finetune")
         test = test_accuracy(ctx, model, cfg.finetune, run)
         model.cpu().eval()
-        ratio = latency_ratio(original.eval(), model, example)
+        ratio = latency_ratio(original, model, example)
         ctx.log(f"test top1 {test['top1']:.2f}% after finetune; CPU latency pruned/unpruned {ratio:.2f}")
 
         history = (description.get("pruning") or {}).get("history", []) + result.history
@@ -134,7 +134,7 @@ class PruneStage(Stage):
                    "params_before": result.params_before, "params_after": result.params_after,
                    "val_top1_after_surgery": round(after_surgery, 3), "test_top1": round(test["top1"], 3),
                    "test_top5": round(test["top5"], 3), "cpu_latency_ratio": round(ratio, 3),
-                   "params": count_params(model), "macs": count_macs(model, data.input_shape),
+                   "params": result.params_after, "macs": result.macs_after,
                    "summary": f"MACs {result.macs_after / result.macs_before:.1%}, test top1 {test['top1']:.2f}%, "
                               f"latency ×{ratio:.2f}"}
         report.update(channels_before=result.channels_before, channels_after=result.channels_after, metrics=metrics)
