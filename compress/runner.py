@@ -55,8 +55,9 @@ def _first_train_model(earlier: list[tuple[str, type]]) -> str | None:
 def input_refs(pipeline: Pipeline) -> dict[str, dict[str, str]]:
     """Artifact name each stage reads per input role.
 
-    Defaults: ``model`` is the latest earlier model; ``teacher`` (and a benchmark's baseline)
-    is the first train stage's model, the trained baseline.
+    Defaults: ``model`` is the latest earlier model; ``teacher`` (and a ``baseline``) is the
+    first train stage's model, the trained baseline; a role in the stage's ``latest_of`` is
+    the latest earlier artifact of that role (an INT8 export reads the latest Q/DQ file).
     """
     refs: dict[str, dict[str, str]] = {}
     earlier: list[tuple[str, type]] = []
@@ -71,13 +72,21 @@ def input_refs(pipeline: Pipeline) -> dict[str, dict[str, str]]:
                 chosen[role] = ref
             elif ref is not None:  # a bare stage name: that stage's main artifact
                 made = dict(earlier)[ref].produces
-                chosen[role] = f"{ref}.{made[0] if made else role}"
+                pick = role if role in made else cls.latest_of.get(role) if cls.latest_of.get(role) in made else \
+                    made[0] if made else role
+                chosen[role] = f"{ref}.{pick}"
             elif role == "model":
                 makers = [n for n, c in earlier if "model" in c.produces]
                 if makers:
                     chosen[role] = f"{makers[-1]}.model"
             elif role == "teacher" and cls.default_teacher and _first_train_model(earlier):
                 chosen[role] = _first_train_model(earlier)
+            elif role == "baseline" and _first_train_model(earlier):
+                chosen[role] = _first_train_model(earlier)
+            elif role in cls.latest_of:
+                makers = [n for n, c in earlier if cls.latest_of[role] in c.produces]
+                if makers:
+                    chosen[role] = f"{makers[-1]}.{cls.latest_of[role]}"
         if cls.collects_deployable:
             names = getattr(stage, "artifacts", None) or [
                 f"{n}.{role}" for n, c in earlier for role in c.deployable]

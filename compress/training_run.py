@@ -18,7 +18,7 @@ from compress.config import Strict
 from compress.errors import ConfigError, StageError
 from compress.stages.base import StageContext
 from train.activation_checkpointing import checkpoint_blocks
-from train.data import Augment, BatchStream, DataBundle
+from train.data import Augment, BatchStream, DataBundle, Split
 from train.evaluate import evaluate
 from train.loop import FitResult, Hooks, LoopSettings, NonFiniteLoss, fit
 from train.optim import lr_factor, make_optimizer, make_scheduler
@@ -52,6 +52,8 @@ class TrainingSettings(Strict):
     checkpoint_blocks: list[str] = Field(default_factory=list, description="modules to run with activation checkpointing")
     checkpoint_every: int = Field(100, ge=0, description="optimizer steps between resumable checkpoints")
     augment: AugmentConfig = Field(default_factory=AugmentConfig)
+    train_images: int | None = Field(None, ge=1, description="train on only the first N images of the (already "
+                                     "shuffled) train split: data-efficiency studies, e.g. distillation with few labels")
     device: Literal["auto", "cpu", "cuda"] = "auto"
     heartbeat_s: float = Field(30.0, gt=0)
 
@@ -96,13 +98,15 @@ def run_training(ctx: StageContext, model: nn.Module, cfg: TrainingSettings, *, 
             checkpoint_blocks(model, cfg.checkpoint_blocks)
         except ValueError as exc:
             raise ConfigError(f"{field}.{exc}") from exc
-    train = BatchStream(data.train, data, cfg.batch_size, shuffle=True, drop_last=True,
+    split = data.train if cfg.train_images is None else Split(data.train.images[:cfg.train_images],
+                                                               data.train.labels[:cfg.train_images])
+    train = BatchStream(split, data, cfg.batch_size, shuffle=True, drop_last=True,
                         augment=Augment(cfg.augment.pad, cfg.augment.hflip), seed=ctx.pipeline.seed, device=device,
                         channels_last=cfg.channels_last)
     steps_per_epoch = len(train) // cfg.grad_accum
     if steps_per_epoch == 0:
         raise ConfigError(f"{field}.batch_size: {cfg.batch_size} × grad_accum {cfg.grad_accum} is more "
-                          f"than the {len(data.train)} training images; lower it")
+                          f"than the {len(split)} training images; lower it")
     total = steps_per_epoch * cfg.epochs
     precision = make_precision(cfg.amp, device)
     optimizer = make_optimizer(model, cfg.optimizer, cfg.lr, cfg.weight_decay, cfg.momentum)

@@ -57,14 +57,20 @@ def _param_bytes(model: nn.Module) -> int:
 
 
 def export_onnx(model: nn.Module, sample: torch.Tensor, path: str | Path, *, opset: int = 18,
-                precision: str = "fp32", io_dtype: str = "fp32", simplify: bool = False) -> ExportInfo:
-    """Export ``model`` (left unchanged) to ``path``; the batch dimension stays dynamic."""
+                precision: str = "fp32", io_dtype: str = "fp32", simplify: bool = False,
+                captured: bool = False) -> ExportInfo:
+    """Export ``model`` (left unchanged) to ``path``; the batch dimension stays dynamic.
+
+    ``captured``: ``model`` is already a ``torch.export`` graph (a converted QAT model with
+    quantize/dequantize ops); it is exported as it is, without a copy or ``.eval()``, which
+    such graphs refuse, and with the batch bounds it was captured with.
+    """
     path = Path(path)
     if precision not in ("fp32", "fp16"):
         raise ValueError(f"precision must be fp32 or fp16, got {precision!r}")
     if precision == "fp32" and io_dtype != "fp32":
         raise ValueError("io_dtype fp16 needs precision fp16")
-    module = copy.deepcopy(model).eval().cpu()
+    module = model if captured else copy.deepcopy(model).eval().cpu()
     if precision == "fp16":
         module = _HalfPrecision(module, cast_io=(io_dtype == "fp32")).eval()
     example = sample.to(torch.float16) if io_dtype == "fp16" else sample.float()
@@ -75,7 +81,7 @@ def export_onnx(model: nn.Module, sample: torch.Tensor, path: str | Path, *, ops
         with contextlib.redirect_stdout(log), torch.no_grad():
             program = torch.onnx.export(
                 module, (example,), dynamo=True, opset_version=opset, input_names=[INPUT_NAME],
-                output_names=[OUTPUT_NAME], dynamic_shapes=({0: torch.export.Dim("batch")},),
+                output_names=[OUTPUT_NAME], dynamic_shapes=({0: torch.export.Dim("batch", min=1, max=4096)},),
                 external_data=external)
     except Exception as exc:  # the exporter raises many types; all mean "this model did not export"
         raise ExportError(f"torch.onnx.export failed for {type(model).__name__}: {type(exc).__name__}: "

@@ -30,6 +30,9 @@ class ArtifactSpec:
     macs: int | None = None
     max_batch: int | None = None
     options: dict = field(default_factory=dict)
+    source_model: str | None = None  # the float model a converted artifact came from
+    refused: str | None = None  # why the gate must not release it, decided before measuring
+    quantization: dict | None = None  # how an INT8 artifact was made (ladder rungs)
 
 
 @dataclass
@@ -78,5 +81,8 @@ def run_benchmark(specs: list[ArtifactSpec], baseline: str, pool: np.ndarray, te
             "accuracy_drop": round(base_acc - accuracies[spec.name][metric], 4),
             "latency_ms": s.as_dict(), "throughput": round(settings.batch_size * m.requests / m.wall_s, 2),
             "speedup_p99": round(base_p99 / s.percentiles["p99"], 4), "runner": infos[spec.name],
+            "source_model": spec.source_model,
+            **({"refused": spec.refused} if spec.refused else {}),
+            **({"quantization": spec.quantization} if spec.quantization else {}),
         })
     return entries, {name: m.latencies_ms for name, m in measured.items()}, infos

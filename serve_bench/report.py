@@ -35,6 +35,29 @@ def _fmt(value, digits: int = 3) -> str:
     return "—" if value is None else f"{value:.{digits}f}"
 
 
+def ladder_lines(report: dict) -> list[list[str]]:
+    """One row per INT8 rung tried: artifact, rung, verdict, validation accuracy and drop per flavour,
+    layers kept in float, and the in-stage latency of the CPU file against its fp32 ONNX."""
+    metric, rows = report.get("metric", "top1"), []
+    for art in report["artifacts"]:
+        ladder = art.get("quantization")
+        if not ladder:
+            continue
+        for rung in ladder.get("rungs", []):
+            flavours = ", ".join(f"{f} {r.get(f'val_{metric}', float('nan')):.2f}% ({r['drop']:+.2f})"
+                                 for f, r in rung["flavours"].items())
+            lat = rung.get("latency") or {}
+            latency = (f"{lat['int8_p50_ms']:.3f} / {lat['fp32_p50_ms']:.3f}" if lat else "—")
+            chosen = " ← shipped" if rung["rung"] == ladder["rung"] else ""
+            rows.append([art["name"], rung["rung"] + chosen, "within" if rung["within_red_line"] else "over",
+                         flavours, str(rung["float_layers"]), latency])
+    return rows
+
+
+LADDER_HEAD = ["artifact", "rung", "red line (val)", "val accuracy (drop) per flavour", "float layers",
+               "p50 ms int8 / fp32"]
+
+
 def render_markdown(report: dict) -> str:
     gate, metric = report["gate"], report.get("metric", "top1")
     lines = [f"# Release report: {report.get('pipeline', '')}", "",
@@ -52,6 +75,12 @@ def render_markdown(report: dict) -> str:
                      f"{_fmt(a['accuracy_drop'], 2)} | {_fmt(lat['p50'])} | {_fmt(lat['p99'])} | "
                      f"{_fmt(lat['p99_ci'][0])}–{_fmt(lat['p99_ci'][1])} | {a['throughput']:,.0f} | "
                      f"{a['speedup_p99']:.2f}× | {a['size_bytes'] / 2**20:.2f} |")
+    if report.get("flags"):
+        lines += ["", "**Flags**", ""] + [f"- ⚠ {flag}" for flag in report["flags"]]
+    ladder = ladder_lines(report)
+    if ladder:
+        lines += ["", "## INT8 ladder", "", "| " + " | ".join(LADDER_HEAD) + " |",
+                  "|" + "---|" * len(LADDER_HEAD)] + ["| " + " | ".join(row) + " |" for row in ladder]
     env = report.get("environment", {})
     lines += ["", f"Measured on {env.get('cpu', '?')} ({env.get('cpu_count', '?')} CPUs), gpu {env.get('gpu')}, "
               f"settings {json.dumps(report.get('settings', {}))}.", ""]
@@ -76,6 +105,12 @@ def render_html(report: dict, figures: dict[str, bytes]) -> str:
     reasons = "".join(f"<li>{html.escape(r)}</li>" for r in gate["reasons"])
     verdict = "passed" if gate["passed"] else "failed"
     figs = "".join(f"<figure>{_img(png, name)}</figure>" for name, png in figures.items())
+    flags = "".join(f"<li class=\"flag\">⚠ {html.escape(f)}</li>" for f in report.get("flags", []))
+    ladder = ladder_lines(report)
+    ladder_html = "" if not ladder else (
+        "<h2>INT8 ladder</h2><table><thead><tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in LADDER_HEAD)
+        + "</tr></thead><tbody>" + "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>"
+                                           for row in ladder) + "</tbody></table>")
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>Release report: {html.escape(report.get('pipeline', ''))}</title>
 <style>
@@ -86,15 +121,16 @@ table {{ border-collapse: collapse; width: 100%; margin: 1rem 0; font-size: .9re
 th, td {{ border-bottom: 1px solid #ddd; padding: .35rem .5rem; text-align: right; }}
 th:first-child, td:first-child {{ text-align: left; }} tr.release {{ background: #fff7d6; font-weight: 600; }}
 figure {{ display: inline-block; margin: .5rem; }} img {{ max-width: 520px; }}
-footer {{ color: #666; font-size: .8rem; }}
+footer {{ color: #666; font-size: .8rem; }} li.flag {{ color: #a15c00; }}
 </style></head><body>
 <h1>Release report: {html.escape(report.get('pipeline', ''))}</h1>
 <div class="verdict {verdict}">Gate <b>{verdict.upper()}</b> — release candidate: <b>{html.escape(gate['release'] or 'none')}</b>
 (p99 budget {gate['p99_budget_ms']} ms, max {metric} drop {gate['max_accuracy_drop']} points vs {html.escape(report['baseline'])})</div>
-<ul>{reasons}</ul>
+<ul>{reasons}{flags}</ul>
 <table><thead><tr><th>artifact</th><th>backend</th><th>precision</th><th>{metric} %</th><th>drop (points)</th><th>p50 ms</th>
 <th>p99 ms</th><th>p99 95% CI</th><th>throughput /s</th><th>speed-up p99</th><th>size MB</th></tr></thead>
 <tbody>{''.join(rows)}</tbody></table>
+{ladder_html}
 {figs}
 <footer>Environment: {html.escape(json.dumps(report.get('environment', {})))}<br>
 Settings: {html.escape(json.dumps(report.get('settings', {})))}</footer>

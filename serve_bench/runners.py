@@ -157,6 +157,7 @@ class OnnxRuntimeRunner(Runner):
             raise RunnerError(f"onnxruntime on this machine has no {', '.join(missing)} "
                               f"(available: {', '.join(ort.get_available_providers())})")
         options = ort.SessionOptions()
+        options.log_severity_level = 3  # errors only: graph-cleanup warnings are not the measurement's business
         options.intra_op_num_threads = self.threads
         options.inter_op_num_threads = self.options.get("inter_op_threads", 1)
         self.session = ort.InferenceSession(str(self.path), options, providers=wanted)

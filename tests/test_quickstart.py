@@ -1,4 +1,5 @@
-"""The README's promise, end to end: the quickstart trains to ≥ 97%, exports with parity, and re-runs from cache."""
+"""The README's promise, end to end: the quickstart trains to ≥ 97%, quantizes within the red line,
+exports with parity, gates the INT8 file, and re-runs from cache."""
 from __future__ import annotations
 
 import json
@@ -19,6 +20,10 @@ def test_quickstart_reaches_97_percent_and_reruns_from_cache(tmp_path):
     assert metrics["test_top1"] >= 97.0 and metrics["precision"] == "bf16"
     parity = manifest["artifacts"]["export.onnx"]["meta"]["parity"]["results"]
     assert [r["batch_size"] for r in parity] == [1, 32] and all(r["rel_diff"] <= 1e-4 for r in parity)
+    quantized = manifest["stages"]["quantize"]["metrics"]
+    assert quantized["red_line"]["within"] and quantized["rungs"][0]["calibration"]["samples"] == 256
+    report = json.loads((run_dir / "report" / "report.json").read_text())
+    assert "quantize.onnx_cpu" in [a["name"] for a in report["artifacts"]]  # the gate was evaluated on it
     start = time.monotonic()
     again = run_cli("run", str(ROOT / "pipelines" / "quickstart.yaml"), "--run-dir", str(run_dir))
     elapsed = time.monotonic() - start

@@ -60,3 +60,13 @@ def test_synthetic_data_accuracy_is_flagged(tmp_path, tiny_config, write_pipelin
     run_dir = tmp_path / "run"
     assert main(["run", str(write_pipeline(tiny_config)), "--run-dir", str(run_dir)]) == 0
     assert "meaningless" in _metrics(run_dir)["accuracy_meaningless"]
+
+
+def test_train_images_limits_training_to_the_first_n_images(tmp_path, tiny_config, write_pipeline, capsys):
+    tiny_config["stages"][0].update(train_images=128, batch_size=32, epochs=2)
+    run_dir = tmp_path / "run"
+    assert main(["run", str(write_pipeline(tiny_config)), "--run-dir", str(run_dir)]) == 0
+    assert _metrics(run_dir)["steps"] == 2 * 128 // 32
+    tiny_config["stages"][0].update(train_images=16)
+    assert main(["run", str(write_pipeline(tiny_config)), "--run-dir", str(tmp_path / "small")]) == 2
+    assert "than the 16 training images" in capsys.readouterr().err

@@ -82,6 +82,8 @@ class Stage:
     deployable: ClassVar[tuple[str, ...]] = ()  # produced roles a benchmark measures
     collects_deployable: ClassVar[bool] = False  # takes every earlier deployable artifact as "artifact:<name>"
     default_teacher: ClassVar[bool] = False  # an unset "teacher" input defaults to the trained baseline
+    # role → produced role: an unset input defaults to the latest earlier stage that makes one.
+    latest_of: ClassVar[dict[str, str]] = {}
     # Top-level pipeline sections whose values belong in this stage's cache key.
     uses: ClassVar[tuple[str, ...]] = ("seed", "data", "model")
 

@@ -11,7 +11,7 @@ from compress.errors import ArtifactError, ConfigError, StageError
 from compress.fingerprint import environment
 from compress.stages.base import InputArtifact, Output, Stage, StageContext, StageResult
 from serve_bench.bench import ArtifactSpec, BenchSettings, run_benchmark
-from serve_bench.gate import evaluate
+from serve_bench.gate import evaluate, quantized_not_faster
 from serve_bench.harness import HarnessSettings
 from serve_bench.report import write_report
 from train.atomic_io import atomic_dir
@@ -84,8 +84,9 @@ class BenchStage(Stage):
         except RuntimeError as exc:
             raise StageError(f"stage {ctx.name!r}: {exc}") from exc
         gate = evaluate(entries, pipeline.latency.p99_budget_ms, pipeline.red_line.max_drop)
+        flags = quantized_not_faster(entries)
         report = {"pipeline": pipeline.name, "baseline": baseline, "metric": metric, "artifacts": entries,
-                  "gate": gate, "environment": environment(), "settings": {**cfg.model_dump(mode="json"),
+                  "gate": gate, "flags": flags, "environment": environment(), "settings": {**cfg.model_dump(mode="json"),
                                                                            "batch_size": batch},
                   "data": {"name": data.name, "test_images": len(labels),
                            "meaningful_accuracy": data.meaningful_accuracy}}
@@ -94,7 +95,10 @@ class BenchStage(Stage):
         ctx.console.print(summary_table(report))
         verdict = "passed" if gate["passed"] else "FAILED"
         ctx.log(f"gate {verdict}: release {gate['release']}" + "".join(f"\n  - {r}" for r in gate["reasons"]))
+        for flag in flags:
+            ctx.log(f"flag: {flag}", style="yellow")
         metrics = {"gate_passed": gate["passed"], "release": gate["release"], "gate_reasons": gate["reasons"],
+                   "flags": flags,
                    "summary": f"gate {verdict}, release {gate['release']}"}
         return StageResult(outputs=[Output("report", "report", ctx.run_dir / "report", meta={"passed": gate["passed"]})],
                            metrics=metrics)
@@ -122,7 +126,17 @@ def _spec(artifact: InputArtifact, cfg: BenchConfig) -> ArtifactSpec:
                         precision=meta.get("precision", "fp32"), size_bytes=artifact.size_bytes,
                         params=meta.get("params"), macs=meta.get("macs"), max_batch=(meta.get("profile") or {}).get("max"),
                         options={"compile": cfg.torch_compile} if backend == "torch" else
-                        {"inter_op_threads": cfg.inter_op_threads} if backend == "onnxruntime" else {})
+                        {"inter_op_threads": cfg.inter_op_threads} if backend == "onnxruntime" else {},
+                        source_model=meta.get("source_model") or (artifact.name if backend == "torch" else None),
+                        refused=_refusal(meta), quantization=meta.get("quantization"))
+
+
+def _refusal(meta: dict) -> str | None:
+    red = meta.get("red_line")
+    if red and red.get("within") is False:
+        return (f"the quantize stage found no rung within the red line (its test drop {red.get('test_drop')} "
+                f"points); refused")
+    return None
 
 
 def summary_table(report: dict) -> Table:

@@ -63,9 +63,10 @@ class ExportConfig(StageConfig):
 class ExportStage(Stage):
     kind = "export"
     Config = ExportConfig
-    input_roles = ("model", "onnx")
+    input_roles = ("model", "onnx", "qdq")
     produces = ("onnx", "engine")
     deployable = ("onnx", "engine")
+    latest_of = {"qdq": "onnx_trt"}  # an INT8 engine is built from the quantize stage's TensorRT Q/DQ file
 
     def run(self, ctx: StageContext, inputs: dict[str, InputArtifact]) -> StageResult:
         cfg: ExportConfig = self.config  # type: ignore[assignment]
@@ -76,7 +77,14 @@ class ExportStage(Stage):
             outputs.append(onnx_output)
             source = (onnx_output.path / onnx_output.meta["file"], onnx_output.meta, f"{ctx.name}.onnx")
         if "tensorrt" in cfg.formats:
-            if source is None:
+            if cfg.tensorrt.precision == "int8":
+                given = inputs.get("onnx") if "onnx" in inputs and "qdq" not in inputs else inputs.get("qdq")
+                if given is None:
+                    raise ConfigError(f"stages.{ctx.name}.tensorrt.precision: int8 needs a Q/DQ ONNX: add a "
+                                      f"quantize stage before this one (its onnx_trt file is used) or set "
+                                      f"inputs: {{qdq: <artifact>}}")
+                source = (_input_onnx(given), given.meta, given.name)
+            elif source is None:
                 if "onnx" not in inputs:
                     raise ConfigError(f"stages.{ctx.name}: formats [tensorrt] without onnx needs an ONNX input "
                                       f"(inputs: {{onnx: <stage>}}) or add onnx to formats")
@@ -115,7 +123,7 @@ class ExportStage(Stage):
                 "dynamic_batch": True, "external_data": info.external_data, "simplified": info.simplified,
                 "preprocessing": description["preprocessing"], "num_classes": data.num_classes,
                 "params": inputs["model"].meta.get("params"), "macs": inputs["model"].meta.get("macs"),
-                "parity": {"tolerance": tolerance, "min_top1_agreement": cfg.parity.min_top1_agreement,
+                "source_model": inputs["model"].name, "parity": {"tolerance": tolerance, "min_top1_agreement": cfg.parity.min_top1_agreement,
                            "results": as_dicts(parity)}}
         metrics = {"opset": info.opset, "precision": info.precision, "export_s": round(info.seconds, 2),
                    "parity": meta["parity"], "simplified": info.simplified}

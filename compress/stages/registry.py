@@ -31,4 +31,5 @@ def _load_builtin() -> None:
     import compress.stages.distill_stage  # noqa: F401
     import compress.stages.export_stage  # noqa: F401
     import compress.stages.prune_stage  # noqa: F401
+    import compress.stages.quantize_stage  # noqa: F401
     import compress.stages.train_stage  # noqa: F401

@@ -1,0 +1,130 @@
+"""The INT8 escalation ladder: PTQ → partial float fallback → QAT, stopping at the first rung
+whose real quantized files are within the accuracy red line on the validation split.
+
+Each rung yields both Q/DQ flavours; a rung passes only when every flavour asked for is
+within the red line, because each of them ships somewhere. The rung records keep every
+number the decision was made on, and why the ladder climbed past it.
+"""
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from compress import int8_measure
+from compress.int8_ptq import Calibration, compute_nodes, quantize
+
+
+@dataclass
+class LadderSettings:
+    flavours: tuple[str, ...] = ("cpu", "trt")
+    calibration: Calibration = field(default_factory=Calibration)
+    metric: str = "top1"
+    max_drop: float = 0.5
+    max_float_layers: int = 4
+    sensitivity_samples: int = 256
+    eval_batch: int = 64
+
+
+@dataclass
+class Attempt:
+    rung: str  # ptq | fallback | qat
+    files: dict[str, Path]  # flavour → Q/DQ ONNX
+    val: dict[str, dict]  # flavour → accuracy on the validation split
+    drops: dict[str, float]  # flavour → points below the reference
+    within: bool
+    details: dict = field(default_factory=dict)
+    float_layers: list[str] = field(default_factory=list)
+
+    def worst(self) -> float:
+        return max(self.drops.values())
+
+    def why_not(self, max_drop: float) -> str:
+        over = [f"{f} drop {d:.2f}" for f, d in self.drops.items() if d > max_drop]
+        return f"{self.rung}: {', '.join(over)} points > red line {max_drop:g} on the validation split"
+
+    def record(self, metric: str) -> dict:
+        return {"rung": self.rung, "within_red_line": self.within, "float_layers": self.float_layers,
+                "flavours": {f: {f"val_{metric}": self.val[f][metric], "drop": round(self.drops[f], 4),
+                                 "size_bytes": self.files[f].stat().st_size} for f in self.files},
+                **self.details}
+
+
+class Ladder:
+    """Climbs on plain inputs: a float ONNX file, calibration and validation arrays, a reference accuracy."""
+
+    def __init__(self, float_onnx: Path, work: Path, settings: LadderSettings, calib: np.ndarray,
+                 val_images: np.ndarray, val_labels: np.ndarray, reference: float,
+                 log: Callable[[str], None] = print) -> None:
+        self.float_onnx, self.work, self.settings = float_onnx, work, settings
+        self.calib, self.val_images, self.val_labels = calib, val_images, val_labels
+        self.reference, self.log = reference, log
+        self.cache = work / f"calibration-{settings.calibration.method}.json"
+        work.mkdir(parents=True, exist_ok=True)
+
+    def measure(self, rung: str, files: dict[str, Path], details: dict | None = None,
+                float_layers: list[str] | None = None) -> Attempt:
+        s = self.settings
+        val = {f: int8_measure.split_accuracy(p, self.val_images, self.val_labels, s.eval_batch) for f, p in files.items()}
+        drops = {f: self.reference - v[s.metric] for f, v in val.items()}
+        within = all(d <= s.max_drop for d in drops.values())
+        self.log(f"{rung}: val {s.metric} " + ", ".join(f"{f} {v[s.metric]:.2f}% (drop {drops[f]:+.2f})"
+                                                        for f, v in val.items())
+                 + (" — within the red line" if within else f" — over the red line {s.max_drop:g}"))
+        return Attempt(rung, files, val, drops, within, details or {}, float_layers or [])
+
+    def _quantize_all(self, tag: str, exclude: list[str]) -> dict[str, Path]:
+        folder = self.work / tag
+        folder.mkdir(parents=True, exist_ok=True)
+        return {f: quantize(self.float_onnx, folder / f"model-{f}.onnx", f, self.settings.calibration, self.calib,
+                            self.cache, exclude=exclude) for f in self.settings.flavours}
+
+    def ptq(self) -> Attempt:
+        cal = self.settings.calibration
+        files = self._quantize_all("ptq", [])
+        return self.measure("ptq", files, {"calibration": {"method": cal.method, "samples": len(self.calib),
+                                                           "split": "calib (a seeded subset of train)"}})
+
+    def sensitivity(self, flavour: str) -> list[dict]:
+        """Per compute layer: the logit error when only that layer is quantized, largest first."""
+        images = self.val_images[: self.settings.sensitivity_samples]
+        reference = int8_measure.logits(self.float_onnx, images, self.settings.eval_batch)
+        folder = self.work / "sensitivity"
+        folder.mkdir(parents=True, exist_ok=True)
+        ranked = []
+        for node in compute_nodes(self.float_onnx):
+            single = quantize(self.float_onnx, folder / "single.onnx", flavour, self.settings.calibration,
+                              self.calib, self.cache, only=[node])
+            error = int8_measure.output_error(reference, int8_measure.logits(single, images, self.settings.eval_batch))
+            ranked.append({"node": node, "error": round(error, 6)})
+        shutil.rmtree(folder, ignore_errors=True)
+        return sorted(ranked, key=lambda r: -r["error"])
+
+    def fallback(self, failed: Attempt) -> Attempt:
+        """Keep the fewest most sensitive layers in float until the drop is within the red line."""
+        flavour = max(failed.drops, key=failed.drops.get)  # rank on the flavour that missed by most
+        ranked = self.sensitivity(flavour)
+        self.log(f"fallback: most sensitive layers ({flavour}): "
+                 + ", ".join(f"{r['node']} {r['error']:.2e}" for r in ranked[:5]))
+        tries, best = [], None
+        for k in range(1, min(self.settings.max_float_layers, len(ranked)) + 1):
+            exclude = [r["node"] for r in ranked[:k]]
+            attempt = self.measure("fallback", self._quantize_all(f"fallback-{k}", exclude), float_layers=exclude)
+            tries.append({"float_layers": k, "drops": {f: round(d, 4) for f, d in attempt.drops.items()}})
+            if best is None or attempt.worst() < best.worst():
+                best = attempt
+            if attempt.within:
+                break
+        if best is None:  # nothing to keep in float: the model has no Conv/Gemm/MatMul
+            return failed
+        best.details = {"ranked_on": flavour, "sensitivity": ranked, "tries": tries,
+                        "max_float_layers": self.settings.max_float_layers}
+        return best
+
+
+def choose(attempts: list[Attempt]) -> Attempt:
+    """The first rung within the red line, else the one that came closest."""
+    return next((a for a in attempts if a.within), None) or min(attempts, key=Attempt.worst)

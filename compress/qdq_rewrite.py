@@ -1,0 +1,83 @@
+"""Derives the CPU Q/DQ flavour from a symmetric-int8 one without changing a single value.
+
+A QAT model is trained once, with symmetric int8 activations (the TensorRT layout). The
+CPU layout wants uint8 activations; shifting every activation zero-point from 0 (int8) to
+128 (uint8) is exact: ``q_u8 = q_i8 + 128`` over the whole int8 range, and dequantization
+subtracts the same 128. Weights stay int8. One training run therefore yields both files.
+
+After a ReLU the zero-point goes to 0 instead: onnxruntime then drops the ReLU into the
+quantization and fuses DQ → Conv → Q into QLinearConv; with zero-point 128 it cannot (the
+range would still hold negatives) and the convolution stays in float. The scale becomes
+127/255 of the int8 one, so the tensor still saturates exactly where QAT trained it to
+(127 · scale) but on a grid twice as fine: not bit-exact there, never coarser. The CPU file
+is measured on its own, so any difference shows in its accuracy.
+"""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+
+def _constant_names(graph: onnx.GraphProto) -> set[str]:
+    names = {t.name for t in graph.initializer}
+    names.update(n.output[0] for n in graph.node if n.op_type == "Constant")
+    return names
+
+
+def _constant(graph: onnx.GraphProto, name: str) -> np.ndarray | None:
+    for t in graph.initializer:
+        if t.name == name:
+            return numpy_helper.to_array(t)
+    for node in graph.node:
+        if node.op_type == "Constant" and node.output[0] == name:
+            return numpy_helper.to_array(next(a.t for a in node.attribute if a.name == "value"))
+    return None
+
+
+def int8_to_uint8_activations(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
+    """A copy of ``model`` with every activation Q/DQ pair moved to uint8; returns it and the pairs moved."""
+    model = onnx.ModelProto.FromString(model.SerializeToString())
+    graph = model.graph
+    constants = _constant_names(graph)
+    consumers: dict[str, list[onnx.NodeProto]] = {}
+    for node in graph.node:
+        for name in node.input:
+            consumers.setdefault(name, []).append(node)
+    shapes = {vi.name: vi for vi in graph.value_info}
+    producer = {out: node for node in graph.node for out in node.output}
+    moved = 0
+    for node in list(graph.node):
+        if node.op_type != "QuantizeLinear" or node.input[0] in constants:
+            continue
+        if len(node.input) < 3 or not node.input[2]:
+            raise ValueError(f"QuantizeLinear {node.name}: no zero-point, so it is already uint8")
+        zero = _constant(graph, node.input[2])
+        if zero is None or zero.dtype != np.int8 or np.any(zero != 0):
+            raise ValueError(f"QuantizeLinear {node.name}: expected a constant int8 zero-point of 0, got {zero}")
+        after_relu = producer.get(node.input[0]) is not None and producer[node.input[0]].op_type == "Relu"
+        base = node.name or node.output[0]
+        shifted = numpy_helper.from_array(np.full(zero.shape, 0 if after_relu else 128, dtype=np.uint8), f"{base}_zp_u8")
+        graph.initializer.append(shifted)
+        node.input[2] = shifted.name
+        if after_relu:
+            scale = _constant(graph, node.input[1])
+            if scale is None:
+                raise ValueError(f"QuantizeLinear {node.name}: scale {node.input[1]} is not a constant")
+            finer = numpy_helper.from_array((scale * (127.0 / 255.0)).astype(scale.dtype), f"{base}_scale_u8")
+            graph.initializer.append(finer)
+            node.input[1] = finer.name
+        if node.output[0] in shapes:  # the exporter's recorded type of the quantized tensor
+            shapes[node.output[0]].type.tensor_type.elem_type = onnx.TensorProto.UINT8
+        for dq in consumers.get(node.output[0], []):
+            if dq.op_type != "DequantizeLinear":
+                raise ValueError(f"QuantizeLinear {node.name} feeds {dq.op_type} {dq.name}, not a DequantizeLinear")
+            while len(dq.input) < 3:
+                dq.input.append("")
+            dq.input[1], dq.input[2] = node.input[1], shifted.name
+        moved += 1
+    used = {name for node in graph.node for name in node.input}
+    stale = [t for t in graph.initializer if t.name not in used]  # the int8 zero-points replaced above
+    for tensor in stale:
+        graph.initializer.remove(tensor)
+    return model, moved

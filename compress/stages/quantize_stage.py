@@ -1,0 +1,219 @@
+"""``kind: quantize``: INT8 by the ladder PTQ → partial fallback → QAT, judged on the real files."""
+from __future__ import annotations
+
+import json
+import shutil
+from typing import Literal
+
+import numpy as np
+import torch
+from pydantic import Field
+
+from compress import int8_measure
+from compress.config import StageConfig, Strict
+from compress.distillation import check_pair
+from compress.errors import ConfigError, StageError
+from compress.int8_ladder import Attempt, Ladder, LadderSettings, choose
+from compress.int8_ptq import Calibration, QuantizationError, preprocess
+from compress.model_source import model_from_artifact
+from compress.qat_rung import QATSettings, run_qat
+from compress.qdq_lint import lint_qdq
+from compress.qdq_rewrite import int8_to_uint8_activations
+from compress.stages.base import InputArtifact, Output, Stage, StageContext, StageResult
+from export.onnx_export import ExportError, export_onnx
+from train.data import BatchStream
+
+
+class CalibrationConfig(Strict):
+    method: Literal["minmax", "percentile", "entropy", "distribution"] = "entropy"
+    samples: int = Field(256, ge=1, description="calibration images (from the calib split, at most data.calib_size)")
+    percentile: float = Field(99.999, gt=50, le=100, description="percentile method only")
+
+
+class FallbackConfig(Strict):
+    enabled: bool = True
+    max_float_layers: int = Field(4, ge=1, description="at most this many layers kept in float")
+    sensitivity_samples: int = Field(256, ge=1, description="validation images used to rank the layers")
+
+
+class QuantizeConfig(StageConfig):
+    kind: Literal["quantize"] = "quantize"
+    flavours: list[Literal["cpu", "trt"]] = Field(["cpu", "trt"], min_length=1,
+                                                  description="cpu: uint8 activations; trt: symmetric int8")
+    calibration: CalibrationConfig = Field(default_factory=CalibrationConfig)
+    fallback: FallbackConfig = Field(default_factory=FallbackConfig)
+    qat: QATSettings = Field(default_factory=QATSettings)
+    opset: int = Field(18, ge=18, le=23)
+
+
+def _split(data, name: str, limit: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    split = getattr(data, name)
+    n = len(split) if limit is None else min(limit, len(split))
+    x, y = next(BatchStream(split, data, max(n, 1), shuffle=False, drop_last=False).epoch(0))
+    return x[:n].numpy(), y[:n].numpy()
+
+
+@torch.no_grad()
+def _torch_accuracy(model: torch.nn.Module, images: np.ndarray, labels: np.ndarray) -> dict:
+    from serve_bench.accuracy import accuracy
+
+    model.eval().cpu()
+    out = [model(torch.from_numpy(images[i:i + 256])).float().numpy() for i in range(0, len(images), 256)]
+    return accuracy(np.concatenate(out), labels)
+
+
+def _compact(record: dict) -> dict:
+    """A rung as the benchmark report shows it: accuracy and drop per flavour, float layers, first latency."""
+    out = {"rung": record["rung"], "within_red_line": record["within_red_line"],
+           "float_layers": len(record["float_layers"]),
+           "flavours": record["flavours"]}
+    if "latency" in record:
+        out["latency"] = {k: v for k, v in record["latency"].items() if k.endswith("_ms")}
+    return out
+
+
+class QuantizeStage(Stage):
+    kind = "quantize"
+    Config = QuantizeConfig
+    input_roles = ("model", "baseline", "teacher")
+    required_inputs = ("model",)
+    produces = ("onnx_cpu", "onnx_trt", "report")
+    deployable = ("onnx_cpu",)
+    uses = ("seed", "data", "red_line")
+
+    @classmethod
+    def config_refs(cls, config: QuantizeConfig) -> dict[str, str]:  # type: ignore[override]
+        return {"teacher": config.qat.distill.teacher} if config.qat.distill else {}
+
+    def run(self, ctx: StageContext, inputs: dict[str, InputArtifact]) -> StageResult:
+        cfg: QuantizeConfig = self.config  # type: ignore[assignment]
+        field, data, red = f"stages.{ctx.name}", ctx.data, ctx.pipeline.red_line
+        if cfg.calibration.samples > len(data.calib):
+            raise ConfigError(f"{field}.calibration.samples: {cfg.calibration.samples} is more than the "
+                              f"{len(data.calib)} calibration images; lower it or raise data.calib_size")
+        torch.manual_seed(ctx.pipeline.seed)
+        model, description = model_from_artifact(inputs["model"], data)
+        ref_artifact = inputs.get("baseline") or inputs["model"]
+        reference = model_from_artifact(ref_artifact, data)[0] if "baseline" in inputs else model
+        calib, _ = _split(data, "calib", cfg.calibration.samples)
+        val_x, val_y = _split(data, "val")
+        test_x, test_y = _split(data, "test")
+        ref_val, ref_test = _torch_accuracy(reference, val_x, val_y), _torch_accuracy(reference, test_x, test_y)
+        ctx.log(f"reference {ref_artifact.name}: val {red.metric} {ref_val[red.metric]:.2f}%, test "
+                f"{ref_test[red.metric]:.2f}%; red line {red.max_drop:g} points")
+
+        work = ctx.stage_dir / "work"
+        shutil.rmtree(work, ignore_errors=True)
+        work.mkdir(parents=True)
+        try:
+            export_onnx(model, torch.from_numpy(val_x[:2]), work / "float.onnx", opset=cfg.opset)
+            float_onnx = preprocess(work / "float.onnx", work / "float.prep.onnx")
+        except (ExportError, QuantizationError) as exc:
+            raise StageError(f"stage {ctx.name!r}: {exc}") from exc
+        settings = LadderSettings(tuple(cfg.flavours), Calibration(cfg.calibration.method, cfg.calibration.percentile),
+                                  red.metric, red.max_drop, cfg.fallback.max_float_layers,
+                                  cfg.fallback.sensitivity_samples)
+        ladder = Ladder(float_onnx, work, settings, calib, val_x, val_y, ref_val[red.metric], log=ctx.log)
+        attempts, climbed = self._climb(ctx, cfg, ladder, model, description, inputs, calib, field)
+        chosen = choose(attempts)
+        lints = {a.rung: lint_qdq(a.files["trt"], set(a.float_layers)).as_dict() for a in attempts if "trt" in a.files}
+        if chosen.rung in lints and not lints[chosen.rung]["ok"]:
+            raise StageError(f"stage {ctx.name!r}: the TensorRT Q/DQ file of rung {chosen.rung} fails the lint: "
+                             + "; ".join(lints[chosen.rung]["violations"][:8]))
+        test = {f: int8_measure.split_accuracy(p, test_x, test_y) for f, p in chosen.files.items()}
+        drops = {f: round(ref_test[red.metric] - t[red.metric], 4) for f, t in test.items()}
+        within = all(d <= red.max_drop for d in drops.values())
+        rungs = self._rung_records(attempts, lints, float_onnx, val_x, red.metric)
+        cpu_latency = next((r["latency"] for r in rungs if r["rung"] == chosen.rung and "latency" in r), None)
+        flags = []
+        if cpu_latency and cpu_latency["int8_p50_ms"] >= cpu_latency["fp32_p50_ms"]:
+            flags.append(f"INT8 CPU file is not faster than the fp32 ONNX of the same model "
+                         f"(p50 {cpu_latency['int8_p50_ms']:.3f} vs {cpu_latency['fp32_p50_ms']:.3f} ms)")
+        verdict = "within" if within else "OVER"
+        ctx.log(f"rung reached: {chosen.rung}; test {red.metric} " + ", ".join(
+            f"{f} {t[red.metric]:.2f}% (drop {drops[f]:+.2f})" for f, t in test.items()) + f" — {verdict} the red line"
+            + "".join(f"\n  ! {flag}" for flag in flags), style=None if within else "red")
+        summary = {"rung": chosen.rung, "climbed": climbed, "reference": ref_artifact.name,
+                   "reference_val": ref_val[red.metric], "reference_test": ref_test[red.metric],
+                   "red_line": {"metric": red.metric, "max_drop": red.max_drop, "within": within,
+                                "test_drop": drops, "test": {f: t[red.metric] for f, t in test.items()}},
+                   "flags": flags, "rungs": rungs}
+        outputs = [self._onnx_output(ctx, f, chosen, inputs["model"], description, summary, test[f])
+                   for f in cfg.flavours]
+        with ctx.atomic_output_dir("report") as folder:
+            (folder / "ladder.json").write_text(json.dumps(summary, indent=2))
+        shutil.rmtree(work, ignore_errors=True)
+        metrics = {**summary, "summary": f"rung {chosen.rung}, test drop " + ", ".join(
+            f"{f} {d:+.2f}" for f, d in drops.items()) + f" ({verdict} red line {red.max_drop:g})"}
+        return StageResult(outputs=[*outputs, Output("report", "report", ctx.stage_dir / "report")], metrics=metrics)
+
+    def _climb(self, ctx, cfg: QuantizeConfig, ladder: Ladder, model, description, inputs, calib,
+               field: str) -> tuple[list[Attempt], list[str]]:
+        try:
+            attempts = [ladder.ptq()]
+            climbed = []
+            if not attempts[-1].within and cfg.fallback.enabled:
+                climbed.append(attempts[-1].why_not(ladder.settings.max_drop))
+                attempts.append(ladder.fallback(attempts[-1]))
+            if not attempts[-1].within and cfg.qat.enabled:
+                climbed.append(attempts[-1].why_not(ladder.settings.max_drop))
+                attempts.append(self._qat(ctx, cfg, ladder, model, description, inputs, calib, field))
+        except QuantizationError as exc:
+            raise StageError(f"stage {ctx.name!r}: {exc}") from exc
+        return attempts, climbed
+
+    def _qat(self, ctx, cfg: QuantizeConfig, ladder: Ladder, model, description, inputs, calib, field) -> Attempt:
+        teacher = None
+        if cfg.qat.distill is not None:
+            teacher, teacher_desc = model_from_artifact(inputs["teacher"], ctx.data)
+            check_pair(teacher_desc, description, inputs["teacher"].name, inputs["model"].name)
+        folder = ladder.work / "qat"
+        folder.mkdir(parents=True, exist_ok=True)
+        details = run_qat(ctx, model, cfg.qat, torch.from_numpy(calib), folder / "model-trt.onnx",
+                          f"{field}.qat", teacher)
+        files = {"trt": folder / "model-trt.onnx"}
+        if "cpu" in cfg.flavours:
+            import onnx
+
+            cpu, moved = int8_to_uint8_activations(onnx.load(str(files["trt"])))
+            onnx.save(cpu, str(folder / "model-cpu.onnx"))
+            files["cpu"] = folder / "model-cpu.onnx"
+            details["qat"]["cpu_flavour"] = f"{moved} activation Q/DQ pairs moved to uint8"
+        return ladder.measure("qat", {f: files[f] for f in cfg.flavours}, details)
+
+    @staticmethod
+    def _rung_records(attempts: list[Attempt], lints: dict, float_onnx, val_x: np.ndarray, metric: str) -> list[dict]:
+        records = []
+        for attempt in attempts:
+            record = attempt.record(metric)
+            if attempt.rung in lints:
+                record["trt_lint"] = lints[attempt.rung]
+            if "cpu" in attempt.files:
+                lat = int8_measure.quick_latency({"fp32": float_onnx, "int8": attempt.files["cpu"]}, val_x[:1])
+                record["latency"] = {"fp32_p50_ms": lat["fp32"]["p50_ms"], "fp32_p99_ms": lat["fp32"]["p99_ms"],
+                                     "int8_p50_ms": lat["int8"]["p50_ms"], "int8_p99_ms": lat["int8"]["p99_ms"],
+                                     "batch_size": 1, "note": "in-stage first look; the bench stage measures for the gate"}
+            records.append(record)
+        return records
+
+    @staticmethod
+    def _onnx_output(ctx: StageContext, flavour: str, chosen: Attempt, source: InputArtifact, description: dict,
+                     summary: dict, test: dict) -> Output:
+        role = f"onnx_{flavour}"
+        with ctx.atomic_output_dir(role) as folder:
+            shutil.copy2(chosen.files[flavour], folder / "model.onnx")
+        import onnx
+
+        graph = onnx.load(str(chosen.files[flavour]), load_external_data=False).graph
+        meta = {"file": "model.onnx", "files": ["model.onnx"], "precision": "int8", "flavour": flavour,
+                "qdq": {"cpu": "uint8 activations, int8 per-channel weights",
+                        "trt": "symmetric int8 activations and per-channel weights, zero-point 0"}[flavour],
+                "input_name": graph.input[0].name, "output_name": graph.output[0].name, "dynamic_batch": True,
+                "preprocessing": description["preprocessing"], "num_classes": description["architecture"]["num_classes"],
+                "params": source.meta.get("params"), "macs": source.meta.get("macs"), "source_model": source.name,
+                "quantization": {"rung": chosen.rung, "flavour": flavour, "float_layers": chosen.float_layers,
+                                 "climbed": summary["climbed"], "rungs": [_compact(r) for r in summary["rungs"]]},
+                "test": test,
+                "red_line": {"within": summary["red_line"]["within"], "test_drop": summary["red_line"]["test_drop"][flavour]},
+                "flags": summary["flags"]}
+        return Output(role, "onnx", ctx.stage_dir / role, meta=meta, made_from=[source.name])

@@ -1,0 +1,169 @@
+"""The quantize stage on the real digits: PTQ flavours, calibration data, the ladder climbing, the gate."""
+from __future__ import annotations
+
+import copy
+import json
+from collections import Counter
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import yaml
+
+from compress import int8_ladder
+from compress.cli import main
+from compress.pipeline_file import load_pipeline
+from compress.qdq_lint import lint_qdq
+from compress.runner import input_refs
+from compress.stages.bench_stage import _refusal
+from compress.stages.quantize_stage import _split
+from serve_bench.gate import evaluate, quantized_not_faster
+from tests.conftest import TINY
+from train.data import DataSpec, load_data
+
+TRAINED = {"name": "train", "kind": "train", "epochs": 6, "batch_size": 64, "lr": 0.01, "amp": "off",
+           "checkpoint_every": 0}
+
+
+def _pipeline(folder, quantize: dict, max_drop: float) -> str:
+    config = copy.deepcopy(TINY)
+    config["model"] = {"name": "resnet20", "args": {"width": 8}}
+    config["red_line"] = {"metric": "top1", "max_drop": max_drop}
+    config["stages"] = [dict(TRAINED), {"name": "quantize", "kind": "quantize", **quantize}]
+    path = folder / "pipeline.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def calibration_seen():
+    """Every image array handed to onnxruntime's calibration during the module's runs."""
+    seen: list[np.ndarray] = []
+    original = int8_ladder.quantize
+
+    def spy(*args, **kwargs):
+        seen.append(np.array(args[4]))
+        return original(*args, **kwargs)
+
+    int8_ladder.quantize = spy
+    yield seen
+    int8_ladder.quantize = original
+
+
+@pytest.fixture(scope="module")
+def ptq_run(tmp_path_factory, calibration_seen):
+    folder = tmp_path_factory.mktemp("ptq")
+    path = _pipeline(folder, {"calibration": {"method": "minmax", "samples": 64}}, max_drop=100.0)
+    run_dir = folder / "run"
+    assert main(["run", path, "--run-dir", str(run_dir)]) == 0
+    return run_dir
+
+
+def test_ptq_writes_both_flavours_and_records_the_rung(ptq_run):
+    manifest = json.loads((ptq_run / "manifest.json").read_text())
+    metrics = manifest["stages"]["quantize"]["metrics"]
+    assert metrics["rung"] == "ptq" and metrics["climbed"] == [] and metrics["red_line"]["within"]
+    ptq = metrics["rungs"][0]
+    assert ptq["calibration"] == {"method": "minmax", "samples": 64, "split": "calib (a seeded subset of train)"}
+    assert set(ptq["flavours"]) == {"cpu", "trt"} and "latency" in ptq and ptq["trt_lint"]["ok"]
+    artifacts = manifest["artifacts"]
+    assert artifacts["quantize.onnx_cpu"]["meta"]["flavour"] == "cpu"
+    assert artifacts["quantize.onnx_trt"]["meta"]["quantization"]["rung"] == "ptq"
+
+
+def test_the_cpu_flavour_becomes_qlinearconv_in_onnxruntime(ptq_run, tmp_path):
+    options = ort.SessionOptions()
+    options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    session = ort.InferenceSession(str(ptq_run / "quantize" / "onnx_cpu" / "model.onnx"), options,
+                                   providers=["CPUExecutionProvider"])
+    session.run(None, {session.get_inputs()[0].name: np.zeros((2, 1, 8, 8), np.float32)})
+    ops = Counter(n.op_type for n in onnx.load(str(tmp_path / "optimized.onnx")).graph.node)
+    assert ops["QLinearConv"] == 21 and ops["Conv"] == 0, ops  # every ResNet-20 conv runs in integer
+
+
+def test_the_trt_flavour_is_symmetric_int8_and_runs(ptq_run):
+    path = ptq_run / "quantize" / "onnx_trt" / "model.onnx"
+    model = onnx.load(str(path))
+    assert lint_qdq(model).ok
+    zero_points = [numpy for numpy in (onnx.numpy_helper.to_array(t) for t in model.graph.initializer)
+                   if numpy.dtype in (np.int8, np.uint8) and numpy.size == 1]
+    assert zero_points and all(z.dtype == np.int8 and z == 0 for z in zero_points)
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    assert session.run(None, {session.get_inputs()[0].name: np.zeros((3, 1, 8, 8), np.float32)})[0].shape == (3, 10)
+
+
+def test_calibration_never_touches_the_test_split(ptq_run, calibration_seen):
+    data = load_data(DataSpec(name="digits"))
+    calib = {row.tobytes() for row in _split(data, "calib")[0]}
+    test = {row.tobytes() for row in _split(data, "test")[0]}
+    assert calibration_seen
+    for images in calibration_seen:
+        rows = {row.tobytes() for row in images}
+        assert rows <= calib and not rows & test
+
+
+def test_the_ladder_climbs_past_ptq_and_fallback_and_qat_recovers(tmp_path):
+    # One calibration image: activation ranges far too narrow, so PTQ misses the red line.
+    path = _pipeline(tmp_path, {"calibration": {"method": "minmax", "samples": 1},
+                                "fallback": {"max_float_layers": 1, "sensitivity_samples": 32},
+                                "qat": {"epochs": 2, "batch_size": 64, "lr": 1e-3, "checkpoint_every": 0}},
+                     max_drop=2.0)
+    assert main(["run", path, "--run-dir", str(tmp_path / "run")]) == 0
+    metrics = json.loads((tmp_path / "run" / "manifest.json").read_text())["stages"]["quantize"]["metrics"]
+    assert [r["rung"] for r in metrics["rungs"]] == ["ptq", "fallback", "qat"]
+    ptq, fallback, qat = metrics["rungs"]
+    assert not ptq["within_red_line"] and not fallback["within_red_line"] and qat["within_red_line"]
+    assert len(fallback["float_layers"]) == 1 and fallback["sensitivity"][0]["error"] >= fallback["sensitivity"][-1]["error"]
+    assert metrics["climbed"][0].startswith("ptq: ") and metrics["climbed"][1].startswith("fallback: ")
+    assert metrics["rung"] == "qat" and metrics["red_line"]["within"]
+    assert qat["qat"]["engine"].startswith("torchao PT2E") and qat["trt_lint"]["ok"]
+    assert max(qat["flavours"][f]["drop"] for f in ("cpu", "trt")) < min(ptq["flavours"][f]["drop"] for f in ("cpu", "trt"))
+
+
+def test_more_calibration_samples_than_images_is_a_config_error(tmp_path, capsys):
+    path = _pipeline(tmp_path, {"calibration": {"samples": 100000}}, max_drop=1.0)
+    assert main(["run", path, "--run-dir", str(tmp_path / "run")]) == 2
+    assert "stages.quantize.calibration.samples" in capsys.readouterr().err
+
+
+def test_an_int8_engine_reads_the_quantize_stage_trt_file(tmp_path):
+    config = copy.deepcopy(TINY)
+    config["stages"] += [{"name": "quantize", "kind": "quantize"},
+                         {"name": "export", "kind": "export", "formats": ["tensorrt"], "tensorrt": {"precision": "int8"}}]
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml.safe_dump(config))
+    refs = input_refs(load_pipeline(path))
+    assert refs["export"]["qdq"] == "quantize.onnx_trt" and refs["quantize"]["baseline"] == "train.model"
+
+
+def test_int8_engine_without_a_qdq_file_is_refused(tmp_path, capsys):
+    config = copy.deepcopy(TINY)
+    config["stages"] += [{"name": "export", "kind": "export", "tensorrt": {"precision": "int8"},
+                          "formats": ["onnx", "tensorrt"]}]
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml.safe_dump(config))
+    # A config error with or without TensorRT on the machine: the pipeline itself is wrong.
+    assert main(["run", str(path), "--run-dir", str(tmp_path / "run")]) == 2
+    assert "stages.export.tensorrt.precision: int8 needs a Q/DQ ONNX" in capsys.readouterr().err
+
+
+def _entry(name, precision, p50, p99, source="prune.model", fmt="onnx", **extra):
+    return {"name": name, "precision": precision, "format": fmt, "backend": "onnxruntime", "source_model": source,
+            "accuracy_drop": 0.1, "latency_ms": {"p50": p50, "p99": p99}, **extra}
+
+
+def test_an_int8_file_slower_than_its_fp32_onnx_is_flagged():
+    entries = [_entry("export.onnx", "fp32", 1.0, 2.0), _entry("quantize.onnx_cpu", "int8", 1.2, 1.5),
+               _entry("other.onnx_cpu", "int8", 0.5, 0.9, source="train.model")]
+    flags = quantized_not_faster(entries)
+    assert len(flags) == 1 and flags[0].startswith("quantize.onnx_cpu (int8) is not faster than export.onnx")
+    assert quantized_not_faster([_entry("export.onnx", "fp32", 1.0, 2.0), _entry("q", "int8", 0.4, 0.8)]) == []
+
+
+def test_the_gate_refuses_an_int8_file_that_missed_the_red_line():
+    reason = _refusal({"red_line": {"within": False, "test_drop": 3.2}})
+    assert reason and "no rung within the red line" in reason and _refusal({"red_line": {"within": True}}) is None
+    entries = [_entry("train.model", "fp32", 5.0, 6.0, fmt="torch"), _entry("q", "int8", 0.5, 0.6, refused=reason)]
+    gate = evaluate(entries, p99_budget_ms=None, max_accuracy_drop=1.0)
+    assert gate["release"] == "train.model" and any(r.startswith("q: the quantize stage") for r in gate["reasons"])
