@@ -16,9 +16,6 @@ from serve_bench.stats import percentile
 
 
 def logits(path: Path, images: np.ndarray, batch_size: int = 64, threads: int | None = None) -> np.ndarray:
-    import onnxruntime
-
-    onnxruntime.set_default_logger_severity(3)  # not one warning per unused initializer of every rung
     with OnnxRuntimeRunner(path, threads=threads) as runner:
         return np.concatenate([runner.infer(images[i:i + batch_size]) for i in range(0, len(images), batch_size)])
 

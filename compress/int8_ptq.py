@@ -38,6 +38,20 @@ class Calibration:
     batch_size: int = 32
 
 
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """onnxruntime's quantizer logs every node it leaves alone on the root logger, and its histogram
+    calibrators print progress; keep the stage log readable, and restore the caller's logging after."""
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(max(level, logging.ERROR))
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            yield
+    finally:
+        root.setLevel(level)
+
+
 def _ort_method(name: str):
     from onnxruntime.quantization import CalibrationMethod
 
@@ -100,10 +114,8 @@ def quantize(float_onnx: Path, out: Path, flavour: str, calibration: Calibration
     extra = {"WeightSymmetric": True, "ActivationSymmetric": trt, "CalibPercentile": calibration.percentile}
     if trt:
         extra["QuantizeBias"] = False  # TensorRT wants float bias, not an int32 DequantizeLinear
-    # onnxruntime logs every node it leaves alone at INFO/WARNING; keep the stage log readable.
-    logging.getLogger().setLevel(max(logging.getLogger().level, logging.ERROR))
     try:
-        with contextlib.redirect_stdout(io.StringIO()):  # the histogram calibrators print their progress
+        with _quiet():
             quantize_static(str(float_onnx), str(out), _reader(input_name, images, calibration.batch_size),
                             quant_format=QuantFormat.QDQ, per_channel=True, reduce_range=False,
                             activation_type=QuantType.QInt8 if trt else QuantType.QUInt8,

@@ -23,7 +23,7 @@ def _quantizer():
     try:
         from torchao.quantization.pt2e import (FusedMovingAvgObsFakeQuantize, MovingAverageMinMaxObserver,
                                                MovingAveragePerChannelMinMaxObserver)
-        from torchao.quantization.pt2e.quantizer import QuantizationSpec
+        from torchao.quantization.pt2e.quantizer import QuantizationAnnotation, QuantizationSpec
         from torchao.quantization.pt2e.quantizer.utils import QuantizationConfig
         from torchao.quantization.pt2e.quantizer.x86_inductor_quantizer import X86InductorQuantizer
     except ImportError as exc:
@@ -37,11 +37,84 @@ def _quantizer():
         dtype=torch.int8, quant_min=lo, quant_max=hi, qscheme=torch.per_channel_symmetric, ch_axis=0,
         observer_or_fake_quant_ctr=FusedMovingAvgObsFakeQuantize.with_args(
             observer=MovingAveragePerChannelMinMaxObserver, eps=2**-12))
-    return X86InductorQuantizer().set_global(QuantizationConfig(activation, activation, weight, None, True))
+    class _UnfusedResidualQuantizer(X86InductorQuantizer):
+        """The x86 quantizer without its conv(+BN)+add(+ReLU) fusion, and with both inputs of every
+        residual add quantized: the layout onnxruntime fuses into QLinearConv (and TensorRT's
+        explicit quantization expects). The x86 quantizer targets Inductor's fused int8 conv-add
+        kernel instead, which leaves the conv output and the shortcut in float in ONNX."""
+
+        def _annotate_qat_conv2d_bn_binary_unary(self, *args, **kwargs) -> None:
+            return None
+
+        def _annotate_qat_conv2d_bn_binary(self, *args, **kwargs) -> None:
+            return None
+
+        def annotate(self, model: torch.fx.GraphModule) -> torch.fx.GraphModule:
+            model = super().annotate(model)
+            for node in model.graph.nodes:
+                if node.op != "call_function" or node.target not in (torch.ops.aten.add.Tensor, torch.ops.aten.add_.Tensor):
+                    continue
+                operands = [a for a in node.args[:2] if isinstance(a, torch.fx.Node)]
+                if len(operands) != 2:
+                    continue
+                annotation = node.meta.get("quantization_annotation")
+                if annotation is None:
+                    node.meta["quantization_annotation"] = QuantizationAnnotation(
+                        input_qspec_map={a: activation for a in operands}, _annotated=True)
+                else:
+                    for a in operands:
+                        annotation.input_qspec_map.setdefault(a, activation)
+            return model
+
+    return _UnfusedResidualQuantizer().set_global(QuantizationConfig(activation, activation, weight, None, True))
 
 
 def batch_dim():
     return torch.export.Dim("batch", min=1, max=4096)
+
+
+_SINGLE_OP_MODULES = (nn.ReLU, nn.ReLU6, nn.Hardtanh, nn.SiLU, nn.Hardswish)
+
+
+def _split_shared_activations(graph_module: torch.fx.GraphModule) -> int:
+    """Give every call of a reused activation module its own source name.
+
+    torchvision's BasicBlock calls one ``self.relu`` twice; the quantizer groups nodes into
+    partitions by the module they came from (``source_fn_stack``, or ``nn_module_stack`` when
+    export leaves the former empty), so both calls form one partition with two outputs and
+    annotation fails. An activation module is one op per call, so renaming the later calls in
+    the captured graph's metadata is all it takes; the user's model stays untouched.
+    """
+    calls: dict[str, int] = {}
+    renamed = 0
+    for node in graph_module.graph.nodes:
+        if node.op != "call_function":
+            continue
+        source = node.meta.get("source_fn_stack")
+        modules = node.meta.get("nn_module_stack")
+        if source and isinstance(source[-1][1], type) and issubclass(source[-1][1], _SINGLE_OP_MODULES):
+            name = source[-1][0]
+        elif not source and modules and _is_activation(list(modules.values())[-1][1]):
+            name = list(modules.values())[-1][0]
+        else:
+            continue
+        seen = calls.get(name, 0)
+        calls[name] = seen + 1
+        if not seen:
+            continue
+        if source:
+            node.meta["source_fn_stack"] = [*source[:-1], (f"{name}__call{seen}", source[-1][1])]
+        else:
+            key, (fqn, kind) = list(modules.items())[-1]
+            node.meta["nn_module_stack"] = {**modules, key: (f"{fqn}__call{seen}", kind)}
+        renamed += 1
+    return renamed
+
+
+def _is_activation(kind) -> bool:
+    if isinstance(kind, type):
+        return issubclass(kind, _SINGLE_OP_MODULES)
+    return isinstance(kind, str) and kind in {f"{c.__module__}.{c.__qualname__}" for c in _SINGLE_OP_MODULES}
 
 
 def prepare(model: nn.Module, sample: torch.Tensor) -> nn.Module:
@@ -53,6 +126,7 @@ def prepare(model: nn.Module, sample: torch.Tensor) -> nn.Module:
     model = model.eval().cpu().to(memory_format=torch.contiguous_format)
     try:
         captured = torch.export.export(model, (sample.float().cpu(),), dynamic_shapes=({0: batch_dim()},)).module()
+        _split_shared_activations(captured)
         prepared = prepare_qat_pt2e(captured, quantizer)
     except Exception as exc:  # torch.export raises many types for untraceable models
         raise QATUnavailable(f"torch.export / prepare_qat_pt2e could not capture the model: {exc}") from exc

@@ -35,6 +35,18 @@ def _constant(graph: onnx.GraphProto, name: str) -> np.ndarray | None:
     return None
 
 
+def _non_negative(graph: onnx.GraphProto, node: onnx.NodeProto | None) -> bool:
+    """A ReLU, or a Clip with a constant lower bound ≥ 0 (ReLU6): the tensor has no negatives."""
+    if node is None:
+        return False
+    if node.op_type == "Relu":
+        return True
+    if node.op_type == "Clip" and len(node.input) > 1 and node.input[1]:
+        low = _constant(graph, node.input[1])
+        return low is not None and float(np.min(low)) >= 0
+    return False
+
+
 def int8_to_uint8_activations(model: onnx.ModelProto) -> tuple[onnx.ModelProto, int]:
     """A copy of ``model`` with every activation Q/DQ pair moved to uint8; returns it and the pairs moved."""
     model = onnx.ModelProto.FromString(model.SerializeToString())
@@ -55,7 +67,7 @@ def int8_to_uint8_activations(model: onnx.ModelProto) -> tuple[onnx.ModelProto, 
         zero = _constant(graph, node.input[2])
         if zero is None or zero.dtype != np.int8 or np.any(zero != 0):
             raise ValueError(f"QuantizeLinear {node.name}: expected a constant int8 zero-point of 0, got {zero}")
-        after_relu = producer.get(node.input[0]) is not None and producer[node.input[0]].op_type == "Relu"
+        after_relu = _non_negative(graph, producer.get(node.input[0]))
         base = node.name or node.output[0]
         shifted = numpy_helper.from_array(np.full(zero.shape, 0 if after_relu else 128, dtype=np.uint8), f"{base}_zp_u8")
         graph.initializer.append(shifted)

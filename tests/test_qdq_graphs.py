@@ -14,7 +14,7 @@ OUT, IN = 4, 3
 
 
 def _graph(*, act_scale=0.05, act_zero=0, act_type=np.int8, weight_scales=None, scale_is_input=False,
-           drop_act_zero=False, float_conv=False, relu=False) -> onnx.ModelProto:
+           drop_act_zero=False, float_conv=False, relu=False, clip=False) -> onnx.ModelProto:
     """x → [Relu] → Q → DQ → Conv(DQ(int8 W)) → y, with one knob per lint rule."""
     rng = np.random.default_rng(0)
     weight = rng.integers(-100, 100, size=(OUT, IN, 3, 3)).astype(np.int8)
@@ -31,6 +31,11 @@ def _graph(*, act_scale=0.05, act_zero=0, act_type=np.int8, weight_scales=None, 
     source = "x"
     if relu:
         nodes.append(helper.make_node("Relu", ["x"], ["r"], name="relu"))
+        source = "r"
+    if clip:  # ReLU6 as exported: Clip(x, 0, 6)
+        inits += [numpy_helper.from_array(np.array(0.0, np.float32), "lo"),
+                  numpy_helper.from_array(np.array(6.0, np.float32), "hi")]
+        nodes.append(helper.make_node("Clip", ["x", "lo", "hi"], ["r"], name="relu6"))
         source = "r"
     q_inputs = [source, "a_scale"] + ([] if drop_act_zero else ["a_zero"])
     nodes += [helper.make_node("QuantizeLinear", q_inputs, ["xq"], name="q_x"),
@@ -86,8 +91,9 @@ def test_rewrite_to_uint8_is_exact_for_signed_activations():
     assert lint_qdq(rewritten).violations  # the CPU layout is exactly what the TensorRT lint refuses
 
 
-def test_rewrite_after_relu_uses_zero_point_zero_and_keeps_the_clipping_point():
-    model = _graph(relu=True, act_scale=0.02)
+@pytest.mark.parametrize("activation", ["relu", "clip"])
+def test_rewrite_after_relu_uses_zero_point_zero_and_keeps_the_clipping_point(activation):
+    model = _graph(act_scale=0.02, **{activation: True})
     x = np.random.default_rng(2).normal(size=(2, IN, 8, 8)).astype(np.float32) * 2  # some above 127 · scale
     rewritten, _ = int8_to_uint8_activations(model)
     consts = {t.name: numpy_helper.to_array(t) for t in rewritten.graph.initializer}

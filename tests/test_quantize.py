@@ -9,21 +9,24 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+import torch
 import yaml
 
-from compress import int8_ladder
+from compress import int8_ladder, qat_pt2e
 from compress.cli import main
 from compress.pipeline_file import load_pipeline
 from compress.qdq_lint import lint_qdq
+from compress.qdq_rewrite import int8_to_uint8_activations
 from compress.runner import input_refs
 from compress.stages.bench_stage import _refusal
-from compress.stages.quantize_stage import _split
+from compress.int8_records import split_arrays
 from serve_bench.gate import evaluate, quantized_not_faster
+from export.onnx_export import export_onnx
 from tests.conftest import TINY
 from train.data import DataSpec, load_data
 
-TRAINED = {"name": "train", "kind": "train", "epochs": 6, "batch_size": 64, "lr": 0.01, "amp": "off",
-           "checkpoint_every": 0}
+TRAINED = {"name": "train", "kind": "train", "epochs": 20, "batch_size": 64, "lr": 3e-3, "schedule": "wsd",
+           "amp": "off", "checkpoint_every": 0}
 
 
 def _pipeline(folder, quantize: dict, max_drop: float) -> str:
@@ -72,13 +75,17 @@ def test_ptq_writes_both_flavours_and_records_the_rung(ptq_run):
     assert artifacts["quantize.onnx_trt"]["meta"]["quantization"]["rung"] == "ptq"
 
 
-def test_the_cpu_flavour_becomes_qlinearconv_in_onnxruntime(ptq_run, tmp_path):
+def _optimized_ops(path, folder) -> Counter:
+    """Node types of the graph onnxruntime actually runs, after its Q/DQ fusions."""
     options = ort.SessionOptions()
-    options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
-    session = ort.InferenceSession(str(ptq_run / "quantize" / "onnx_cpu" / "model.onnx"), options,
-                                   providers=["CPUExecutionProvider"])
+    options.optimized_model_filepath = str(folder / "optimized.onnx")
+    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
     session.run(None, {session.get_inputs()[0].name: np.zeros((2, 1, 8, 8), np.float32)})
-    ops = Counter(n.op_type for n in onnx.load(str(tmp_path / "optimized.onnx")).graph.node)
+    return Counter(n.op_type for n in onnx.load(str(folder / "optimized.onnx")).graph.node)
+
+
+def test_the_cpu_flavour_becomes_qlinearconv_in_onnxruntime(ptq_run, tmp_path):
+    ops = _optimized_ops(ptq_run / "quantize" / "onnx_cpu" / "model.onnx", tmp_path)
     assert ops["QLinearConv"] == 21 and ops["Conv"] == 0, ops  # every ResNet-20 conv runs in integer
 
 
@@ -95,8 +102,8 @@ def test_the_trt_flavour_is_symmetric_int8_and_runs(ptq_run):
 
 def test_calibration_never_touches_the_test_split(ptq_run, calibration_seen):
     data = load_data(DataSpec(name="digits"))
-    calib = {row.tobytes() for row in _split(data, "calib")[0]}
-    test = {row.tobytes() for row in _split(data, "test")[0]}
+    calib = {row.tobytes() for row in split_arrays(data, "calib")[0]}
+    test = {row.tobytes() for row in split_arrays(data, "test")[0]}
     assert calibration_seen
     for images in calibration_seen:
         rows = {row.tobytes() for row in images}
@@ -107,7 +114,7 @@ def test_the_ladder_climbs_past_ptq_and_fallback_and_qat_recovers(tmp_path):
     # One calibration image: activation ranges far too narrow, so PTQ misses the red line.
     path = _pipeline(tmp_path, {"calibration": {"method": "minmax", "samples": 1},
                                 "fallback": {"max_float_layers": 1, "sensitivity_samples": 32},
-                                "qat": {"epochs": 2, "batch_size": 64, "lr": 1e-3, "checkpoint_every": 0}},
+                                "qat": {"epochs": 2, "batch_size": 64, "lr": 1e-4, "checkpoint_every": 0}},
                      max_drop=2.0)
     assert main(["run", path, "--run-dir", str(tmp_path / "run")]) == 0
     metrics = json.loads((tmp_path / "run" / "manifest.json").read_text())["stages"]["quantize"]["metrics"]
@@ -118,6 +125,8 @@ def test_the_ladder_climbs_past_ptq_and_fallback_and_qat_recovers(tmp_path):
     assert metrics["climbed"][0].startswith("ptq: ") and metrics["climbed"][1].startswith("fallback: ")
     assert metrics["rung"] == "qat" and metrics["red_line"]["within"]
     assert qat["qat"]["engine"].startswith("torchao PT2E") and qat["trt_lint"]["ok"]
+    cpu_file = tmp_path / "run" / "quantize" / "onnx_cpu" / "model.onnx"
+    assert _optimized_ops(cpu_file, tmp_path)["QLinearConv"] == 21  # QAT's CPU file runs every conv in integer
     assert max(qat["flavours"][f]["drop"] for f in ("cpu", "trt")) < min(ptq["flavours"][f]["drop"] for f in ("cpu", "trt"))
 
 
@@ -146,6 +155,38 @@ def test_int8_engine_without_a_qdq_file_is_refused(tmp_path, capsys):
     # A config error with or without TensorRT on the machine: the pipeline itself is wrong.
     assert main(["run", str(path), "--run-dir", str(tmp_path / "run")]) == 2
     assert "stages.export.tensorrt.precision: int8 needs a Q/DQ ONNX" in capsys.readouterr().err
+
+
+class _SharedReLU(torch.nn.Module):
+    """Like torchvision's BasicBlock: one ReLU module called twice."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1, self.bn1 = torch.nn.Conv2d(1, 4, 3, padding=1), torch.nn.BatchNorm2d(4)
+        self.conv2, self.bn2 = torch.nn.Conv2d(4, 4, 3, padding=1), torch.nn.BatchNorm2d(4)
+        self.relu = torch.nn.ReLU()
+        self.conv3 = torch.nn.Conv2d(4, 4, 1)
+        self.fc = torch.nn.Linear(4, 3)
+
+    def forward(self, x):
+        y = self.relu(self.bn1(self.conv1(x)))
+        y = self.relu(self.bn2(self.conv2(y)) + y)
+        return self.fc(self.conv3(y).mean((2, 3)))
+
+
+def test_qat_captures_a_model_that_reuses_one_relu_and_exports_clean_qdq(tmp_path):
+    sample = torch.randn(2, 1, 8, 8)
+    prepared = qat_pt2e.prepare(_SharedReLU().eval(), sample)
+    qat_pt2e.observe(prepared, torch.randn(8, 1, 8, 8))
+    prepared.train()
+    prepared(torch.randn(4, 1, 8, 8)).sum().backward()
+    export_onnx(qat_pt2e.convert(prepared), sample, tmp_path / "qat.onnx", captured=True)
+    assert lint_qdq(tmp_path / "qat.onnx").ok
+    cpu, _ = int8_to_uint8_activations(onnx.load(str(tmp_path / "qat.onnx")))
+    onnx.save(cpu, str(tmp_path / "cpu.onnx"))
+    ops = _optimized_ops(tmp_path / "cpu.onnx", tmp_path)
+    # Both block convs and the residual add run in integer; conv3 feeds an unquantized mean.
+    assert ops["QLinearConv"] == 2 and ops["QLinearAdd"] == 1, ops
 
 
 def _entry(name, precision, p50, p99, source="prune.model", fmt="onnx", **extra):

@@ -5,7 +5,6 @@ import json
 import shutil
 from typing import Literal
 
-import numpy as np
 import torch
 from pydantic import Field
 
@@ -15,13 +14,13 @@ from compress.distillation import check_pair
 from compress.errors import ConfigError, StageError
 from compress.int8_ladder import Attempt, Ladder, LadderSettings, choose
 from compress.int8_ptq import Calibration, QuantizationError, preprocess
+from compress.int8_records import onnx_meta, rung_records, split_arrays, torch_accuracy
 from compress.model_source import model_from_artifact
 from compress.qat_rung import QATSettings, run_qat
 from compress.qdq_lint import lint_qdq
 from compress.qdq_rewrite import int8_to_uint8_activations
 from compress.stages.base import InputArtifact, Output, Stage, StageContext, StageResult
 from export.onnx_export import ExportError, export_onnx
-from train.data import BatchStream
 
 
 class CalibrationConfig(Strict):
@@ -44,32 +43,6 @@ class QuantizeConfig(StageConfig):
     fallback: FallbackConfig = Field(default_factory=FallbackConfig)
     qat: QATSettings = Field(default_factory=QATSettings)
     opset: int = Field(18, ge=18, le=23)
-
-
-def _split(data, name: str, limit: int | None = None) -> tuple[np.ndarray, np.ndarray]:
-    split = getattr(data, name)
-    n = len(split) if limit is None else min(limit, len(split))
-    x, y = next(BatchStream(split, data, max(n, 1), shuffle=False, drop_last=False).epoch(0))
-    return x[:n].numpy(), y[:n].numpy()
-
-
-@torch.no_grad()
-def _torch_accuracy(model: torch.nn.Module, images: np.ndarray, labels: np.ndarray) -> dict:
-    from serve_bench.accuracy import accuracy
-
-    model.eval().cpu()
-    out = [model(torch.from_numpy(images[i:i + 256])).float().numpy() for i in range(0, len(images), 256)]
-    return accuracy(np.concatenate(out), labels)
-
-
-def _compact(record: dict) -> dict:
-    """A rung as the benchmark report shows it: accuracy and drop per flavour, float layers, first latency."""
-    out = {"rung": record["rung"], "within_red_line": record["within_red_line"],
-           "float_layers": len(record["float_layers"]),
-           "flavours": record["flavours"]}
-    if "latency" in record:
-        out["latency"] = {k: v for k, v in record["latency"].items() if k.endswith("_ms")}
-    return out
 
 
 class QuantizeStage(Stage):
@@ -95,10 +68,10 @@ class QuantizeStage(Stage):
         model, description = model_from_artifact(inputs["model"], data)
         ref_artifact = inputs.get("baseline") or inputs["model"]
         reference = model_from_artifact(ref_artifact, data)[0] if "baseline" in inputs else model
-        calib, _ = _split(data, "calib", cfg.calibration.samples)
-        val_x, val_y = _split(data, "val")
-        test_x, test_y = _split(data, "test")
-        ref_val, ref_test = _torch_accuracy(reference, val_x, val_y), _torch_accuracy(reference, test_x, test_y)
+        calib, _ = split_arrays(data, "calib", cfg.calibration.samples)
+        val_x, val_y = split_arrays(data, "val")
+        test_x, test_y = split_arrays(data, "test")
+        ref_val, ref_test = torch_accuracy(reference, val_x, val_y), torch_accuracy(reference, test_x, test_y)
         ctx.log(f"reference {ref_artifact.name}: val {red.metric} {ref_val[red.metric]:.2f}%, test "
                 f"{ref_test[red.metric]:.2f}%; red line {red.max_drop:g} points")
 
@@ -122,8 +95,9 @@ class QuantizeStage(Stage):
                              + "; ".join(lints[chosen.rung]["violations"][:8]))
         test = {f: int8_measure.split_accuracy(p, test_x, test_y) for f, p in chosen.files.items()}
         drops = {f: round(ref_test[red.metric] - t[red.metric], 4) for f, t in test.items()}
-        within = all(d <= red.max_drop for d in drops.values())
-        rungs = self._rung_records(attempts, lints, float_onnx, val_x, red.metric)
+        # Within only if the ladder's choice passed on validation and the test split confirms it.
+        within = chosen.within and all(d <= red.max_drop for d in drops.values())
+        rungs = rung_records(attempts, lints, float_onnx, val_x, red.metric)
         cpu_latency = next((r["latency"] for r in rungs if r["rung"] == chosen.rung and "latency" in r), None)
         flags = []
         if cpu_latency and cpu_latency["int8_p50_ms"] >= cpu_latency["fp32_p50_ms"]:
@@ -138,8 +112,12 @@ class QuantizeStage(Stage):
                    "red_line": {"metric": red.metric, "max_drop": red.max_drop, "within": within,
                                 "test_drop": drops, "test": {f: t[red.metric] for f, t in test.items()}},
                    "flags": flags, "rungs": rungs}
-        outputs = [self._onnx_output(ctx, f, chosen, inputs["model"], description, summary, test[f])
-                   for f in cfg.flavours]
+        outputs = []
+        for f in cfg.flavours:
+            with ctx.atomic_output_dir(f"onnx_{f}") as folder:
+                shutil.copy2(chosen.files[f], folder / "model.onnx")
+            outputs.append(Output(f"onnx_{f}", "onnx", ctx.stage_dir / f"onnx_{f}", made_from=[inputs["model"].name],
+                                  meta=onnx_meta(f, chosen, inputs["model"], description, summary, test[f])))
         with ctx.atomic_output_dir("report") as folder:
             (folder / "ladder.json").write_text(json.dumps(summary, indent=2))
         shutil.rmtree(work, ignore_errors=True)
@@ -180,40 +158,3 @@ class QuantizeStage(Stage):
             files["cpu"] = folder / "model-cpu.onnx"
             details["qat"]["cpu_flavour"] = f"{moved} activation Q/DQ pairs moved to uint8"
         return ladder.measure("qat", {f: files[f] for f in cfg.flavours}, details)
-
-    @staticmethod
-    def _rung_records(attempts: list[Attempt], lints: dict, float_onnx, val_x: np.ndarray, metric: str) -> list[dict]:
-        records = []
-        for attempt in attempts:
-            record = attempt.record(metric)
-            if attempt.rung in lints:
-                record["trt_lint"] = lints[attempt.rung]
-            if "cpu" in attempt.files:
-                lat = int8_measure.quick_latency({"fp32": float_onnx, "int8": attempt.files["cpu"]}, val_x[:1])
-                record["latency"] = {"fp32_p50_ms": lat["fp32"]["p50_ms"], "fp32_p99_ms": lat["fp32"]["p99_ms"],
-                                     "int8_p50_ms": lat["int8"]["p50_ms"], "int8_p99_ms": lat["int8"]["p99_ms"],
-                                     "batch_size": 1, "note": "in-stage first look; the bench stage measures for the gate"}
-            records.append(record)
-        return records
-
-    @staticmethod
-    def _onnx_output(ctx: StageContext, flavour: str, chosen: Attempt, source: InputArtifact, description: dict,
-                     summary: dict, test: dict) -> Output:
-        role = f"onnx_{flavour}"
-        with ctx.atomic_output_dir(role) as folder:
-            shutil.copy2(chosen.files[flavour], folder / "model.onnx")
-        import onnx
-
-        graph = onnx.load(str(chosen.files[flavour]), load_external_data=False).graph
-        meta = {"file": "model.onnx", "files": ["model.onnx"], "precision": "int8", "flavour": flavour,
-                "qdq": {"cpu": "uint8 activations, int8 per-channel weights",
-                        "trt": "symmetric int8 activations and per-channel weights, zero-point 0"}[flavour],
-                "input_name": graph.input[0].name, "output_name": graph.output[0].name, "dynamic_batch": True,
-                "preprocessing": description["preprocessing"], "num_classes": description["architecture"]["num_classes"],
-                "params": source.meta.get("params"), "macs": source.meta.get("macs"), "source_model": source.name,
-                "quantization": {"rung": chosen.rung, "flavour": flavour, "float_layers": chosen.float_layers,
-                                 "climbed": summary["climbed"], "rungs": [_compact(r) for r in summary["rungs"]]},
-                "test": test,
-                "red_line": {"within": summary["red_line"]["within"], "test_drop": summary["red_line"]["test_drop"][flavour]},
-                "flags": summary["flags"]}
-        return Output(role, "onnx", ctx.stage_dir / role, meta=meta, made_from=[source.name])

@@ -1,0 +1,71 @@
+"""What the quantize stage records: the arrays it judges on, each rung's record, the shipped files' metadata."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import torch
+
+from compress import int8_measure
+from compress.int8_ladder import Attempt
+from compress.stages.base import InputArtifact
+from serve_bench.accuracy import accuracy
+from train.data import BatchStream, DataBundle
+
+
+def split_arrays(data: DataBundle, name: str, limit: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    split = getattr(data, name)
+    n = len(split) if limit is None else min(limit, len(split))
+    x, y = next(BatchStream(split, data, max(n, 1), shuffle=False, drop_last=False).epoch(0))
+    return x[:n].numpy(), y[:n].numpy()
+
+
+@torch.no_grad()
+def torch_accuracy(model: torch.nn.Module, images: np.ndarray, labels: np.ndarray) -> dict:
+    model.eval().cpu()
+    out = [model(torch.from_numpy(images[i:i + 256])).float().numpy() for i in range(0, len(images), 256)]
+    return accuracy(np.concatenate(out), labels)
+
+
+def _compact(record: dict) -> dict:
+    """A rung as the benchmark report shows it: accuracy and drop per flavour, float layers, first latency."""
+    out = {"rung": record["rung"], "within_red_line": record["within_red_line"],
+           "float_layers": len(record["float_layers"]), "flavours": record["flavours"]}
+    if "latency" in record:
+        out["latency"] = {k: v for k, v in record["latency"].items() if k.endswith("_ms")}
+    return out
+
+
+def rung_records(attempts: list[Attempt], lints: dict, float_onnx: Path, val_x: np.ndarray,
+                 metric: str) -> list[dict]:
+    """Each rung's record, with its lint result and a first batch-1 latency of its CPU file vs the fp32 ONNX."""
+    records = []
+    for attempt in attempts:
+        record = attempt.record(metric)
+        if attempt.rung in lints:
+            record["trt_lint"] = lints[attempt.rung]
+        if "cpu" in attempt.files:
+            lat = int8_measure.quick_latency({"fp32": float_onnx, "int8": attempt.files["cpu"]}, val_x[:1])
+            record["latency"] = {"fp32_p50_ms": lat["fp32"]["p50_ms"], "fp32_p99_ms": lat["fp32"]["p99_ms"],
+                                 "int8_p50_ms": lat["int8"]["p50_ms"], "int8_p99_ms": lat["int8"]["p99_ms"],
+                                 "batch_size": 1, "note": "in-stage first look; the bench stage measures for the gate"}
+        records.append(record)
+    return records
+
+
+def onnx_meta(flavour: str, chosen: Attempt, source: InputArtifact, description: dict, summary: dict,
+              test: dict) -> dict:
+    """The manifest metadata of one shipped Q/DQ file: what it is, where it came from, how it was chosen."""
+    graph = onnx.load(str(chosen.files[flavour]), load_external_data=False).graph
+    return {"file": "model.onnx", "files": ["model.onnx"], "precision": "int8", "flavour": flavour,
+            "qdq": {"cpu": "uint8 activations, int8 per-channel weights",
+                    "trt": "symmetric int8 activations and per-channel weights, zero-point 0"}[flavour],
+            "input_name": graph.input[0].name, "output_name": graph.output[0].name, "dynamic_batch": True,
+            "preprocessing": description["preprocessing"], "num_classes": description["architecture"]["num_classes"],
+            "params": source.meta.get("params"), "macs": source.meta.get("macs"), "source_model": source.name,
+            "quantization": {"rung": chosen.rung, "flavour": flavour, "float_layers": chosen.float_layers,
+                             "climbed": summary["climbed"], "rungs": [_compact(r) for r in summary["rungs"]]},
+            "test": test,
+            "red_line": {"within": summary["red_line"]["within"], "test_drop": summary["red_line"]["test_drop"][flavour]},
+            "flags": summary["flags"]}
