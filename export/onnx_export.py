@@ -87,6 +87,8 @@ def export_onnx(model: nn.Module, sample: torch.Tensor, path: str | Path, *, ops
         raise ExportError(f"torch.onnx.export failed for {type(model).__name__}: {type(exc).__name__}: "
                           f"{str(exc).splitlines()[0] if str(exc) else ''}") from exc
     program.save(str(path), external_data=external)
+    if captured:
+        _drop_trace_metadata(path)
     simplified = False
     if simplify:
         _simplify(path)
@@ -96,6 +98,15 @@ def export_onnx(model: nn.Module, sample: torch.Tensor, path: str | Path, *, ops
     return ExportInfo(path=path, opset=opset, precision=precision, io_dtype=io_dtype, input_name=INPUT_NAME,
                       output_name=OUTPUT_NAME, external_data=external, seconds=time.perf_counter() - start,
                       simplified=simplified, files=files)
+
+
+def _drop_trace_metadata(path: Path) -> None:
+    """A converted QAT graph carries the exporter's per-node stack traces: over half the file for a
+    small model. They help debugging the exporter, not deploying, so the file keeps only the graph."""
+    model = onnx.load(str(path))
+    for node in model.graph.node:
+        del node.metadata_props[:]
+    onnx.save(model, str(path))
 
 
 def _simplify(path: Path) -> None:

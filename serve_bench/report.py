@@ -37,25 +37,29 @@ def _fmt(value, digits: int = 3) -> str:
 
 def ladder_lines(report: dict) -> list[list[str]]:
     """One row per INT8 rung tried: artifact, rung, verdict, validation accuracy and drop per flavour,
-    layers kept in float, and the in-stage latency of the CPU file against its fp32 ONNX."""
+    layers kept in float, file sizes, the in-stage latency of the CPU file against its fp32 ONNX,
+    and why the ladder climbed past the rung."""
     metric, rows = report.get("metric", "top1"), []
     for art in report["artifacts"]:
         ladder = art.get("quantization")
         if not ladder:
             continue
-        for rung in ladder.get("rungs", []):
+        climbed = ladder.get("climbed", [])
+        for i, rung in enumerate(ladder.get("rungs", [])):
             flavours = ", ".join(f"{f} {r.get(f'val_{metric}', float('nan')):.2f}% ({r['drop']:+.2f})"
                                  for f, r in rung["flavours"].items())
+            sizes = ", ".join(f"{f} {r['size_bytes'] / 1024:.0f}" for f, r in rung["flavours"].items())
             lat = rung.get("latency") or {}
-            latency = (f"{lat['int8_p50_ms']:.3f} / {lat['fp32_p50_ms']:.3f}" if lat else "—")
+            latency = f"{lat['int8_p50_ms']:.3f} / {lat['fp32_p50_ms']:.3f}" if lat else "—"
             chosen = " ← shipped" if rung["rung"] == ladder["rung"] else ""
+            why = climbed[i].split(": ", 1)[-1] if i < len(climbed) else ""
             rows.append([art["name"], rung["rung"] + chosen, "within" if rung["within_red_line"] else "over",
-                         flavours, str(rung["float_layers"]), latency])
+                         flavours, str(rung["float_layers"]), sizes, latency, why])
     return rows
 
 
-LADDER_HEAD = ["artifact", "rung", "red line (val)", "val accuracy (drop) per flavour", "float layers",
-               "p50 ms int8 / fp32"]
+LADDER_HEAD = ["artifact", "rung", "red line (val)", "val accuracy (drop) per flavour", "float layers", "size KB",
+               "p50 ms int8 / fp32", "why it climbed"]
 
 
 def render_markdown(report: dict) -> str:
