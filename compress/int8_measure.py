@@ -5,14 +5,16 @@ the deployed artifact), never through a torch simulation of the quantized model.
 """
 from __future__ import annotations
 
-import time
+import contextlib
 from pathlib import Path
 
 import numpy as np
 
 from serve_bench.accuracy import accuracy
+from serve_bench.harness import HarnessSettings, measure_interleaved
 from serve_bench.runners import OnnxRuntimeRunner
 from serve_bench.stats import percentile
+from serve_bench.worker import BenchWorker
 
 
 def logits(path: Path, images: np.ndarray, batch_size: int = 64, threads: int | None = None) -> np.ndarray:
@@ -29,30 +31,19 @@ def output_error(reference: np.ndarray, candidate: np.ndarray) -> float:
     return float(np.mean((reference - candidate) ** 2) / max(float(np.var(reference)), 1e-12))
 
 
-def quick_latency(paths: dict[str, Path], sample: np.ndarray, blocks: int = 6, per_block: int = 40) -> dict[str, dict]:
-    """Batch-1 p50/p99 of a few ONNX files, interleaved in blocks within this process.
+def quick_latency(paths: dict[str, Path], pool: np.ndarray, min_iters: int = 300) -> dict[str, dict]:
+    """Batch-1 p50/p99 of several ONNX files with the benchmark's own harness, kept short.
 
-    A first look recorded per rung; the bench stage's separate-process harness gives the
-    figures the gate uses.
+    Every file runs in its own worker process and the files take turns in blocks, as in the
+    bench stage: two onnxruntime sessions in one process disturb each other's tail (measured
+    here: the same pair of files swapped order in p50 from one in-process run to the next).
+    A first look recorded per rung; the bench stage's longer run is what the gate uses.
     """
-    runners = {name: OnnxRuntimeRunner(path).load() for name, path in paths.items()}
-    samples: dict[str, list[float]] = {name: [] for name in paths}
-    try:
-        for runner in runners.values():
-            for _ in range(10):
-                runner.infer(sample)
-        for _ in range(blocks):
-            for name, runner in runners.items():
-                time.sleep(0.02)  # let the previous session's spinning threads go idle
-                for _ in range(per_block):
-                    start = time.perf_counter_ns()
-                    runner.infer(sample)
-                    samples[name].append((time.perf_counter_ns() - start) / 1e6)
-    finally:
-        for runner in runners.values():
-            runner.close()
-    out = {}
-    for name, values in samples.items():
-        arr = np.asarray(values)
-        out[name] = {"p50_ms": round(percentile(arr, 50), 4), "p99_ms": round(percentile(arr, 99), 4), "n": len(arr)}
-    return out
+    settings = HarnessSettings(warmup_iters=20, warmup_s=0.1, min_iters=min_iters, min_duration_s=0.3,
+                               block_iters=50, block_s=0.05, settle_s=0.05)
+    with contextlib.ExitStack() as stack:
+        workers = {name: stack.enter_context(BenchWorker(name, "onnxruntime", str(path), {"device": "cpu"}, pool, 1))
+                   for name, path in paths.items()}
+        measured = measure_interleaved(workers, settings)
+    return {name: {"p50_ms": round(percentile(m.latencies_ms, 50), 4), "p99_ms": round(percentile(m.latencies_ms, 99), 4),
+                   "n": len(m.latencies_ms)} for name, m in measured.items()}
