@@ -123,3 +123,25 @@ def test_engine_build_from_exported_onnx(tmp_path):
     assert meta["layers"] and (tmp_path / "timing.cache").stat().st_size > 0
     engine, loaded = load_engine(tmp_path / "engine")
     assert engine is not None and loaded["precision"] == "fp16"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(TRT_ABSENT is not None, reason=f"needs TensorRT and a CUDA device: {TRT_ABSENT}")
+def test_int8_engine_build_from_the_quantize_stage_trt_flavour(tmp_path):
+    import numpy as np
+    import torch
+
+    from compress.int8_ptq import Calibration, preprocess, quantize
+    from export.onnx_export import export_onnx
+    from train.models import build_model
+
+    model = build_model("resnet20", 10, 3, {"width": 8}).eval()
+    info = export_onnx(model, torch.randn(2, 3, 32, 32), tmp_path / "model.onnx")
+    prepped = preprocess(info.path, tmp_path / "prep.onnx")
+    calib = np.random.default_rng(0).normal(size=(16, 3, 32, 32)).astype(np.float32)
+    qdq = quantize(prepped, tmp_path / "trt.onnx", "trt", Calibration("minmax"), calib, tmp_path / "cache.json")
+    settings = BuildSettings(precision="int8", max_batch=8, timing_cache=tmp_path / "timing.cache")
+    meta = build_engine(qdq, tmp_path / "engine", settings, info.input_name, (3, 32, 32))
+    # Every convolution of the fully quantized ResNet-20 runs in INT8: none is left in float.
+    assert meta["layers"].get("INT8", 0) > 0
+    assert not [name for name in meta["float_compute_layers"] if "conv" in name.lower()], meta["float_compute_layers"]
