@@ -208,3 +208,41 @@ def test_the_gate_refuses_an_int8_file_that_missed_the_red_line():
     entries = [_entry("train.model", "fp32", 5.0, 6.0, fmt="torch"), _entry("q", "int8", 0.5, 0.6, refused=reason)]
     gate = evaluate(entries, p99_budget_ms=None, max_accuracy_drop=1.0)
     assert gate["release"] == "train.model" and any(r.startswith("q: the quantize stage") for r in gate["reasons"])
+
+
+def _tiny_quantize_run(tmp_path, quantize: dict, max_drop: float, *extra_stages: dict) -> tuple[int, dict]:
+    config = copy.deepcopy(TINY)
+    config["red_line"] = {"metric": "top1", "max_drop": max_drop}
+    config["stages"] += [{"name": "quantize", "kind": "quantize", "fallback": {"enabled": False},
+                          "qat": {"enabled": False}, **quantize}, *extra_stages]
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml.safe_dump(config))
+    code = main(["run", str(path), "--run-dir", str(tmp_path / "run")])
+    return code, json.loads((tmp_path / "run" / "manifest.json").read_text())
+
+
+def test_no_rung_within_the_red_line_still_ships_the_closest_and_the_gate_refuses_it(tmp_path, monkeypatch):
+    from compress.stages import quantize_stage
+    from tests.test_bench_stage import FAST_BENCH
+
+    # A reference no quantized file can come near: every rung misses the red line.
+    monkeypatch.setattr(quantize_stage, "torch_accuracy", lambda *a: {"top1": 100.0, "top5": 100.0, "n": 1})
+    code, manifest = _tiny_quantize_run(tmp_path, {}, 0.5, dict(FAST_BENCH))
+    assert code == 0  # the gate releases the baseline instead
+    quantize = manifest["stages"]["quantize"]
+    assert quantize["status"] == "completed" and not quantize["metrics"]["red_line"]["within"]
+    assert manifest["artifacts"]["quantize.onnx_cpu"]["meta"]["red_line"]["within"] is False
+    report = json.loads((tmp_path / "run" / "report" / "report.json").read_text())
+    entry = next(a for a in report["artifacts"] if a["name"] == "quantize.onnx_cpu")
+    assert "no rung within the red line" in entry["refused"] and report["gate"]["release"] != "quantize.onnx_cpu"
+    assert any(r.startswith("quantize.onnx_cpu: the quantize stage found no rung") for r in report["gate"]["reasons"])
+
+
+def test_a_lint_violation_on_the_chosen_trt_file_fails_the_stage(tmp_path, monkeypatch, capsys):
+    from compress.qdq_lint import LintResult
+    from compress.stages import quantize_stage
+
+    monkeypatch.setattr(quantize_stage, "lint_qdq", lambda *a, **k: LintResult(violations=["Conv x: input not quantized"]))
+    code, manifest = _tiny_quantize_run(tmp_path, {}, 100.0)
+    assert code == 3 and "fails the lint: Conv x: input not quantized" in capsys.readouterr().err
+    assert "quantize.onnx_trt" not in manifest["artifacts"]  # nothing registered from a failed stage
