@@ -13,7 +13,7 @@ from torch import nn
 
 from compress.distillation import DistillSettings, teacher_loss
 from compress.errors import ConfigError, StageError
-from compress.qat_pt2e import QATUnavailable, convert, freeze_ranges, observe, prepare
+from compress.qat_pt2e import convert, freeze_ranges, observe, prepare
 from compress.stages.base import StageContext
 from compress.training_run import TrainingSettings, run_training
 from export.onnx_export import ExportError, export_onnx
@@ -39,10 +39,7 @@ def run_qat(ctx: StageContext, model: nn.Module, cfg: QATSettings, calib: torch.
         raise ConfigError(f"{field}.amp: QAT runs fake quantization in fp32; use amp: off")
     cfg = cfg.model_copy(update={"amp": "off", "channels_last": False, "compile": False})
     sample = calib[:1].repeat(2, 1, 1, 1)  # a batch of 2: a batch of 1 would pin the batch dimension
-    try:
-        prepared = prepare(model, sample)
-    except QATUnavailable as exc:
-        raise StageError(f"{field}: {exc}") from exc
+    prepared = prepare(model, sample)  # QATUnavailable: the caller keeps the rungs it already has
     observe(prepared, calib)  # ranges start from the calibration split, as the PTQ rung's did
     freeze_at = cfg.epochs - 1 if cfg.freeze_ranges_epoch is None else cfg.freeze_ranges_epoch
     if freeze_at == 0:

@@ -246,3 +246,19 @@ def test_a_lint_violation_on_the_chosen_trt_file_fails_the_stage(tmp_path, monke
     code, manifest = _tiny_quantize_run(tmp_path, {}, 100.0)
     assert code == 3 and "fails the lint: Conv x: input not quantized" in capsys.readouterr().err
     assert "quantize.onnx_trt" not in manifest["artifacts"]  # nothing registered from a failed stage
+
+
+def test_a_model_qat_cannot_capture_keeps_the_earlier_rung_marked_over_the_red_line(tmp_path, monkeypatch):
+    from compress import qat_rung
+    from compress.stages import quantize_stage
+
+    def refuse(*_):
+        raise qat_pt2e.QATUnavailable("torch.export could not capture the model: data-dependent control flow")
+
+    monkeypatch.setattr(quantize_stage, "torch_accuracy", lambda *a: {"top1": 100.0, "top5": 100.0, "n": 1})
+    monkeypatch.setattr(qat_rung, "prepare", refuse)
+    code, manifest = _tiny_quantize_run(tmp_path, {"qat": {"enabled": True}}, 0.5)
+    assert code == 0
+    metrics = manifest["stages"]["quantize"]["metrics"]
+    assert metrics["rung"] == "ptq" and not metrics["red_line"]["within"]
+    assert metrics["climbed"][-1] == "qat: could not run: torch.export could not capture the model: data-dependent control flow"

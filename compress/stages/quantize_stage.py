@@ -16,6 +16,7 @@ from compress.int8_ladder import Attempt, Ladder, LadderSettings, choose
 from compress.int8_ptq import Calibration, QuantizationError, preprocess
 from compress.int8_records import onnx_meta, rung_records, split_arrays, torch_accuracy
 from compress.model_source import model_from_artifact
+from compress.qat_pt2e import QATUnavailable
 from compress.qat_rung import QATSettings, run_qat
 from compress.qdq_lint import lint_qdq
 from compress.qdq_rewrite import int8_to_uint8_activations
@@ -135,7 +136,11 @@ class QuantizeStage(Stage):
                 attempts.append(ladder.fallback(attempts[-1]))
             if not attempts[-1].within and cfg.qat.enabled:
                 climbed.append(attempts[-1].why_not(ladder.settings.max_drop))
-                attempts.append(self._qat(ctx, cfg, ladder, model, description, inputs, calib, field))
+                try:
+                    attempts.append(self._qat(ctx, cfg, ladder, model, description, inputs, calib, field))
+                except QATUnavailable as exc:  # keep what the earlier rungs made; the verdict says it missed
+                    climbed.append(f"qat: could not run: {exc}")
+                    ctx.log(f"qat could not run, keeping the closest earlier rung: {exc}", style="red")
         except QuantizationError as exc:
             raise StageError(f"stage {ctx.name!r}: {exc}") from exc
         return attempts, climbed
