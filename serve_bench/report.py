@@ -31,6 +31,10 @@ def load_samples(folder: Path) -> dict[str, np.ndarray]:
         return {str(name): data[f"a{i}"] for i, name in enumerate(data["names"])}
 
 
+def _budget(gate: dict) -> str:
+    return "no p99 budget" if gate["p99_budget_ms"] is None else f"p99 budget {gate['p99_budget_ms']} ms"
+
+
 def _fmt(value, digits: int = 3) -> str:
     return "—" if value is None else f"{value:.{digits}f}"
 
@@ -66,7 +70,7 @@ def render_markdown(report: dict) -> str:
     gate, metric = report["gate"], report.get("metric", "top1")
     lines = [f"# Release report: {report.get('pipeline', '')}", "",
              f"**Gate: {'PASSED' if gate['passed'] else 'FAILED'}** — release candidate: "
-             f"`{gate['release'] or 'none'}` (p99 budget {gate['p99_budget_ms']} ms, "
+             f"`{gate['release'] or 'none'}` ({_budget(gate)}, "
              f"max {metric} drop {gate['max_accuracy_drop']} points vs `{report['baseline']}`)", ""]
     if gate["reasons"]:
         lines += [f"- {reason}" for reason in gate["reasons"]] + [""]
@@ -129,7 +133,7 @@ footer {{ color: #666; font-size: .8rem; }} li.flag {{ color: #a15c00; }}
 </style></head><body>
 <h1>Release report: {html.escape(report.get('pipeline', ''))}</h1>
 <div class="verdict {verdict}">Gate <b>{verdict.upper()}</b> — release candidate: <b>{html.escape(gate['release'] or 'none')}</b>
-(p99 budget {gate['p99_budget_ms']} ms, max {metric} drop {gate['max_accuracy_drop']} points vs {html.escape(report['baseline'])})</div>
+({_budget(gate)}, max {metric} drop {gate['max_accuracy_drop']} points vs {html.escape(report['baseline'])})</div>
 <ul>{reasons}{flags}</ul>
 <table><thead><tr><th>artifact</th><th>backend</th><th>precision</th><th>{metric} %</th><th>drop (points)</th><th>p50 ms</th>
 <th>p99 ms</th><th>p99 95% CI</th><th>throughput /s</th><th>speed-up p99</th><th>size MB</th></tr></thead>
