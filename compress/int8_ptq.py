@@ -22,9 +22,10 @@ from typing import Iterator
 import numpy as np
 import onnx
 
+from compress.qdq_lint import COMPUTE_OPS
+
 FLAVOURS = ("cpu", "trt")
 METHODS = ("minmax", "percentile", "entropy", "distribution")
-COMPUTE_OPS = ("Conv", "Gemm", "MatMul")
 
 
 class QuantizationError(RuntimeError):

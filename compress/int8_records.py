@@ -10,8 +10,8 @@ import torch
 from compress import int8_measure
 from compress.int8_ladder import Attempt
 from compress.stages.base import InputArtifact
-from serve_bench.accuracy import accuracy
 from train.data import BatchStream, DataBundle
+from train.evaluate import evaluate
 
 
 def split_arrays(data: DataBundle, name: str, limit: int | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -21,11 +21,9 @@ def split_arrays(data: DataBundle, name: str, limit: int | None = None) -> tuple
     return x[:n].numpy(), y[:n].numpy()
 
 
-@torch.no_grad()
-def torch_accuracy(model: torch.nn.Module, images: np.ndarray, labels: np.ndarray) -> dict:
-    model.eval().cpu()
-    out = [model(torch.from_numpy(images[i:i + 256])).float().numpy() for i in range(0, len(images), 256)]
-    return accuracy(np.concatenate(out), labels)
+def torch_accuracy(model: torch.nn.Module, data: DataBundle, split: str) -> dict:
+    """The float reference, measured the way every train stage measures: the project's evaluate loop."""
+    return evaluate(model.cpu(), BatchStream(getattr(data, split), data, 256, shuffle=False, drop_last=False))
 
 
 def _compact(record: dict) -> dict:

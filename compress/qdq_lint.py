@@ -34,7 +34,8 @@ class LintResult:
                 "qdq_nodes": self.qdq_nodes}
 
 
-def _constants(graph: onnx.GraphProto) -> dict[str, np.ndarray]:
+def graph_constants(graph: onnx.GraphProto) -> dict[str, np.ndarray]:
+    """Every constant of the graph by name: initializers and Constant nodes (the dynamo exporter writes both)."""
     values = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
     for node in graph.node:
         if node.op_type == "Constant":
@@ -53,7 +54,7 @@ def lint_qdq(model: onnx.ModelProto | str | Path, allowed_float: set[str] | froz
     if not isinstance(model, onnx.ModelProto):
         model = onnx.load(str(model), load_external_data=False)
     graph = model.graph
-    consts = _constants(graph)
+    consts = graph_constants(graph)
     producer = {out: node for node in graph.node for out in node.output}
     result = LintResult()
     for node in graph.node:

@@ -18,31 +18,17 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-
-def _constant_names(graph: onnx.GraphProto) -> set[str]:
-    names = {t.name for t in graph.initializer}
-    names.update(n.output[0] for n in graph.node if n.op_type == "Constant")
-    return names
+from compress.qdq_lint import graph_constants
 
 
-def _constant(graph: onnx.GraphProto, name: str) -> np.ndarray | None:
-    for t in graph.initializer:
-        if t.name == name:
-            return numpy_helper.to_array(t)
-    for node in graph.node:
-        if node.op_type == "Constant" and node.output[0] == name:
-            return numpy_helper.to_array(next(a.t for a in node.attribute if a.name == "value"))
-    return None
-
-
-def _non_negative(graph: onnx.GraphProto, node: onnx.NodeProto | None) -> bool:
+def _non_negative(consts: dict[str, np.ndarray], node: onnx.NodeProto | None) -> bool:
     """A ReLU, or a Clip with a constant lower bound ≥ 0 (ReLU6): the tensor has no negatives."""
     if node is None:
         return False
     if node.op_type == "Relu":
         return True
     if node.op_type == "Clip" and len(node.input) > 1 and node.input[1]:
-        low = _constant(graph, node.input[1])
+        low = consts.get(node.input[1])
         return low is not None and float(np.min(low)) >= 0
     return False
 
@@ -51,7 +37,7 @@ def int8_to_uint8_activations(model: onnx.ModelProto) -> tuple[onnx.ModelProto, 
     """A copy of ``model`` with every activation Q/DQ pair moved to uint8; returns it and the pairs moved."""
     model = onnx.ModelProto.FromString(model.SerializeToString())
     graph = model.graph
-    constants = _constant_names(graph)
+    constants = graph_constants(graph)  # the original graph's, looked up by name below
     consumers: dict[str, list[onnx.NodeProto]] = {}
     for node in graph.node:
         for name in node.input:
@@ -64,16 +50,16 @@ def int8_to_uint8_activations(model: onnx.ModelProto) -> tuple[onnx.ModelProto, 
             continue
         if len(node.input) < 3 or not node.input[2]:
             raise ValueError(f"QuantizeLinear {node.name}: no zero-point, so it is already uint8")
-        zero = _constant(graph, node.input[2])
+        zero = constants.get(node.input[2])
         if zero is None or zero.dtype != np.int8 or np.any(zero != 0):
             raise ValueError(f"QuantizeLinear {node.name}: expected a constant int8 zero-point of 0, got {zero}")
-        after_relu = _non_negative(graph, producer.get(node.input[0]))
+        after_relu = _non_negative(constants, producer.get(node.input[0]))
         base = node.name or node.output[0]
         shifted = numpy_helper.from_array(np.full(zero.shape, 0 if after_relu else 128, dtype=np.uint8), f"{base}_zp_u8")
         graph.initializer.append(shifted)
         node.input[2] = shifted.name
         if after_relu:
-            scale = _constant(graph, node.input[1])
+            scale = constants.get(node.input[1])
             if scale is None:
                 raise ValueError(f"QuantizeLinear {node.name}: scale {node.input[1]} is not a constant")
             finer = numpy_helper.from_array((scale * (127.0 / 255.0)).astype(scale.dtype), f"{base}_scale_u8")

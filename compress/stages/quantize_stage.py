@@ -72,7 +72,7 @@ class QuantizeStage(Stage):
         calib, _ = split_arrays(data, "calib", cfg.calibration.samples)
         val_x, val_y = split_arrays(data, "val")
         test_x, test_y = split_arrays(data, "test")
-        ref_val, ref_test = torch_accuracy(reference, val_x, val_y), torch_accuracy(reference, test_x, test_y)
+        ref_val, ref_test = torch_accuracy(reference, data, "val"), torch_accuracy(reference, data, "test")
         ctx.log(f"reference {ref_artifact.name}: val {red.metric} {ref_val[red.metric]:.2f}%, test "
                 f"{ref_test[red.metric]:.2f}%; red line {red.max_drop:g} points")
 
