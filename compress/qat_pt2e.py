@@ -9,6 +9,8 @@ from that file afterwards (``qdq_rewrite``), so one training run serves both dep
 """
 from __future__ import annotations
 
+import copy
+
 import torch
 from torch import nn
 
@@ -37,6 +39,7 @@ def _quantizer():
         dtype=torch.int8, quant_min=lo, quant_max=hi, qscheme=torch.per_channel_symmetric, ch_axis=0,
         observer_or_fake_quant_ctr=FusedMovingAvgObsFakeQuantize.with_args(
             observer=MovingAveragePerChannelMinMaxObserver, eps=2**-12))
+
     class _UnfusedResidualQuantizer(X86InductorQuantizer):
         """The x86 quantizer without its conv(+BN)+add(+ReLU) fusion, and with both inputs of every
         residual add quantized: the layout onnxruntime fuses into QLinearConv (and TensorRT's
@@ -123,7 +126,7 @@ def prepare(model: nn.Module, sample: torch.Tensor) -> nn.Module:
     from torchao.quantization.pt2e.quantize_pt2e import prepare_qat_pt2e
 
     quantizer = _quantizer()
-    model = model.eval().cpu().to(memory_format=torch.contiguous_format)
+    model = copy.deepcopy(model).eval().cpu().to(memory_format=torch.contiguous_format)  # the float model stays as it was
     try:
         captured = torch.export.export(model, (sample.float().cpu(),), dynamic_shapes=({0: batch_dim()},)).module()
         _split_shared_activations(captured)
