@@ -78,7 +78,7 @@ class ExportStage(Stage):
             source = (onnx_output.path / onnx_output.meta["file"], onnx_output.meta, f"{ctx.name}.onnx")
         if "tensorrt" in cfg.formats:
             if cfg.tensorrt.precision == "int8":
-                given = inputs.get("onnx") if "onnx" in inputs and "qdq" not in inputs else inputs.get("qdq")
+                given = inputs.get("qdq") or inputs.get("onnx")
                 if given is None:
                     raise ConfigError(f"stages.{ctx.name}.tensorrt.precision: int8 needs a Q/DQ ONNX: add a "
                                       f"quantize stage before this one (its onnx_trt file is used) or set "
