@@ -12,14 +12,14 @@ import numpy as np
 
 from serve_bench.accuracy import accuracy
 from serve_bench.harness import HarnessSettings, measure_interleaved
-from serve_bench.runners import OnnxRuntimeRunner
+from serve_bench.runners import OnnxRuntimeRunner, predict
 from serve_bench.stats import percentile
 from serve_bench.worker import BenchWorker
 
 
 def logits(path: Path, images: np.ndarray, batch_size: int = 64, threads: int | None = None) -> np.ndarray:
     with OnnxRuntimeRunner(path, threads=threads) as runner:
-        return np.concatenate([runner.infer(images[i:i + batch_size]) for i in range(0, len(images), batch_size)])
+        return predict(runner, images, batch_size)
 
 
 def split_accuracy(path: Path, images: np.ndarray, labels: np.ndarray, batch_size: int = 64) -> dict:

@@ -102,6 +102,11 @@ class Runner:
         pass
 
 
+def predict(runner: Runner, images: np.ndarray, batch_size: int) -> np.ndarray:
+    """Logits for every image, in batches: what accuracy is computed from, by the runner that ships."""
+    return np.concatenate([runner.infer(images[i:i + batch_size]) for i in range(0, len(images), batch_size)])
+
+
 class TorchRunner(Runner):
     """Eager (optionally compiled) PyTorch: the baseline every artifact is compared with."""
 

@@ -52,7 +52,7 @@ def timed_block(runner, batches: list, staged: list | None, n: int, start: int, 
 
 def worker_main(conn, backend: str, path: str, options: dict, pool: np.ndarray, batch_size: int,
                 device_only: bool) -> None:
-    from serve_bench.runners import make_runner
+    from serve_bench.runners import make_runner, predict
 
     try:
         runner = make_runner(backend, path, **options).load()
@@ -78,8 +78,7 @@ def worker_main(conn, backend: str, path: str, options: dict, pool: np.ndarray, 
                 conn.send(("ok", timed_block(runner, batches, staged, n, start, concurrency)))
             elif command == "predict":
                 images, eval_batch = args
-                outputs = [runner.infer(images[i:i + eval_batch]) for i in range(0, len(images), eval_batch)]
-                conn.send(("ok", np.concatenate(outputs)))
+                conn.send(("ok", predict(runner, images, eval_batch)))
             elif command == "close":
                 runner.close()
                 conn.send(("ok", None))

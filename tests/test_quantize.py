@@ -262,3 +262,22 @@ def test_a_model_qat_cannot_capture_keeps_the_earlier_rung_marked_over_the_red_l
     metrics = manifest["stages"]["quantize"]["metrics"]
     assert metrics["rung"] == "ptq" and not metrics["red_line"]["within"]
     assert metrics["climbed"][-1] == "qat: could not run: torch.export could not capture the model: data-dependent control flow"
+
+
+def test_the_int8_engine_is_built_from_the_trt_flavour_file(tmp_path, monkeypatch):
+    from compress.stages import export_stage
+
+    built = {}
+
+    def fake_build(onnx_file, folder, settings, input_name, chw):
+        built.update(onnx=onnx_file, precision=settings.precision)
+        (folder / "model.engine").write_bytes(b"stand-in")
+        return {"tensorrt_version": "test", "gpu_name": "none", "layers": {"INT8": 1}, "float_compute_layers": [],
+                "precision": settings.precision}
+
+    monkeypatch.setattr(export_stage, "unavailable_reason", lambda: None)  # TensorRT "present"
+    monkeypatch.setattr(export_stage, "build_engine", fake_build)
+    code, _ = _tiny_quantize_run(tmp_path, {}, 100.0, {"name": "export", "kind": "export", "formats": ["tensorrt"],
+                                                       "tensorrt": {"precision": "int8"}})
+    assert code == 0 and built["precision"] == "int8"
+    assert built["onnx"] == tmp_path / "run" / "quantize" / "onnx_trt" / "model.onnx"

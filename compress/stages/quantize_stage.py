@@ -68,7 +68,7 @@ class QuantizeStage(Stage):
         torch.manual_seed(ctx.pipeline.seed)
         model, description = model_from_artifact(inputs["model"], data)
         ref_artifact = inputs.get("baseline") or inputs["model"]
-        reference = model_from_artifact(ref_artifact, data)[0] if "baseline" in inputs else model
+        reference = model if ref_artifact.name == inputs["model"].name else model_from_artifact(ref_artifact, data)[0]
         calib, _ = split_arrays(data, "calib", cfg.calibration.samples)
         val_x, val_y = split_arrays(data, "val")
         test_x, test_y = split_arrays(data, "test")
