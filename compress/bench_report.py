@@ -11,6 +11,7 @@ from rich.table import Table
 from compress.errors import ArtifactError
 from serve_bench.report import REPORT_JSON, load_samples, write_report
 from train.atomic_io import atomic_dir
+from train.hardware import isa_differences, isa_facts, isa_words
 
 
 def load_report(target: Path) -> tuple[dict, Path]:
@@ -26,8 +27,25 @@ def load_report(target: Path) -> tuple[dict, Path]:
     return report, path
 
 
-def rerender(run_dir: Path) -> Path:
-    report, path = load_report(run_dir)
+def foreign_isa_note(report: dict, source: Path) -> str | None:
+    """A warning when a saved report's latency figures come from another instruction set than this
+    machine's: INT8 and bf16 speed depend on VNNI and AVX-512 BF16, so they do not carry over."""
+    recorded = (report.get("environment") or {}).get("isa")
+    here = isa_facts()
+    if not recorded:
+        return (f"note: {source} does not record the instruction set it was measured on (written by an older "
+                f"version); this machine is {isa_words(here)}: re-run the bench stage here before trusting its "
+                "latency figures on this machine")
+    differences = isa_differences(recorded, here)
+    if not differences:
+        return None
+    return (f"note: {source} was measured on another instruction set ({isa_words(recorded)}) than this machine's "
+            f"({isa_words(here)}): {'; '.join(differences)}. Its latency figures, and whether INT8 is faster, "
+            "describe that machine; re-run the bench stage here to gate on this one")
+
+
+def rerender(report: dict, path: Path) -> Path:
+    """Re-write the report files beside ``path`` (a loaded report.json) from ``report``."""
     folder = path.parent
     latencies = load_samples(folder)
     with atomic_dir(folder) as fresh:

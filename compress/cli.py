@@ -65,9 +65,12 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
 def _cmd_gate(args: argparse.Namespace) -> int:
     from serve_bench.gate import evaluate
 
-    from compress.bench_report import load_report, print_gate
+    from compress.bench_report import foreign_isa_note, load_report, print_gate
 
     report, path = load_report(Path(args.target))
+    note = foreign_isa_note(report, path)
+    if note:
+        _console(stderr=True).print(note, style="yellow", highlight=False)
     gate = report["gate"]
     budget = args.p99_ms if args.p99_ms is not None else gate["p99_budget_ms"]
     max_drop = args.max_drop if args.max_drop is not None else gate["max_accuracy_drop"]
@@ -77,9 +80,13 @@ def _cmd_gate(args: argparse.Namespace) -> int:
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
-    from compress.bench_report import rerender
+    from compress.bench_report import foreign_isa_note, load_report, rerender
 
-    folder = rerender(Path(args.run_dir))
+    report, path = load_report(Path(args.run_dir))
+    note = foreign_isa_note(report, path)
+    if note:
+        _console(stderr=True).print(note, style="yellow", highlight=False)
+    folder = rerender(report, path)
     print(f"re-rendered {folder / 'report.md'}, {folder / 'report.html'} and the plots")
     return 0
 

@@ -1,4 +1,10 @@
-"""What the numbers of a run were measured on, recorded once per run."""
+"""What the numbers of a run were measured on, recorded once per run and in every report.
+
+The CPU's model name alone does not explain a figure: two "AMD EPYC" machines here differ in
+AVX-512, VNNI and native bf16, which decide the training precision and INT8 speed. So the
+instruction-set facts and the runtimes' own view (torch's CPU capability, onnxruntime's
+providers) are recorded with them.
+"""
 from __future__ import annotations
 
 import platform
@@ -19,10 +25,20 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+def _onnxruntime() -> dict | None:
+    try:
+        import onnxruntime
+    except ImportError:
+        return None
+    return {"version": onnxruntime.__version__, "providers": onnxruntime.get_available_providers()}
+
+
 def environment() -> dict:
     import os
 
     import torch
+
+    from train.hardware import isa_facts, isa_words
 
     packages = {}
     for name in PACKAGES:
@@ -36,6 +52,10 @@ def environment() -> dict:
         "machine": platform.machine(),
         "cpu": _cpu_model(),
         "cpu_count": os.cpu_count(),
+        "isa": (isa := isa_facts()),
+        "isa_summary": isa_words(isa),
+        "physical_cores": isa["physical_cores"],
+        "onnxruntime": _onnxruntime(),
         "torch_threads": torch.get_num_threads(),
         "packages": packages,
         "cuda": torch.version.cuda,

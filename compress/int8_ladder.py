@@ -27,6 +27,7 @@ class LadderSettings:
     max_float_layers: int = 4
     sensitivity_samples: int = 256
     eval_batch: int = 64
+    cpu_weights: str = "7bit"  # "7bit": the CPU file computes the same with and without VNNI; "8bit": full range
 
 
 @dataclass
@@ -80,7 +81,10 @@ class Ladder:
         folder = self.work / tag
         folder.mkdir(parents=True, exist_ok=True)
         return {f: quantize(self.float_onnx, folder / f"model-{f}.onnx", f, self.settings.calibration, self.calib,
-                            self.cache, exclude=exclude) for f in self.settings.flavours}
+                            self.cache, exclude=exclude, reduce_range=self._reduce(f)) for f in self.settings.flavours}
+
+    def _reduce(self, flavour: str) -> bool:
+        return flavour == "cpu" and self.settings.cpu_weights == "7bit"
 
     def ptq(self) -> Attempt:
         cal = self.settings.calibration
@@ -97,7 +101,7 @@ class Ladder:
         ranked = []
         for node in compute_nodes(self.float_onnx):
             single = quantize(self.float_onnx, folder / "single.onnx", flavour, self.settings.calibration,
-                              self.calib, self.cache, only=[node])
+                              self.calib, self.cache, only=[node], reduce_range=self._reduce(flavour))
             error = int8_measure.output_error(reference, int8_measure.logits(single, images, self.settings.eval_batch))
             ranked.append({"node": node, "error": round(error, 6)})
         shutil.rmtree(folder, ignore_errors=True)

@@ -98,8 +98,12 @@ def compute_nodes(model_path: Path) -> list[str]:
 
 
 def quantize(float_onnx: Path, out: Path, flavour: str, calibration: Calibration, images: np.ndarray,
-             cache: Path, exclude: list[str] | tuple[str, ...] = (), only: list[str] | None = None) -> Path:
+             cache: Path, exclude: list[str] | tuple[str, ...] = (), only: list[str] | None = None,
+             reduce_range: bool = False) -> Path:
     """Write a Q/DQ model of ``flavour``; ``exclude`` keeps those nodes in float, ``only`` quantizes just those.
+
+    ``reduce_range`` quantizes weights to 7 bits: x86 CPUs without VNNI multiply uint8 by int8
+    in pairs summed in 16 bits, which full-range weights can saturate (see ``qdq_rewrite.weights_to_7bit``).
 
     ``images`` are the calibration images (never the test split); the ranges computed from
     them are cached in ``cache`` and reused by every later call with the same method.
@@ -118,7 +122,7 @@ def quantize(float_onnx: Path, out: Path, flavour: str, calibration: Calibration
     try:
         with _quiet():
             quantize_static(str(float_onnx), str(out), _reader(input_name, images, calibration.batch_size),
-                            quant_format=QuantFormat.QDQ, per_channel=True, reduce_range=False,
+                            quant_format=QuantFormat.QDQ, per_channel=True, reduce_range=reduce_range,
                             activation_type=QuantType.QInt8 if trt else QuantType.QUInt8,
                             weight_type=QuantType.QInt8, nodes_to_exclude=list(exclude), nodes_to_quantize=only,
                             calibrate_method=_ort_method(calibration.method), extra_options=extra,

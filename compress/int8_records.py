@@ -59,7 +59,7 @@ def onnx_meta(flavour: str, chosen: Attempt, source: InputArtifact, description:
     """The manifest metadata of one shipped Q/DQ file: what it is, where it came from, how it was chosen."""
     graph = onnx.load(str(chosen.files[flavour]), load_external_data=False).graph
     return {"file": "model.onnx", "files": ["model.onnx"], "precision": "int8", "flavour": flavour,
-            "qdq": {"cpu": "uint8 activations, int8 per-channel weights",
+            "qdq": {"cpu": f"uint8 activations, int8 per-channel weights ({summary['cpu_weights']})",
                     "trt": "symmetric int8 activations and per-channel weights, zero-point 0"}[flavour],
             "input_name": graph.input[0].name, "output_name": graph.output[0].name, "dynamic_batch": True,
             "preprocessing": description["preprocessing"], "num_classes": description["architecture"]["num_classes"],

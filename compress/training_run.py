@@ -115,7 +115,10 @@ def run_training(ctx: StageContext, model: nn.Module, cfg: TrainingSettings, *, 
     settings = LoopSettings(epochs=cfg.epochs, grad_accum=cfg.grad_accum, clip_grad_norm=cfg.clip_grad_norm,
                             label_smoothing=cfg.label_smoothing, checkpoint_every=cfg.checkpoint_every,
                             label=label, heartbeat_s=cfg.heartbeat_s, run_key=f"{ctx.cache_key}:{label}")
-    ctx.log(f"{label}: {cfg.epochs} epochs × {steps_per_epoch} steps on {device}, {precision.name}")
+    ctx.log(f"{label}: {cfg.epochs} epochs × {steps_per_epoch} steps on {device}, {precision.name} "
+            f"({precision.reason})")
+    if precision.warning:
+        ctx.log(f"warning: {field}.{precision.warning}", style="yellow")
     try:
         result = fit(model, train, eval_stream(data, "val", cfg, device), optimizer, scheduler, precision, settings,
                      hooks, checkpoint_dir=checkpoint_dir, compile_model=cfg.compile)
@@ -125,7 +128,7 @@ def run_training(ctx: StageContext, model: nn.Module, cfg: TrainingSettings, *, 
         "best_val_top1": round(result.best_val_top1, 3), "best_epoch": result.best_epoch,
         "images_per_s": round(result.images_per_s, 1), "train_time_s": round(result.train_time_s, 2),
         "peak_memory_mb": round(result.peak_memory_bytes / 2**20, 1), "peak_memory_kind": result.peak_memory_kind,
-        "precision": precision.name, "device": str(device), "epochs": cfg.epochs, "steps": result.steps,
+        "precision": precision.name, "precision_reason": precision.reason, "device": str(device), "epochs": cfg.epochs, "steps": result.steps,
         "effective_batch": result.effective_batch, "amp_skipped_steps": result.skipped_steps,
         "resumed_from_step": result.resumed_from_step,
     }

@@ -2,8 +2,22 @@
 from __future__ import annotations
 
 
-def quantized_not_faster(artifacts: list[dict]) -> list[str]:
-    """INT8 artifacts that are not faster than the fp32 ONNX of the same model, measured in this run."""
+def why_int8_not_faster(isa: dict | None) -> str:
+    """The instruction-set part of the answer, so a user on a CPU without VNNI is not surprised."""
+    kernel = (isa or {}).get("int8_dot_product")
+    if not kernel:
+        return "the instruction set of the machine was not recorded"
+    if "no VNNI" in kernel or kernel == "none":
+        return (f"this CPU multiplies int8 with {kernel}: onnxruntime's u8s8 kernels need two instructions per "
+                "int8 dot product there (VNNI does it in one), so INT8 gains little over fp32 on small models; "
+                "on a CPU with VNNI the same file is faster")
+    return (f"this CPU has {kernel}, so the int8 kernels are not the cause: the model may be too small for "
+            "INT8 to outweigh its quantize/dequantize steps, or the machine was noisy (compare the p99 intervals)")
+
+
+def quantized_not_faster(artifacts: list[dict], isa: dict | None = None) -> list[str]:
+    """INT8 artifacts that are not faster than the fp32 ONNX of the same model, measured in this run,
+    each with why (``isa``: the run's instruction-set facts)."""
     flags = []
     for art in artifacts:
         if art.get("precision") != "int8" or not art.get("source_model"):
@@ -14,7 +28,8 @@ def quantized_not_faster(artifacts: list[dict]) -> list[str]:
                 a, r = art["latency_ms"], ref["latency_ms"]
                 if a["p50"] >= r["p50"] or a["p99"] >= r["p99"]:
                     flags.append(f"{art['name']} (int8) is not faster than {ref['name']} (fp32) of the same model: "
-                                 f"p50 {a['p50']:.3f} vs {r['p50']:.3f} ms, p99 {a['p99']:.3f} vs {r['p99']:.3f} ms")
+                                 f"p50 {a['p50']:.3f} vs {r['p50']:.3f} ms, p99 {a['p99']:.3f} vs {r['p99']:.3f} ms; "
+                                 f"{why_int8_not_faster(isa)}")
     return flags
 
 

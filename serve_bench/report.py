@@ -35,6 +35,19 @@ def _budget(gate: dict) -> str:
     return "no p99 budget" if gate["p99_budget_ms"] is None else f"p99 budget {gate['p99_budget_ms']} ms"
 
 
+def environment_line(env: dict) -> str:
+    """The machine behind the figures, in one line: CPU, cores, instruction set, runtimes, GPU."""
+    isa, ort = env.get("isa") or {}, env.get("onnxruntime") or {}
+    cores = (f"{env['physical_cores']} physical cores" if env.get("physical_cores") else
+             f"{env.get('cpu_count', '?')} CPUs")
+    runtime = (f"onnxruntime {ort.get('version')} ({', '.join(ort.get('providers', []))})" if ort
+               else "onnxruntime not recorded")
+    gpu = (env.get("gpu") or {}).get("name", "none")
+    return (f"{env.get('cpu', '?')}, {cores}; instruction set: {env.get('isa_summary') or 'not recorded'}"
+            + (f"; int8 dot product: {isa['int8_dot_product']}" if isa.get("int8_dot_product") else "")
+            + f"; torch {env.get('packages', {}).get('torch', '?')}; {runtime}; GPU: {gpu}")
+
+
 def _fmt(value, digits: int = 3) -> str:
     return "—" if value is None else f"{value:.{digits}f}"
 
@@ -71,7 +84,8 @@ def render_markdown(report: dict) -> str:
     lines = [f"# Release report: {report.get('pipeline', '')}", "",
              f"**Gate: {'PASSED' if gate['passed'] else 'FAILED'}** — release candidate: "
              f"`{gate['release'] or 'none'}` ({_budget(gate)}, "
-             f"max {metric} drop {gate['max_accuracy_drop']} points vs `{report['baseline']}`)", ""]
+             f"max {metric} drop {gate['max_accuracy_drop']} points vs `{report['baseline']}`)", "",
+             f"Measured on: {environment_line(report.get('environment', {}))}", ""]
     if gate["reasons"]:
         lines += [f"- {reason}" for reason in gate["reasons"]] + [""]
     lines += [f"| artifact | backend | precision | {metric} % | drop (points) | p50 ms | p99 ms | p99 95% CI | "
@@ -89,9 +103,7 @@ def render_markdown(report: dict) -> str:
     if ladder:
         lines += ["", "## INT8 ladder", "", "| " + " | ".join(LADDER_HEAD) + " |",
                   "|" + "---|" * len(LADDER_HEAD)] + ["| " + " | ".join(row) + " |" for row in ladder]
-    env = report.get("environment", {})
-    lines += ["", f"Measured on {env.get('cpu', '?')} ({env.get('cpu_count', '?')} CPUs), gpu {env.get('gpu')}, "
-              f"settings {json.dumps(report.get('settings', {}))}.", ""]
+    lines += ["", f"Settings: {json.dumps(report.get('settings', {}))}.", ""]
     return "\n".join(lines)
 
 
@@ -129,9 +141,10 @@ table {{ border-collapse: collapse; width: 100%; margin: 1rem 0; font-size: .9re
 th, td {{ border-bottom: 1px solid #ddd; padding: .35rem .5rem; text-align: right; }}
 th:first-child, td:first-child {{ text-align: left; }} tr.release {{ background: #fff7d6; font-weight: 600; }}
 figure {{ display: inline-block; margin: .5rem; }} img {{ max-width: 520px; }}
-footer {{ color: #666; font-size: .8rem; }} li.flag {{ color: #a15c00; }}
+footer {{ color: #666; font-size: .8rem; }} p.environment {{ color: #444; font-size: .9rem; }} li.flag {{ color: #a15c00; }}
 </style></head><body>
 <h1>Release report: {html.escape(report.get('pipeline', ''))}</h1>
+<p class="environment">Measured on: {html.escape(environment_line(report.get('environment', {})))}</p>
 <div class="verdict {verdict}">Gate <b>{verdict.upper()}</b> — release candidate: <b>{html.escape(gate['release'] or 'none')}</b>
 ({_budget(gate)}, max {metric} drop {gate['max_accuracy_drop']} points vs {html.escape(report['baseline'])})</div>
 <ul>{reasons}{flags}</ul>

@@ -12,7 +12,7 @@ from train.data import BatchStream, DataSpec, load_data
 from train.loop import Hooks, LoopSettings, NonFiniteLoss, fit
 from train.models import build_model
 from train.optim import lr_factor, make_optimizer, make_scheduler, param_groups
-from train.precision import make_precision, resolve_amp
+from train.precision import make_precision
 from train.progress import StepProgress
 
 CPU = torch.device("cpu")
@@ -47,13 +47,12 @@ def _fit(model, stream, amp="off", steps_lr=0.1, optimizer="sgd", hooks=None, **
     return fit(model, stream, None, opt, sched, precision, LoopSettings(heartbeat_s=1e9, **settings), hooks)
 
 
-def test_amp_resolution():
-    assert resolve_amp("auto", CPU) == "bf16" and resolve_amp("off", CPU) == "fp32"
+def test_amp_objects():
     assert make_precision("fp16", CPU).uses_scaler and not make_precision("bf16", CPU).uses_scaler
     with make_precision("bf16", CPU).autocast():
         assert nn.Linear(4, 4)(torch.randn(2, 4)).dtype == torch.bfloat16
     with pytest.raises(ValueError, match="amp must be one of"):
-        resolve_amp("fp8", CPU)
+        make_precision("fp8", CPU)
 
 
 def test_no_weight_decay_on_norm_and_bias():

@@ -12,11 +12,11 @@ import pytest
 import torch
 import yaml
 
-from compress import int8_ladder, qat_pt2e
+from compress import int8_ladder, int8_measure, qat_pt2e
 from compress.cli import main
 from compress.pipeline_file import load_pipeline
-from compress.qdq_lint import lint_qdq
-from compress.qdq_rewrite import int8_to_uint8_activations
+from compress.qdq_lint import graph_constants, lint_qdq
+from compress.qdq_rewrite import WEIGHT_7BIT_MAX, int8_to_uint8_activations, weights_to_7bit
 from compress.runner import input_refs
 from compress.stages.bench_stage import _refusal
 from compress.int8_records import split_arrays
@@ -100,6 +100,49 @@ def test_the_trt_flavour_is_symmetric_int8_and_runs(ptq_run):
     assert session.run(None, {session.get_inputs()[0].name: np.zeros((3, 1, 8, 8), np.float32)})[0].shape == (3, 10)
 
 
+def _weights(path) -> list[np.ndarray]:
+    model = onnx.load(str(path))
+    consts = graph_constants(model.graph)
+    return [consts[n.input[0]] for n in model.graph.node
+            if n.op_type == "DequantizeLinear" and n.input[0] in consts and consts[n.input[0]].ndim >= 2]
+
+
+def test_the_cpu_file_has_7bit_weights_and_the_trt_file_full_range(ptq_run):
+    # 7 bits: |q| ≤ 64, so a uint8 × int8 pair sums to ≤ 32,640 and cannot saturate the
+    # 16-bit pair sums of onnxruntime's u8s8 kernels on CPUs without VNNI.
+    cpu = _weights(ptq_run / "quantize" / "onnx_cpu" / "model.onnx")
+    trt = _weights(ptq_run / "quantize" / "onnx_trt" / "model.onnx")
+    assert len(cpu) == len(trt) == 22 and all(w.dtype == np.int8 for w in cpu + trt)
+    assert max(int(np.abs(w.astype(int)).max()) for w in cpu) <= WEIGHT_7BIT_MAX
+    assert min(int(np.abs(w.astype(int)).max()) for w in trt) == 127  # TensorRT keeps every bit
+
+
+def test_qat_weights_move_to_7_bits_within_half_a_step(ptq_run, tmp_path):
+    source = ptq_run / "quantize" / "onnx_trt" / "model.onnx"  # full-range symmetric int8, as QAT writes
+    full, _ = int8_to_uint8_activations(onnx.load(str(source)))
+    seven, halved = weights_to_7bit(full)
+    assert halved == 22
+    before, after = graph_constants(full.graph), graph_constants(seven.graph)
+    dq = {n.output[0]: n for n in full.graph.node if n.op_type == "DequantizeLinear"}
+    for node in seven.graph.node:
+        if node.op_type != "DequantizeLinear" or node.input[0] not in after or after[node.input[0]].ndim < 2:
+            continue
+        old = dq[node.output[0]]
+        q_old, s_old = before[old.input[0]].astype(np.float32), before[old.input[1]]
+        q_new, s_new = after[node.input[0]].astype(np.float32), after[node.input[1]]
+        shape = (-1,) + (1,) * (q_old.ndim - 1)
+        assert np.abs(q_new).max() <= WEIGHT_7BIT_MAX and np.allclose(s_new, 2 * s_old)
+        error = np.abs(q_new * s_new.reshape(shape) - q_old * s_old.reshape(shape))
+        assert np.all(error <= s_old.reshape(shape) * (1 + 1e-4))  # at most half a new step
+    path = tmp_path / "seven.onnx"
+    onnx.save(seven, str(path))
+    assert _optimized_ops(path, tmp_path)["QLinearConv"] == 21  # still integer convolutions
+    images = np.asarray(split_arrays(load_data(DataSpec(name="digits")), "val")[0][:64])
+    a = int8_measure.logits(source, images)
+    b = int8_measure.logits(path, images)
+    assert np.mean(a.argmax(1) == b.argmax(1)) > 0.9  # the same model, on a coarser weight grid
+
+
 def test_calibration_never_touches_the_test_split(ptq_run, calibration_seen):
     data = load_data(DataSpec(name="digits"))
     calib = {row.tobytes() for row in split_arrays(data, "calib")[0]}
@@ -111,15 +154,22 @@ def test_calibration_never_touches_the_test_split(ptq_run, calibration_seen):
 
 
 def test_the_ladder_climbs_past_ptq_and_fallback_and_qat_recovers(tmp_path):
-    # One calibration image: activation ranges far too narrow, so PTQ misses the red line.
-    path = _pipeline(tmp_path, {"calibration": {"method": "minmax", "samples": 1},
+    # One calibration image and its 60th percentile as every activation range: PTQ clips nearly
+    # everything and collapses (val drops of 81 and 87 points measured with AVX-512 and with
+    # emulated AVX2 kernels), far past a 10-point red line; QAT learns the ranges back (val drops
+    # -0.7 and +0.7, test +0.84 at worst). Both sides sit many images away from the line, so
+    # float kernels that differ between machines cannot flip a verdict.
+    path = _pipeline(tmp_path, {"calibration": {"method": "percentile", "percentile": 60.0, "samples": 1},
                                 "fallback": {"max_float_layers": 1, "sensitivity_samples": 32},
                                 "qat": {"epochs": 2, "batch_size": 64, "lr": 1e-4, "checkpoint_every": 0}},
-                     max_drop=2.0)
+                     max_drop=10.0)
     assert main(["run", path, "--run-dir", str(tmp_path / "run")]) == 0
     metrics = json.loads((tmp_path / "run" / "manifest.json").read_text())["stages"]["quantize"]["metrics"]
     assert [r["rung"] for r in metrics["rungs"]] == ["ptq", "fallback", "qat"]
     ptq, fallback, qat = metrics["rungs"]
+    drops = {rung["rung"]: [rung["flavours"][f]["drop"] for f in ("cpu", "trt")] for rung in metrics["rungs"]}
+    assert min(drops["ptq"]) > 40 and min(drops["fallback"]) > 40  # missed by far: four times the red line
+    assert max(drops["qat"]) < 5 and max(metrics["red_line"]["test_drop"].values()) < 5  # recovered by far
     assert not ptq["within_red_line"] and not fallback["within_red_line"] and qat["within_red_line"]
     assert len(fallback["float_layers"]) == 1 and fallback["sensitivity"][0]["error"] >= fallback["sensitivity"][-1]["error"]
     assert metrics["climbed"][0].startswith("ptq: ") and metrics["climbed"][1].startswith("fallback: ")
@@ -127,7 +177,6 @@ def test_the_ladder_climbs_past_ptq_and_fallback_and_qat_recovers(tmp_path):
     assert qat["qat"]["engine"].startswith("torchao PT2E") and qat["trt_lint"]["ok"]
     cpu_file = tmp_path / "run" / "quantize" / "onnx_cpu" / "model.onnx"
     assert _optimized_ops(cpu_file, tmp_path)["QLinearConv"] == 21  # QAT's CPU file runs every conv in integer
-    assert max(qat["flavours"][f]["drop"] for f in ("cpu", "trt")) < min(ptq["flavours"][f]["drop"] for f in ("cpu", "trt"))
 
 
 def test_more_calibration_samples_than_images_is_a_config_error(tmp_path, capsys):

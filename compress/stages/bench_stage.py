@@ -84,9 +84,10 @@ class BenchStage(Stage):
         except RuntimeError as exc:
             raise StageError(f"stage {ctx.name!r}: {exc}") from exc
         gate = evaluate(entries, pipeline.latency.p99_budget_ms, pipeline.red_line.max_drop)
-        flags = quantized_not_faster(entries)
+        env = environment()
+        flags = quantized_not_faster(entries, env["isa"])
         report = {"pipeline": pipeline.name, "baseline": baseline, "metric": metric, "artifacts": entries,
-                  "gate": gate, "flags": flags, "environment": environment(), "settings": {**cfg.model_dump(mode="json"),
+                  "gate": gate, "flags": flags, "environment": env, "settings": {**cfg.model_dump(mode="json"),
                                                                            "batch_size": batch},
                   "data": {"name": data.name, "test_images": len(labels),
                            "meaningful_accuracy": data.meaningful_accuracy}}

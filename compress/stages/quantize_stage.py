@@ -19,9 +19,11 @@ from compress.model_source import model_from_artifact
 from compress.qat_pt2e import QATUnavailable
 from compress.qat_rung import QATSettings, run_qat
 from compress.qdq_lint import lint_qdq
-from compress.qdq_rewrite import int8_to_uint8_activations
+from compress.qdq_rewrite import int8_to_uint8_activations, weights_to_7bit
 from compress.stages.base import InputArtifact, Output, Stage, StageContext, StageResult
 from export.onnx_export import ExportError, export_onnx
+from serve_bench.gate import why_int8_not_faster
+from train.hardware import isa_facts
 
 
 class CalibrationConfig(Strict):
@@ -44,6 +46,9 @@ class QuantizeConfig(StageConfig):
     fallback: FallbackConfig = Field(default_factory=FallbackConfig)
     qat: QATSettings = Field(default_factory=QATSettings)
     opset: int = Field(18, ge=18, le=23)
+    cpu_weights: Literal["7bit", "8bit"] = Field(
+        "7bit", description="weights of the CPU file: 7bit computes the same on x86 CPUs with and without VNNI "
+                            "(8bit weights saturate onnxruntime's u8s8 kernels where VNNI is missing)")
 
 
 class QuantizeStage(Stage):
@@ -86,7 +91,7 @@ class QuantizeStage(Stage):
             raise StageError(f"stage {ctx.name!r}: {exc}") from exc
         settings = LadderSettings(tuple(cfg.flavours), Calibration(cfg.calibration.method, cfg.calibration.percentile),
                                   red.metric, red.max_drop, cfg.fallback.max_float_layers,
-                                  cfg.fallback.sensitivity_samples)
+                                  cfg.fallback.sensitivity_samples, cpu_weights=cfg.cpu_weights)
         ladder = Ladder(float_onnx, work, settings, calib, val_x, val_y, ref_val[red.metric], log=ctx.log)
         attempts, climbed = self._climb(ctx, cfg, ladder, model, description, inputs, calib, field)
         chosen = choose(attempts)
@@ -103,12 +108,14 @@ class QuantizeStage(Stage):
         flags = []
         if cpu_latency and cpu_latency["int8_p50_ms"] >= cpu_latency["fp32_p50_ms"]:
             flags.append(f"INT8 CPU file is not faster than the fp32 ONNX of the same model "
-                         f"(p50 {cpu_latency['int8_p50_ms']:.3f} vs {cpu_latency['fp32_p50_ms']:.3f} ms)")
+                         f"(p50 {cpu_latency['int8_p50_ms']:.3f} vs {cpu_latency['fp32_p50_ms']:.3f} ms); "
+                         f"{why_int8_not_faster(isa_facts())}")
         verdict = "within" if within else "OVER"
         ctx.log(f"rung reached: {chosen.rung}; test {red.metric} " + ", ".join(
             f"{f} {t[red.metric]:.2f}% (drop {drops[f]:+.2f})" for f, t in test.items()) + f" — {verdict} the red line"
             + "".join(f"\n  ! {flag}" for flag in flags), style=None if within else "red")
-        summary = {"rung": chosen.rung, "climbed": climbed, "reference": ref_artifact.name,
+        summary = {"rung": chosen.rung, "climbed": climbed, "cpu_weights": cfg.cpu_weights,
+                   "reference": ref_artifact.name,
                    "reference_val": ref_val[red.metric], "reference_test": ref_test[red.metric],
                    "red_line": {"metric": red.metric, "max_drop": red.max_drop, "within": within,
                                 "test_drop": drops, "test": {f: t[red.metric] for f, t in test.items()}},
@@ -159,7 +166,10 @@ class QuantizeStage(Stage):
             import onnx
 
             cpu, moved = int8_to_uint8_activations(onnx.load(str(files["trt"])))
+            details["qat"]["cpu_flavour"] = f"{moved} activation Q/DQ pairs moved to uint8"
+            if cfg.cpu_weights == "7bit":
+                cpu, halved = weights_to_7bit(cpu)
+                details["qat"]["cpu_flavour"] += f", {halved} weight tensors to 7 bits"
             onnx.save(cpu, str(folder / "model-cpu.onnx"))
             files["cpu"] = folder / "model-cpu.onnx"
-            details["qat"]["cpu_flavour"] = f"{moved} activation Q/DQ pairs moved to uint8"
         return ladder.measure("qat", {f: files[f] for f in cfg.flavours}, details)
