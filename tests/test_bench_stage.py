@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import copy
 import json
+import shutil
 
 import pytest
 import yaml
@@ -61,6 +62,46 @@ def test_report_files_are_self_contained(bench_run):
     assert (folder / "report.md").read_text().startswith("# Release report: tiny")
     assert {p.name for p in folder.iterdir()} >= {"latency_cdf.png", "accuracy_vs_p99.png", "size_by_artifact.png",
                                                  "latencies.npz"}
+
+
+def test_every_report_names_the_instruction_set_it_was_measured_on(bench_run):
+    _, _, run_dir = bench_run
+    folder = run_dir / "report"
+    env = json.loads((folder / "report.json").read_text())["environment"]
+    isa = env["isa"]
+    for key in ("torch_cpu_capability", "avx2", "avx512_f", "avx512_vnni", "avx512_bf16", "amx_tile", "avx_vnni",
+                "physical_cores", "int8_dot_product"):
+        assert key in isa
+    assert env["onnxruntime"]["version"] and "CPUExecutionProvider" in env["onnxruntime"]["providers"]
+    line = f"instruction set: {env['isa_summary']}"
+    html = (folder / "report.html").read_text()
+    header = html[html.index("<h1>"): html.index("<table>")]  # above the first table, not in the footer
+    assert line in header and f"int8 dot product: {isa['int8_dot_product']}" in header
+    assert line in (folder / "report.md").read_text().split("| artifact |")[0]
+
+
+def _report_from_another_machine(run_dir, tmp_path, isa):
+    report = json.loads((run_dir / "report" / "report.json").read_text())
+    report["environment"]["isa"] = isa
+    path = tmp_path / "report.json"
+    path.write_text(json.dumps(report))
+    return path
+
+
+def test_gate_and_report_say_when_a_report_comes_from_another_instruction_set(bench_run, tmp_path, capsys):
+    _, _, run_dir = bench_run
+    assert main(["gate", str(run_dir)]) == 0
+    assert "another instruction set" not in capsys.readouterr().err  # same machine: nothing to say
+    here = json.loads((run_dir / "report" / "report.json").read_text())["environment"]["isa"]
+    other = {**here, "avx512_f": not here["avx512_f"], "avx512_vnni": not here["avx512_vnni"]}
+    assert main(["gate", str(_report_from_another_machine(run_dir, tmp_path, other))]) == 0
+    err = capsys.readouterr().err
+    assert "another instruction set" in err and "avx512_vnni" in err and "re-run the bench stage here" in err
+    folder = tmp_path / "copy"
+    shutil.copytree(run_dir / "report", folder / "report")
+    _report_from_another_machine(run_dir, folder / "report", None)
+    assert main(["report", str(folder)]) == 0
+    assert "does not record the instruction set" in capsys.readouterr().err
 
 
 def test_gate_command_re_evaluates_with_other_limits(bench_run, capsys):

@@ -251,6 +251,15 @@ def test_an_int8_file_slower_than_its_fp32_onnx_is_flagged():
     assert quantized_not_faster([_entry("export.onnx", "fp32", 1.0, 2.0), _entry("q", "int8", 0.4, 0.8)]) == []
 
 
+def test_the_flag_says_whether_the_instruction_set_explains_a_slow_int8_file():
+    entries = [_entry("export.onnx", "fp32", 1.0, 2.0), _entry("quantize.onnx_cpu", "int8", 0.8, 2.5)]
+    avx2 = quantized_not_faster(entries, {"int8_dot_product": "AVX2 (no VNNI)"})[0]
+    assert "multiplies int8 with AVX2 (no VNNI)" in avx2 and "on a CPU with VNNI the same file is faster" in avx2
+    vnni = quantized_not_faster(entries, {"int8_dot_product": "AVX-512 VNNI"})[0]
+    assert "has AVX-512 VNNI, so the int8 kernels are not the cause" in vnni
+    assert "not recorded" in quantized_not_faster(entries)[0]
+
+
 def test_the_gate_refuses_an_int8_file_that_missed_the_red_line():
     reason = _refusal({"red_line": {"within": False, "test_drop": 3.2}})
     assert reason and "no rung within the red line" in reason and _refusal({"red_line": {"within": True}}) is None
