@@ -62,15 +62,21 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_gate(args: argparse.Namespace) -> int:
-    from serve_bench.gate import evaluate
+def _warn_if_foreign(report: dict, path: Path) -> None:
+    from compress.bench_report import foreign_isa_note
 
-    from compress.bench_report import foreign_isa_note, load_report, print_gate
-
-    report, path = load_report(Path(args.target))
     note = foreign_isa_note(report, path)
     if note:
         _console(stderr=True).print(note, style="yellow", highlight=False)
+
+
+def _cmd_gate(args: argparse.Namespace) -> int:
+    from serve_bench.gate import evaluate
+
+    from compress.bench_report import load_report, print_gate
+
+    report, path = load_report(Path(args.target))
+    _warn_if_foreign(report, path)
     gate = report["gate"]
     budget = args.p99_ms if args.p99_ms is not None else gate["p99_budget_ms"]
     max_drop = args.max_drop if args.max_drop is not None else gate["max_accuracy_drop"]
@@ -80,12 +86,10 @@ def _cmd_gate(args: argparse.Namespace) -> int:
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
-    from compress.bench_report import foreign_isa_note, load_report, rerender
+    from compress.bench_report import load_report, rerender
 
     report, path = load_report(Path(args.run_dir))
-    note = foreign_isa_note(report, path)
-    if note:
-        _console(stderr=True).print(note, style="yellow", highlight=False)
+    _warn_if_foreign(report, path)
     folder = rerender(report, path)
     print(f"re-rendered {folder / 'report.md'}, {folder / 'report.html'} and the plots")
     return 0

@@ -109,6 +109,7 @@ def test_prune_stage_end_to_end(tmp_path, tiny_config, write_pipeline, capsys):
     metrics = manifest["stages"]["prune"]["metrics"]
     assert metrics["macs_fraction"] <= 0.5 and metrics["params_after"] < metrics["params_before"]
     assert {"val_top1_after_surgery", "test_top1", "cpu_latency_ratio"} <= set(metrics)
+    assert metrics["precision"] == {phase: {"name": "fp32", "reason": "amp: off"} for phase in ("sparsity", "finetune")}
     assert manifest["artifacts"]["prune.model"]["made_from"] == ["train.model"]
     report = json.loads((run_dir / "prune" / "report" / "pruning.json").read_text())
     assert report["gamma_before"]["counts"] and report["gamma_after_sparsity"]["counts"]

@@ -22,6 +22,7 @@ def test_speed_and_regularisation_settings_run_together(tmp_path, tiny_config, w
     assert main(["run", str(write_pipeline(tiny_config)), "--run-dir", str(run_dir)]) == 0
     metrics = _metrics(run_dir)
     assert metrics["effective_batch"] == 64 and metrics["steps"] == 1294 // 64 and metrics["precision"] == "bf16"
+    assert metrics["precision_reason"].startswith("amp: bf16")
     history = json.loads((run_dir / "train" / "history" / "history.json").read_text())
     assert [h["epoch"] for h in history] == [1] and "val_top1" in history[0]
 
@@ -70,3 +71,23 @@ def test_train_images_limits_training_to_the_first_n_images(tmp_path, tiny_confi
     tiny_config["stages"][0].update(train_images=16)
     assert main(["run", str(write_pipeline(tiny_config)), "--run-dir", str(tmp_path / "small")]) == 2
     assert "than the 16 training images" in capsys.readouterr().err
+
+
+def test_a_forced_precision_the_cpu_emulates_runs_and_warns_in_the_log(tmp_path, tiny_config, write_pipeline,
+                                                                       capsys, monkeypatch):
+    from train import precision
+    from train.hardware import NativeTypes
+
+    monkeypatch.setattr(precision, "native_types", lambda device: NativeTypes(False, False, "AVX2 only, torch AVX2"))
+    tiny_config["stages"][0]["amp"] = "bf16"
+    run_dir = tmp_path / "run"
+    assert main(["run", str(write_pipeline(tiny_config)), "--run-dir", str(run_dir)]) == 0
+    captured = capsys.readouterr()
+    out = captured.out + captured.err
+    assert "warning: stages.train.amp: bf16 is not native on this cpu (AVX2 only, torch AVX2)" in " ".join(out.split())
+    metrics = _metrics(run_dir)
+    assert metrics["precision"] == "bf16" and "emulated" in metrics["precision_reason"]
+    capsys.readouterr()
+    tiny_config["stages"][0]["amp"] = "auto"
+    assert main(["run", str(write_pipeline(tiny_config)), "--run-dir", str(tmp_path / "auto")]) == 0
+    assert _metrics(tmp_path / "auto")["precision"] == "fp32"  # auto keeps an emulating CPU in fp32

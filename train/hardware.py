@@ -70,12 +70,16 @@ def native_types(device: torch.device) -> NativeTypes:
                            + ("" if bf16 else ", bf16 not supported"))
     if device.type != "cpu":
         return NativeTypes(bf16=False, fp16=False, why=f"{device.type}: no native-precision facts known")
-    flags = cpu_flags()
-    hw_bf16 = bool(flags.get("avx512_bf16") or flags.get("amx_bf16"))
-    hw_fp16 = bool(flags.get("avx512_fp16") or flags.get("amx_fp16"))
-    bf16 = hw_bf16 and _onednn_allows("avx512_core_bf16") and _aten_avx512()
-    fp16 = hw_fp16 and _onednn_allows("avx10_1_512") and _aten_avx512()
+    bf16, fp16 = _cpu_native(cpu_flags())
     return NativeTypes(bf16=bf16, fp16=fp16, why=isa_words(isa_facts()))
+
+
+def _cpu_native(flags: dict) -> tuple[bool, bool]:
+    """(bf16, fp16) computed natively: the CPU has the instructions and no cap hides them."""
+    aten = _aten_avx512()
+    bf16 = bool(flags.get("avx512_bf16") or flags.get("amx_bf16")) and _onednn_allows("avx512_core_bf16") and aten
+    fp16 = bool(flags.get("avx512_fp16") or flags.get("amx_fp16")) and _onednn_allows("avx10_1_512") and aten
+    return bf16, fp16
 
 
 def isa_facts() -> dict:
@@ -89,8 +93,7 @@ def isa_facts() -> dict:
         "physical_cores": flags.get("num_physical_cores"),
         "logical_cores": flags.get("num_logical_cores") or os.cpu_count(),
     })
-    facts["native_bf16"] = bool(facts["avx512_bf16"] or facts["amx_bf16"]) and _onednn_allows(
-        "avx512_core_bf16") and _aten_avx512()
+    facts["native_bf16"] = _cpu_native(flags)[0]
     facts["int8_dot_product"] = int8_dot_product(facts)
     facts["emulated"] = bool(facts["onednn_max_cpu_isa"] or facts["aten_cpu_capability_env"])
     return facts

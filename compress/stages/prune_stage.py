@@ -16,7 +16,8 @@ from compress.errors import ConfigError
 from compress.model_source import model_from_artifact
 from compress.stages.base import InputArtifact, Output, Stage, StageContext, StageResult
 from compress.stages.train_stage import model_meta
-from compress.training_run import TrainingSettings, eval_stream, resolve_device, run_training, test_accuracy
+from compress.training_run import (TrainingRun, TrainingSettings, eval_stream, resolve_device, run_training,
+                                   test_accuracy)
 from train.evaluate import evaluate
 from train.loop import Hooks
 from train.model_io import save_model
@@ -89,14 +90,16 @@ class PruneStage(Stage):
         protected = _protected(model, cfg.protected, field)
         example = torch.zeros(1, *data.input_shape)
         report: dict = {"gamma_before": gamma_histogram(model)}
+        runs: dict[str, TrainingRun] = {}  # phase → training run, for the precision record
 
         if cfg.sparsity.epochs > 0:
             try:
                 hook = bn_l1_hook(model, cfg.sparsity.l1)
             except PruningError as exc:
                 raise ConfigError(f"{field}.sparsity: {exc}") from exc
-            run_training(ctx, model, cfg.sparsity, field=f"{field}.sparsity", label=f"{ctx.name}.sparsity",
-                         hooks=Hooks(after_backward=hook), checkpoint_dir=ctx.stage_dir / "checkpoints-sparsity")
+            runs["sparsity"] = run_training(ctx, model, cfg.sparsity, field=f"{field}.sparsity",
+                                            label=f"{ctx.name}.sparsity", hooks=Hooks(after_backward=hook),
+                                            checkpoint_dir=ctx.stage_dir / "checkpoints-sparsity")
             report["gamma_after_sparsity"] = gamma_histogram(model)
         model.cpu().eval()
         target = PruneTarget(cfg.target.macs, cfg.target.ratio, cfg.importance, cfg.global_pruning, cfg.round_to,
@@ -120,8 +123,9 @@ class PruneStage(Stage):
                 hooks.loss = teacher_loss(teacher, cfg.finetune, distill.temperature, distill.alpha,
                                           distill.cache_teacher, f"{field}.finetune.distill")
                 ctx.log(f"finetune distils from {inputs['teacher'].name} (T={distill.temperature:g}, α={distill.alpha:g})")
-            run = run_training(ctx, model, cfg.finetune, field=f"{field}.finetune", label=f"{ctx.name}.finetune",
-                               hooks=hooks, checkpoint_dir=ctx.stage_dir / "checkpoints-finetune")
+            run = runs["finetune"] = run_training(ctx, model, cfg.finetune, field=f"{field}.finetune",
+                                                  label=f"{ctx.name}.finetune", hooks=hooks,
+                                                  checkpoint_dir=ctx.stage_dir / "checkpoints-finetune")
         test = test_accuracy(ctx, model, cfg.finetune, run)
         model.cpu().eval()
         ratio = latency_ratio(original, model, example)
@@ -135,6 +139,8 @@ class PruneStage(Stage):
                    "val_top1_after_surgery": round(after_surgery, 3), "test_top1": round(test["top1"], 3),
                    "test_top5": round(test["top5"], 3), "cpu_latency_ratio": round(ratio, 3),
                    "params": result.params_after, "macs": result.macs_after,
+                   "precision": {phase: {"name": r.precision.name, "reason": r.precision.reason}
+                                 for phase, r in runs.items()},
                    "summary": f"MACs {result.macs_after / result.macs_before:.1%}, test top1 {test['top1']:.2f}%, "
                               f"latency ×{ratio:.2f}"}
         report.update(channels_before=result.channels_before, channels_after=result.channels_after, metrics=metrics)
