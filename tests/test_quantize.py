@@ -175,8 +175,10 @@ def test_the_ladder_climbs_past_ptq_and_fallback_and_qat_recovers(tmp_path):
     assert metrics["climbed"][0].startswith("ptq: ") and metrics["climbed"][1].startswith("fallback: ")
     assert metrics["rung"] == "qat" and metrics["red_line"]["within"]
     assert qat["qat"]["engine"].startswith("torchao PT2E") and qat["trt_lint"]["ok"]
+    assert qat["qat"]["cpu_flavour"].endswith(", 22 weight tensors to 7 bits")
     cpu_file = tmp_path / "run" / "quantize" / "onnx_cpu" / "model.onnx"
     assert _optimized_ops(cpu_file, tmp_path)["QLinearConv"] == 21  # QAT's CPU file runs every conv in integer
+    assert max(int(np.abs(w.astype(int)).max()) for w in _weights(cpu_file)) <= WEIGHT_7BIT_MAX
 
 
 def test_more_calibration_samples_than_images_is_a_config_error(tmp_path, capsys):

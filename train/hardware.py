@@ -95,7 +95,6 @@ def isa_facts() -> dict:
     })
     facts["native_bf16"] = _cpu_native(flags)[0]
     facts["int8_dot_product"] = int8_dot_product(facts)
-    facts["emulated"] = bool(facts["onednn_max_cpu_isa"] or facts["aten_cpu_capability_env"])
     return facts
 
 
