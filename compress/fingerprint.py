@@ -54,7 +54,6 @@ def environment() -> dict:
         "cpu_count": os.cpu_count(),
         "isa": (isa := isa_facts()),
         "isa_summary": isa_words(isa),
-        "physical_cores": isa["physical_cores"],
         "onnxruntime": _onnxruntime(),
         "torch_threads": torch.get_num_threads(),
         "packages": packages,

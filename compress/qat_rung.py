@@ -65,6 +65,7 @@ def run_qat(ctx: StageContext, model: nn.Module, cfg: QATSettings, calib: torch.
     return {"qat": {"epochs": cfg.epochs, "lr": cfg.lr, "optimizer": cfg.optimizer, "freeze_ranges_epoch": freeze_at,
                     "distill": cfg.distill.model_dump() if cfg.distill else None,
                     "best_val_top1_fake_quant": run.metrics["best_val_top1"],
-                    "precision": run.metrics["precision"], "precision_reason": run.metrics["precision_reason"], "train_time_s": run.metrics["train_time_s"],
+                    "precision": run.metrics["precision"], "precision_reason": run.metrics["precision_reason"],
+                    "train_time_s": run.metrics["train_time_s"],
                     "engine": "torchao PT2E (prepare_qat_pt2e → convert_pt2e), x86 quantizer without conv-add "
                               "fusion, symmetric int8"}}

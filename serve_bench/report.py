@@ -38,7 +38,7 @@ def _budget(gate: dict) -> str:
 def environment_line(env: dict) -> str:
     """The machine behind the figures, in one line: CPU, cores, instruction set, runtimes, GPU."""
     isa, ort = env.get("isa") or {}, env.get("onnxruntime") or {}
-    cores = (f"{env['physical_cores']} physical cores" if env.get("physical_cores") else
+    cores = (f"{isa['physical_cores']} physical cores" if isa.get("physical_cores") else
              f"{env.get('cpu_count', '?')} CPUs")
     runtime = (f"onnxruntime {ort.get('version')} ({', '.join(ort.get('providers', []))})" if ort
                else "onnxruntime not recorded")
@@ -141,7 +141,8 @@ table {{ border-collapse: collapse; width: 100%; margin: 1rem 0; font-size: .9re
 th, td {{ border-bottom: 1px solid #ddd; padding: .35rem .5rem; text-align: right; }}
 th:first-child, td:first-child {{ text-align: left; }} tr.release {{ background: #fff7d6; font-weight: 600; }}
 figure {{ display: inline-block; margin: .5rem; }} img {{ max-width: 520px; }}
-footer {{ color: #666; font-size: .8rem; }} p.environment {{ color: #444; font-size: .9rem; }} li.flag {{ color: #a15c00; }}
+footer {{ color: #666; font-size: .8rem; }} li.flag {{ color: #a15c00; }}
+p.environment {{ color: #444; font-size: .9rem; }}
 </style></head><body>
 <h1>Release report: {html.escape(report.get('pipeline', ''))}</h1>
 <p class="environment">Measured on: {html.escape(environment_line(report.get('environment', {})))}</p>
