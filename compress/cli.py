@@ -31,7 +31,12 @@ def _cmd_run(args: argparse.Namespace) -> int:
     runner = Runner(pipeline, run_dir, _console(), options)
     manifest = runner.run()
     render(run_dir, _console(stderr=False))
-    for name in runner.selected_names:
+    return _gate_exit_code(manifest, runner.selected_names, run_dir)
+
+
+def _gate_exit_code(manifest, selected: list[str], run_dir: Path) -> int:
+    """1 when a bench stage of this invocation said no, so CI sees a failed gate however the stage was run."""
+    for name in selected:
         record = manifest.stages.get(name)
         if record is not None and record.kind == "bench" and record.metrics.get("gate_passed") is False:
             reasons = "; ".join(record.metrics.get("gate_reasons", []))
@@ -130,9 +135,10 @@ def _cmd_stage(args: argparse.Namespace) -> int:
     pipeline = build_pipeline(raw, f"compress stage {args.kind}")
     run_dir = Path(args.run_dir or Path("runs") / f"{args.kind}-alone")
     options = RunOptions(force={args.kind} if args.force else set(), external_inputs=_parse_inputs(args.input))
-    Runner(pipeline, run_dir, _console(), options).run()
+    runner = Runner(pipeline, run_dir, _console(), options)
+    manifest = runner.run()
     render(run_dir, _console(stderr=False))
-    return 0
+    return _gate_exit_code(manifest, runner.selected_names, run_dir)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -2,6 +2,9 @@
 
 loss = α · T² · KL(softmax(teacher/T) ‖ softmax(student/T)) + (1 − α) · CE(student, labels)
 
+The hard term is the same cross-entropy the student's training settings describe, label
+smoothing included: a distilled run must differ from a plain one by the teacher term only.
+
 T² keeps the soft term's gradients on the same scale as the hard term's when T changes
 (the soft gradients shrink as 1/T²). The parts are returned separately so every epoch's
 record shows how much of the loss came from the teacher.
@@ -30,11 +33,11 @@ class DistillSettings(Strict):
 
 
 def distillation_terms(student: torch.Tensor, teacher: torch.Tensor, labels: torch.Tensor, temperature: float,
-                       alpha: float) -> dict[str, torch.Tensor]:
+                       alpha: float, label_smoothing: float = 0.0) -> dict[str, torch.Tensor]:
     student, teacher = student.float(), teacher.float()
     kd = F.kl_div(F.log_softmax(student / temperature, dim=1), F.log_softmax(teacher / temperature, dim=1),
                   reduction="batchmean", log_target=True) * temperature**2
-    ce = F.cross_entropy(student, labels)
+    ce = F.cross_entropy(student, labels, label_smoothing=label_smoothing)
     return {"loss": alpha * kd + (1 - alpha) * ce, "kd": kd, "ce": ce}
 
 
@@ -42,11 +45,13 @@ class DistillationLoss:
     """A ``Hooks.loss`` for the loop: the teacher runs frozen, in eval mode, in the loop's precision."""
 
     def __init__(self, teacher: nn.Module, temperature: float = 4.0, alpha: float = 0.5,
-                 autocast: Callable[[], ContextManager] = contextlib.nullcontext, cache: bool = False) -> None:
+                 autocast: Callable[[], ContextManager] = contextlib.nullcontext, cache: bool = False,
+                 label_smoothing: float = 0.0) -> None:
         self.teacher = teacher.eval()
         for p in self.teacher.parameters():
             p.requires_grad_(False)
         self.temperature, self.alpha, self.autocast = temperature, alpha, autocast
+        self.label_smoothing = label_smoothing
         self.cache: dict[bytes, torch.Tensor] | None = {} if cache else None
 
     def teacher_logits(self, x: torch.Tensor) -> torch.Tensor:
@@ -65,7 +70,8 @@ class DistillationLoss:
             return self.teacher(x).float()
 
     def __call__(self, x: torch.Tensor, student_logits: torch.Tensor, labels: torch.Tensor) -> dict[str, torch.Tensor]:
-        return distillation_terms(student_logits, self.teacher_logits(x), labels, self.temperature, self.alpha)
+        return distillation_terms(student_logits, self.teacher_logits(x), labels, self.temperature, self.alpha,
+                                  self.label_smoothing)
 
 
 def check_pair(teacher_desc: dict, student_desc: dict, teacher_name: str, student_name: str) -> None:
@@ -89,4 +95,5 @@ def teacher_loss(teacher: nn.Module, cfg: TrainingSettings, temperature: float, 
                           "augmented images differ every epoch, so cached teacher logits would be wrong")
     device = resolve_device(cfg.device)
     teacher = teacher.to(device, memory_format=torch.channels_last if cfg.channels_last else torch.preserve_format)
-    return DistillationLoss(teacher, temperature, alpha, make_precision(cfg.amp, device).autocast, cache)
+    return DistillationLoss(teacher, temperature, alpha, make_precision(cfg.amp, device).autocast, cache,
+                            label_smoothing=cfg.label_smoothing)

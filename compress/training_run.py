@@ -129,6 +129,7 @@ def run_training(ctx: StageContext, model: nn.Module, cfg: TrainingSettings, *, 
         "images_per_s": round(result.images_per_s, 1), "train_time_s": round(result.train_time_s, 2),
         "peak_memory_mb": round(result.peak_memory_bytes / 2**20, 1), "peak_memory_kind": result.peak_memory_kind,
         "precision": precision.name, "precision_reason": precision.reason, "device": str(device),
+        "val_precision": precision.name, "test_precision": "fp32",
         "epochs": cfg.epochs, "steps": result.steps,
         "effective_batch": result.effective_batch, "amp_skipped_steps": result.skipped_steps,
         "resumed_from_step": result.resumed_from_step,
@@ -136,8 +137,13 @@ def run_training(ctx: StageContext, model: nn.Module, cfg: TrainingSettings, *, 
     return TrainingRun(result, precision, device, metrics)
 
 
-def test_accuracy(ctx: StageContext, model: nn.Module, cfg: TrainingSettings, run: TrainingRun | None = None) -> dict:
+def test_accuracy(data: DataBundle, model: nn.Module, cfg: TrainingSettings, run: TrainingRun | None = None) -> dict:
+    """Test accuracy of the model as it deploys: in fp32, whatever precision it trained in.
+
+    The bench measures the exported fp32 files; a test figure taken under bf16 autocast would
+    be a second, different accuracy for the same weights (validation during training stays in
+    the training precision, and the record names it).
+    """
     device = run.device if run else resolve_device(cfg.device)
-    autocast = run.precision.autocast if run else make_precision(cfg.amp, device).autocast
     model.to(device)
-    return evaluate(model, eval_stream(ctx.data, "test", cfg, device), autocast)
+    return evaluate(model, eval_stream(data, "test", cfg, device))

@@ -148,3 +148,13 @@ def test_the_baseline_is_measured_even_when_not_listed(tmp_path, capsys):
     report = json.loads((tmp_path / "run" / "report" / "report.json").read_text())
     assert [a["name"] for a in report["artifacts"]] == ["train.model", "export.onnx"]
     assert report["settings"]["concurrency"] == 2 and all(a["throughput"] > 0 for a in report["artifacts"])
+
+
+def test_bench_stage_alone_exits_1_when_its_gate_fails(bench_run, tmp_path, capsys):
+    _, path, run_dir = bench_run
+    settings = [f"{k}={v}" for k, v in FAST_BENCH.items() if k not in ("name", "kind")]
+    args = ["stage", "bench", "--pipeline", str(path), "--input", f"artifact:model={run_dir / 'train' / 'model'}",
+            *settings]
+    assert main([*args, "--run-dir", str(tmp_path / "failing"), "latency.p99_budget_ms=0.000001"]) == 1
+    assert "release gate FAILED (bench)" in capsys.readouterr().err
+    assert main([*args, "--run-dir", str(tmp_path / "passing")]) == 0

@@ -39,6 +39,21 @@ def test_alpha_zero_is_cross_entropy():
     assert torch.equal(terms["loss"], nn.functional.cross_entropy(student, labels))
 
 
+def test_the_hard_term_keeps_the_students_label_smoothing():
+    from compress.distillation import teacher_loss
+    from compress.training_run import TrainingSettings
+
+    torch.manual_seed(0)
+    teacher, x = nn.Linear(4, 5), torch.randn(16, 4)
+    student, labels = torch.randn(16, 5) * 4, torch.randint(0, 5, (16,))
+    loss_fn = teacher_loss(teacher, TrainingSettings(label_smoothing=0.2, amp="off", device="cpu"), 4.0, 0.0,
+                           False, "stages.distill")
+    smoothed = nn.functional.cross_entropy(student, labels, label_smoothing=0.2)
+    plain = nn.functional.cross_entropy(student, labels)
+    assert abs(smoothed.item() - plain.item()) > 0.1  # the setting makes a visible difference here
+    assert loss_fn(x, student, labels)["loss"].item() == pytest.approx(smoothed.item(), rel=1e-6)
+
+
 def test_the_teacher_gets_no_gradients_and_stays_in_eval_mode():
     teacher = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.Linear(8, 3))
     student = nn.Linear(4, 3)

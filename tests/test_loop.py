@@ -67,9 +67,19 @@ def test_schedules():
     cosine = lr_factor("cosine", 100, warmup_steps=10)
     assert cosine(0) == pytest.approx(0.1) and cosine(9) == pytest.approx(1.0) and cosine(99) < 0.01
     wsd = lr_factor("wsd", 100, warmup_steps=10, decay_fraction=0.2)
-    assert wsd(10) == wsd(79) == 1.0 and wsd(90) == pytest.approx(0.5) and wsd(99) < 0.1
+    assert wsd(10) == wsd(79) == 1.0 and wsd(89) == pytest.approx(0.5) and wsd(99) < 0.1
     step = lr_factor("step", 100, milestones=(0.5, 0.75), gamma=0.1)
     assert (step(49), step(50), step(75)) == (1.0, pytest.approx(0.1), pytest.approx(0.01))
+
+
+@pytest.mark.parametrize("schedule", ["cosine", "wsd"])
+@pytest.mark.parametrize("total,warmup", [(10, 0), (10, 2), (100, 10)])
+def test_schedules_reach_their_floor_on_the_last_step(schedule, total, warmup):
+    factor = lr_factor(schedule, total, warmup_steps=warmup, decay_fraction=0.2, min_factor=0.1)
+    values = [factor(step) for step in range(total)]
+    assert values[-1] == pytest.approx(0.1)  # was 0.55 (wsd) / 0.12 (cosine) with 10 steps
+    assert min(values) == pytest.approx(0.1) and values[-2] > 0.1 + 1e-6
+    assert max(values) == pytest.approx(1.0)
 
 
 def test_gradient_accumulation_matches_the_large_batch(digits):

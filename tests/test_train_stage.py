@@ -6,6 +6,7 @@ import json
 
 import pytest
 import torch
+from torch import nn
 
 from compress.cli import main
 
@@ -91,3 +92,35 @@ def test_a_forced_precision_the_cpu_emulates_runs_and_warns_in_the_log(tmp_path,
     tiny_config["stages"][0]["amp"] = "auto"
     assert main(["run", str(write_pipeline(tiny_config)), "--run-dir", str(tmp_path / "auto")]) == 0
     assert _metrics(tmp_path / "auto")["precision"] == "fp32"  # auto keeps an emulating CPU in fp32
+
+
+def test_test_accuracy_is_the_deployable_fp32_one_whatever_the_training_precision(tmp_path, tiny_config,
+                                                                                  write_pipeline):
+    from safetensors.torch import save_file
+
+    from compress.training_run import TrainingSettings, eval_stream
+    from train.data import DataSpec, load_data
+    from train.evaluate import evaluate
+    from train.model_io import load_model
+    from train.precision import make_precision
+
+    # A least-squares linear classifier on the digits train split, so the weights start good and a
+    # vanishing learning rate keeps them so under bf16 training.
+    data = load_data(DataSpec(name="digits"))
+    x, y = next(eval_stream(data, "train", TrainingSettings(eval_batch_size=4096), torch.device("cpu")).epoch(0))
+    features = torch.cat([x.flatten(1), torch.ones(len(x), 1)], dim=1)
+    solution = torch.linalg.lstsq(features, nn.functional.one_hot(y, 10).float()).solution
+    weights = tmp_path / "lstsq.safetensors"
+    save_file({"head.weight": (solution[:-1].T * 100).contiguous(), "head.bias": (solution[-1] * 100).contiguous()},
+              str(weights))
+    tiny_config["model"] = {"name": "tests.user_models:NearTies", "weights": str(weights)}
+    tiny_config["stages"][0].update(amp="bf16", optimizer="sgd", lr=1e-9, weight_decay=0.0)
+    run_dir = tmp_path / "run"
+    assert main(["run", str(write_pipeline(tiny_config)), "--run-dir", str(run_dir)]) == 0
+    metrics = _metrics(run_dir)
+    model, _ = load_model(run_dir / "train" / "model")
+    stream = eval_stream(data, "test", TrainingSettings(), torch.device("cpu"))
+    fp32 = evaluate(model, stream)["top1"]
+    under_bf16 = evaluate(model, stream, make_precision("bf16", torch.device("cpu")).autocast)["top1"]
+    assert fp32 - under_bf16 > 30  # the two precisions really disagree on this model
+    assert metrics["test_top1"] == pytest.approx(fp32, abs=1e-3) and metrics["test_precision"] == "fp32"

@@ -75,3 +75,18 @@ class NoBatchNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(torch.relu(self.conv(x)).mean(dim=(2, 3)))
+
+
+class NearTies(nn.Module):
+    """A linear classifier whose logits ride on a large constant: bf16 (8 significant bits) rounds
+    them all to the same value, fp32 keeps them apart. Accuracy under bf16 autocast is that of
+    ties; accuracy in fp32 is the classifier's."""
+
+    def __init__(self, num_classes: int = 10, in_channels: int = 1, offset: float = 1000.0) -> None:
+        super().__init__()
+        self.head = nn.Linear(in_channels * 64, num_classes)
+        self.offset = offset
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = nn.functional.adaptive_avg_pool2d(x, 8).flatten(1)
+        return self.head(x) * 0.01 + self.offset

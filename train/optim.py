@@ -40,7 +40,12 @@ def make_optimizer(model: nn.Module, name: str, lr: float, weight_decay: float, 
 def lr_factor(schedule: str, total_steps: int, warmup_steps: int = 0, decay_fraction: float = 0.2,
               milestones: tuple[float, ...] = (0.5, 0.75), gamma: float = 0.1,
               min_factor: float = 0.0) -> Callable[[int], float]:
-    """Multiplier of the base lr at optimizer step ``step`` (0-based)."""
+    """Multiplier of the base lr at optimizer step ``step`` (0-based).
+
+    Cosine and WSD reach ``min_factor`` on the last step (``total_steps - 1``), not one step
+    after the run has ended: a schedule whose floor is never trained at is not the schedule
+    the settings describe.
+    """
     total_steps = max(1, total_steps)
     warmup_steps = min(warmup_steps, total_steps - 1) if total_steps > 1 else 0
     decay_start = int(total_steps * (1 - decay_fraction))
@@ -51,14 +56,14 @@ def lr_factor(schedule: str, total_steps: int, warmup_steps: int = 0, decay_frac
         if schedule == "constant":
             return 1.0
         if schedule == "cosine":
-            progress = (step - warmup_steps) / max(1, total_steps - warmup_steps)
+            progress = (step - warmup_steps) / max(1, total_steps - 1 - warmup_steps)
             return min_factor + (1 - min_factor) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
         if schedule == "wsd":
             # Warmup-stable-decay: hold the peak lr, then decay linearly over the last fraction.
             if step < max(decay_start, warmup_steps):
                 return 1.0
             span = max(1, total_steps - max(decay_start, warmup_steps))
-            progress = (step - max(decay_start, warmup_steps)) / span
+            progress = (step + 1 - max(decay_start, warmup_steps)) / span  # the last step is at the floor
             return min_factor + (1 - min_factor) * max(0.0, 1 - progress)
         if schedule == "step":
             passed = sum(step >= int(m * total_steps) for m in milestones)

@@ -67,7 +67,7 @@ class DistillStage(Stage):
                 f"({count_params(teacher):,} params), T={cfg.temperature:g}, α={cfg.alpha:g}")
         run = run_training(ctx, student, cfg, field=field, label=ctx.name, hooks=Hooks(loss=loss),
                            checkpoint_dir=ctx.stage_dir / "checkpoints")
-        test = test_accuracy(ctx, student, cfg, run)
+        test = test_accuracy(ctx.data, student, cfg, run)
         metrics = {**run.metrics, "test_top1": round(test["top1"], 3), "test_top5": round(test["top5"], 3),
                    "params": count_params(student), "macs": count_macs(student, data.input_shape),
                    "temperature": cfg.temperature, "alpha": cfg.alpha, "teacher": teacher_name,

@@ -126,7 +126,7 @@ class PruneStage(Stage):
             run = runs["finetune"] = run_training(ctx, model, cfg.finetune, field=f"{field}.finetune",
                                                   label=f"{ctx.name}.finetune", hooks=hooks,
                                                   checkpoint_dir=ctx.stage_dir / "checkpoints-finetune")
-        test = test_accuracy(ctx, model, cfg.finetune, run)
+        test = test_accuracy(ctx.data, model, cfg.finetune, run)
         model.cpu().eval()
         ratio = latency_ratio(original, model, example)
         ctx.log(f"test top1 {test['top1']:.2f}% after finetune; CPU latency pruned/unpruned {ratio:.2f}")

@@ -39,7 +39,7 @@ class TrainStage(Stage):
         hooks = Hooks(on_epoch=_tensorboard_logger(ctx) if cfg.tensorboard else None)
         run = run_training(ctx, model, cfg, field=f"stages.{ctx.name}", label=ctx.name, hooks=hooks,
                            checkpoint_dir=ctx.stage_dir / "checkpoints")
-        test_metrics = test_accuracy(ctx, model, cfg, run)
+        test_metrics = test_accuracy(ctx.data, model, cfg, run)
         metrics = {**run.metrics, "test_top1": round(test_metrics["top1"], 3), "test_top5": round(test_metrics["top5"], 3),
                    "params": count_params(model), "macs": count_macs(model, data.input_shape)}
         if not data.meaningful_accuracy:
