@@ -56,6 +56,22 @@ def bn_l1_hook(model: nn.Module, lam: float, ignored: list[nn.Module] | None = N
     return hook
 
 
+def unprunable_batchnorms(model: nn.Module, example: torch.Tensor, protected: list[nn.Module]) -> list[nn.Module]:
+    """BatchNorms whose channels the pruner will never remove, given the protected layers.
+
+    The same rule torch-pruning's pruner applies: a channel group is pruned only if none of
+    its output-channel members is ignored (a protected module or any module inside one). A
+    BatchNorm in no prunable group keeps all its channels, so the sparsity phase must not
+    push its scales to zero: that would only cost accuracy.
+    """
+    ignored = [m for layer in protected for m in layer.modules()]
+    graph = tp.DependencyGraph().build_dependency(model.eval(), example_inputs=example)
+    prunable = set()
+    for group in graph.get_all_groups(ignored_layers=ignored, root_module_types=(nn.Conv2d, nn.Linear)):
+        prunable.update(dep.target.module for dep, _ in group)
+    return [bn for bn in batchnorm_layers(model) if bn not in prunable]
+
+
 @dataclass
 class PruneTarget:
     macs_fraction: float | None = None  # keep at most this share of the MACs

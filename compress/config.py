@@ -71,6 +71,15 @@ class PipelineConfig(Strict):
     stages: list[dict[str, Any]] = Field(..., min_length=1)
 
 
+def check_metric_has_meaning(metric: str, num_classes: int | None) -> None:
+    """A top-k red line on k classes or fewer would pass whatever the model does (every image is a hit)."""
+    from train.evaluate import meaningful_metrics
+
+    if num_classes is not None and metric not in meaningful_metrics(num_classes):
+        raise ValueError(f"{metric} is meaningless with {num_classes} classes (every image would "
+                         f"count as a hit); use metric: top1")
+
+
 class StageConfig(Strict):
     """Fields every stage has; each kind subclasses this with its own settings."""
 

@@ -12,7 +12,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from compress.config import PipelineConfig, StageConfig
+from compress.config import PipelineConfig, StageConfig, check_metric_has_meaning
 from compress.errors import ConfigError
 from compress.stages import registry
 
@@ -181,6 +181,14 @@ def build_pipeline(raw: Any, source: str, lines: dict[tuple, int] | None = None,
     except ValidationError as exc:
         for err in exc.errors():
             problems.append((err["loc"], _describe(err, _owner(PipelineConfig, err["loc"]))))
+    else:
+        from train.datasets import class_count
+
+        try:
+            check_metric_has_meaning(config.red_line.metric, class_count(config.data.name, config.data.path,
+                                                                         config.data.synthetic_classes))
+        except ValueError as exc:
+            problems.append((("red_line", "metric"), str(exc)))
 
     stages: list[StageConfig] = []
     raw_stages = raw.get("stages") if isinstance(raw.get("stages"), list) else []

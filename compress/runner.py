@@ -22,7 +22,7 @@ from compress.manifest import ArtifactRecord, Manifest, StageRecord, digest_path
 from compress.pipeline_file import Pipeline
 from compress.run_lock import RunLock
 from compress.stages import registry
-from compress.config import StageConfig
+from compress.config import StageConfig, check_metric_has_meaning
 from compress.stages.base import InputArtifact, Output, StageContext
 from train.atomic_io import atomic_write_text
 from train.data import DataBundle, DataSpec, load_data
@@ -117,8 +117,11 @@ class Runner:
             spec = DataSpec(**cfg.model_dump())
             try:
                 self._data = load_data(spec)
+                check_metric_has_meaning(self.pipeline.config.red_line.metric, self._data.num_classes)
             except DataError as exc:
                 raise DataInputError(f"{self.pipeline.source}: data: {exc}") from exc
+            except ValueError as exc:
+                raise ConfigError(f"{self.pipeline.source}: red_line.metric: {exc}") from exc
             self._data_digest = self._data.digest()
             assert self.manifest is not None
             self.manifest.data = {**self._data.summary(), "split_hash": self._data_digest}

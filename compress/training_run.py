@@ -147,3 +147,8 @@ def test_accuracy(data: DataBundle, model: nn.Module, cfg: TrainingSettings, run
     device = run.device if run else resolve_device(cfg.device)
     model.to(device)
     return evaluate(model, eval_stream(data, "test", cfg, device))
+
+
+def test_metrics(test: dict) -> dict:
+    """The test accuracies a stage records: top-1, and top-5 where the class count gives it a meaning."""
+    return {f"test_{name}": round(test[name], 3) for name in ("top1", "top5") if name in test}

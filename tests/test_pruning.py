@@ -83,6 +83,26 @@ def test_the_l1_penalty_lands_on_unscaled_gradients_under_fp16():
     torch.testing.assert_close(seen["before"], reference.bn1.weight.grad, rtol=2e-2, atol=2e-4)
 
 
+def test_the_l1_penalty_spares_the_batchnorms_of_protected_layers():
+    from compress.channel_pruning import unprunable_batchnorms
+
+    digits = load_data(DataSpec(name="digits"))
+    stream = BatchStream(digits.train, digits, 64, shuffle=False, drop_last=True)
+    torch.manual_seed(0)
+    model = build_model("resnet20", 10, 1, {"width": 4})
+    protected = [model.layer1[0].conv1, model.fc]
+    kept = unprunable_batchnorms(model, torch.zeros(1, 1, 8, 8), protected)
+    assert kept == [model.layer1[0].bn1]  # its conv's output channels are coupled to nothing else
+    optimizer = make_optimizer(model, "sgd", 0.05, 0.0, momentum=0.0)
+    fit(model, stream, None, optimizer, make_scheduler(optimizer, lr_factor("constant", len(stream))),
+        make_precision("off", torch.device("cpu")), LoopSettings(epochs=1, heartbeat_s=1e9),
+        Hooks(after_backward=bn_l1_hook(model, 0.5, ignored=kept)))  # 20 steps × lr·λ 0.025 = 0.5 off every γ
+    spared = model.layer1[0].bn1.weight.abs().mean().item()
+    penalised = torch.cat([bn.weight.abs() for bn in model.modules()
+                           if isinstance(bn, nn.BatchNorm2d) and bn is not model.layer1[0].bn1]).mean().item()
+    assert spared > 0.85 and penalised < 0.65, (spared, penalised)
+
+
 def test_error_cases_say_what_to_do():
     with pytest.raises(PruningError, match=r"no BatchNorm layers.*use importance: magnitude"):
         bn_l1_hook(build_model("tests.user_models:NoBatchNorm", 10, 1), 1e-4)
@@ -114,6 +134,7 @@ def test_prune_stage_end_to_end(tmp_path, tiny_config, write_pipeline, capsys):
     report = json.loads((run_dir / "prune" / "report" / "pruning.json").read_text())
     assert report["gamma_before"]["counts"] and report["gamma_after_sparsity"]["counts"]
     assert report["channels_after"]["conv1"] <= report["channels_before"]["conv1"]
+    assert report["unpenalised_batchnorms"] == []  # nothing protected but the classifier
     model, description = load_model(run_dir / "prune" / "model")
     assert description["pruning"]["history"] and sum(p.numel() for p in model.parameters()) == metrics["params_after"]
     resolved = (run_dir / "pipeline.resolved.yaml").read_text()

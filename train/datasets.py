@@ -63,6 +63,21 @@ def load_mnist5k() -> RawDataset:
 _IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm"}
 
 
+def _class_folders(root: Path) -> list[str]:
+    return sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+
+
+def class_count(name: str, path: str | None = None, synthetic_classes: int = 10) -> int | None:
+    """Classes of a data set, known without decoding it (None where only loading tells)."""
+    if name in ("digits", "mnist5k", "cifar10"):
+        return 10
+    if name == "synthetic":
+        return synthetic_classes
+    if name == "imagefolder" and path and Path(path).is_dir():
+        return len(_class_folders(Path(path)))
+    return None
+
+
 def load_imagefolder(root: str | Path, image_size: int | None, channels: int | None) -> RawDataset:
     """Read a class-per-folder tree; every image is resized once to a common square size."""
     from PIL import Image
@@ -70,7 +85,7 @@ def load_imagefolder(root: str | Path, image_size: int | None, channels: int | N
     root = Path(root)
     if not root.is_dir():
         raise DataError(f"imagefolder: {root} is not a folder; set data.path to a folder with one sub-folder per class")
-    classes = sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+    classes = _class_folders(root)
     if len(classes) < 2:
         raise DataError(f"imagefolder: {root} has {len(classes)} class folder(s); it needs at least two (one sub-folder per class)")
     files: list[tuple[Path, int]] = []

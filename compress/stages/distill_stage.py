@@ -14,7 +14,7 @@ from compress.errors import ConfigError
 from compress.model_source import model_from_artifact, model_from_config
 from compress.stages.base import InputArtifact, Output, Stage, StageContext, StageResult
 from compress.stages.train_stage import model_meta
-from compress.training_run import TrainingSettings, run_training, test_accuracy
+from compress.training_run import TrainingSettings, run_training, test_accuracy, test_metrics
 from train.loop import Hooks
 from train.model_io import save_model
 from train.models import ModelError, build_model, count_macs, count_params, load_weights
@@ -68,7 +68,7 @@ class DistillStage(Stage):
         run = run_training(ctx, student, cfg, field=field, label=ctx.name, hooks=Hooks(loss=loss),
                            checkpoint_dir=ctx.stage_dir / "checkpoints")
         test = test_accuracy(ctx.data, student, cfg, run)
-        metrics = {**run.metrics, "test_top1": round(test["top1"], 3), "test_top5": round(test["top5"], 3),
+        metrics = {**run.metrics, **test_metrics(test),
                    "params": count_params(student), "macs": count_macs(student, data.input_shape),
                    "temperature": cfg.temperature, "alpha": cfg.alpha, "teacher": teacher_name,
                    "loss_parts": [{k: round(v, 5) for k, v in r.items() if k.startswith("train_") or k == "epoch"}

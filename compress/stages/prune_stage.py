@@ -9,7 +9,8 @@ import torch
 from pydantic import ConfigDict, Field, model_validator
 from torch import nn
 
-from compress.channel_pruning import (PruneTarget, PruningError, bn_l1_hook, gamma_histogram, latency_ratio, prune)
+from compress.channel_pruning import (PruneTarget, PruningError, bn_l1_hook, gamma_histogram, latency_ratio, prune,
+                                      unprunable_batchnorms)
 from compress.config import StageConfig, Strict
 from compress.distillation import DistillSettings, check_pair, teacher_loss
 from compress.errors import ConfigError
@@ -17,7 +18,7 @@ from compress.model_source import model_from_artifact
 from compress.stages.base import InputArtifact, Output, Stage, StageContext, StageResult
 from compress.stages.train_stage import model_meta
 from compress.training_run import (TrainingRun, TrainingSettings, eval_stream, resolve_device, run_training,
-                                   test_accuracy)
+                                   test_accuracy, test_metrics)
 from train.evaluate import evaluate
 from train.loop import Hooks
 from train.model_io import save_model
@@ -94,9 +95,13 @@ class PruneStage(Stage):
 
         if cfg.sparsity.epochs > 0:
             try:
-                hook = bn_l1_hook(model, cfg.sparsity.l1)
+                kept = unprunable_batchnorms(model, example, protected)
+                hook = bn_l1_hook(model, cfg.sparsity.l1, ignored=kept)
             except PruningError as exc:
                 raise ConfigError(f"{field}.sparsity: {exc}") from exc
+            if kept:
+                ctx.log(f"{len(kept)} BatchNorm layers belong to protected layers: no L1 penalty on their scales")
+            report["unpenalised_batchnorms"] = [n for n, m in model.named_modules() if any(m is k for k in kept)]
             runs["sparsity"] = run_training(ctx, model, cfg.sparsity, field=f"{field}.sparsity",
                                             label=f"{ctx.name}.sparsity", hooks=Hooks(after_backward=hook),
                                             checkpoint_dir=ctx.stage_dir / "checkpoints-sparsity")
@@ -136,8 +141,8 @@ class PruneStage(Stage):
         metrics = {"macs_before": result.macs_before, "macs_after": result.macs_after,
                    "macs_fraction": round(result.macs_after / result.macs_before, 4),
                    "params_before": result.params_before, "params_after": result.params_after,
-                   "val_top1_after_surgery": round(after_surgery, 3), "test_top1": round(test["top1"], 3),
-                   "test_top5": round(test["top5"], 3), "cpu_latency_ratio": round(ratio, 3),
+                   "val_top1_after_surgery": round(after_surgery, 3), **test_metrics(test),
+                   "cpu_latency_ratio": round(ratio, 3),
                    "params": result.params_after, "macs": result.macs_after,
                    "precision": {phase: {"name": r.precision.name, "reason": r.precision.reason}
                                  for phase, r in runs.items()},

@@ -11,7 +11,7 @@ from compress.config import StageConfig
 from compress.errors import ConfigError
 from compress.model_source import model_from_artifact, model_from_config
 from compress.stages.base import InputArtifact, Output, Stage, StageContext, StageResult
-from compress.training_run import TrainingSettings, run_training, test_accuracy
+from compress.training_run import TrainingSettings, run_training, test_accuracy, test_metrics
 from train.loop import Hooks
 from train.model_io import save_model
 from train.models import count_macs, count_params
@@ -39,8 +39,8 @@ class TrainStage(Stage):
         hooks = Hooks(on_epoch=_tensorboard_logger(ctx) if cfg.tensorboard else None)
         run = run_training(ctx, model, cfg, field=f"stages.{ctx.name}", label=ctx.name, hooks=hooks,
                            checkpoint_dir=ctx.stage_dir / "checkpoints")
-        test_metrics = test_accuracy(ctx.data, model, cfg, run)
-        metrics = {**run.metrics, "test_top1": round(test_metrics["top1"], 3), "test_top5": round(test_metrics["top5"], 3),
+        test = test_accuracy(ctx.data, model, cfg, run)
+        metrics = {**run.metrics, **test_metrics(test),
                    "params": count_params(model), "macs": count_macs(model, data.input_shape)}
         if not data.meaningful_accuracy:
             metrics["accuracy_meaningless"] = "synthetic data: random images and labels, so this accuracy is meaningless"
