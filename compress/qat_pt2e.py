@@ -9,7 +9,9 @@ from that file afterwards (``qdq_rewrite``), so one training run serves both dep
 """
 from __future__ import annotations
 
+import contextlib
 import copy
+from typing import Iterator
 
 import torch
 from torch import nn
@@ -142,6 +144,32 @@ def observe(prepared: nn.Module, images: torch.Tensor, batch_size: int = 64) -> 
     prepared.eval()
     for start in range(0, len(images), batch_size):
         prepared(images[start:start + batch_size])
+
+
+def _fake_quantizers(prepared: nn.Module) -> list[nn.Module]:
+    from torchao.quantization.pt2e import FakeQuantizeBase
+
+    return [m for m in prepared.modules() if isinstance(m, FakeQuantizeBase)]
+
+
+@contextlib.contextmanager
+def observers_paused(prepared: nn.Module) -> Iterator[None]:
+    """Range observers off while the model is only being judged, then back as they were.
+
+    ``move_exported_model_to_eval`` switches BatchNorm and dropout, not the fused moving-average
+    fake-quantizers: left on, every validation pass would pull the activation ranges towards
+    the validation images, which then judge the rung that ships those ranges.
+    """
+    quantizers = _fake_quantizers(prepared)
+    states = [bool(q.observer_enabled[0]) for q in quantizers]
+    for q in quantizers:
+        q.disable_observer()
+    try:
+        yield
+    finally:
+        for q, enabled in zip(quantizers, states):
+            if enabled:
+                q.enable_observer()
 
 
 def freeze_ranges(prepared: nn.Module) -> None:

@@ -13,7 +13,7 @@ from torch import nn
 
 from compress.distillation import DistillSettings, teacher_loss
 from compress.errors import ConfigError, StageError
-from compress.qat_pt2e import convert, freeze_ranges, observe, prepare
+from compress.qat_pt2e import convert, freeze_ranges, observe, observers_paused, prepare
 from compress.stages.base import StageContext
 from compress.training_run import TrainingSettings, run_training
 from export.onnx_export import ExportError, export_onnx
@@ -49,7 +49,7 @@ def run_qat(ctx: StageContext, model: nn.Module, cfg: QATSettings, calib: torch.
         if record["epoch"] == freeze_at:  # epochs completed so far
             freeze_ranges(prepared)
 
-    hooks = Hooks(on_epoch=on_epoch)
+    hooks = Hooks(on_epoch=on_epoch, evaluation=lambda: observers_paused(prepared))
     if cfg.distill is not None and teacher is not None:
         d = cfg.distill
         hooks.loss = teacher_loss(teacher, cfg, d.temperature, d.alpha, d.cache_teacher, f"{field}.distill")

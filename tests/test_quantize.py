@@ -240,6 +240,69 @@ def test_qat_captures_a_model_that_reuses_one_relu_and_exports_clean_qdq(tmp_pat
     assert ops["QLinearConv"] == 2 and ops["QLinearAdd"] == 1, ops
 
 
+class _Batches:
+    def __init__(self, batches):
+        self.batches = batches
+
+    def epoch(self, epoch, start=0):
+        return iter(self.batches)
+
+
+def _ranges(prepared) -> dict:
+    return {k: v.clone() for k, v in prepared.state_dict().items()
+            if "activation_post_process" in k and k.endswith(("scale", "min_val", "max_val"))}
+
+
+def test_evaluating_a_qat_model_leaves_its_ranges_alone():
+    from train.evaluate import evaluate
+
+    torch.manual_seed(0)
+    sample = torch.randn(2, 1, 8, 8)
+    prepared = qat_pt2e.prepare(_SharedReLU().eval(), sample)
+    qat_pt2e.observe(prepared, torch.randn(16, 1, 8, 8))
+    before = _ranges(prepared)
+    judged = _Batches([(torch.randn(32, 1, 8, 8) * 20, torch.randint(0, 3, (32,))) for _ in range(4)])
+    with qat_pt2e.observers_paused(prepared):
+        evaluate(prepared, judged)
+    after = _ranges(prepared)
+    assert before and all(torch.equal(before[k], after[k]) for k in before)
+    evaluate(prepared, judged)  # observers back on: the same pass now moves the ranges (the old behaviour)
+    moved = _ranges(prepared)
+    assert any(not torch.allclose(before[k], moved[k]) for k in before if k.endswith("max_val"))
+    qat_pt2e.freeze_ranges(prepared)
+    with qat_pt2e.observers_paused(prepared):
+        pass
+    assert not any(bool(q.observer_enabled[0]) for q in qat_pt2e._fake_quantizers(prepared))  # frozen stays frozen
+
+
+def test_the_loop_wraps_every_validation_pass_in_the_evaluation_hook():
+    import contextlib
+
+    from train.data import BatchStream, DataSpec, load_data
+    from train.loop import Hooks, LoopSettings, fit
+    from train.models import build_model
+    from train.optim import lr_factor, make_optimizer, make_scheduler
+    from train.precision import make_precision
+
+    digits = load_data(DataSpec(name="digits"))
+    train = BatchStream(digits.train.__class__(digits.train.images[:128], digits.train.labels[:128]), digits, 64,
+                        shuffle=False, drop_last=True)
+    val = BatchStream(digits.val, digits, 256, shuffle=False, drop_last=False)
+    model = build_model("resnet20", 10, 1, {"width": 4})
+    entered = []
+
+    @contextlib.contextmanager
+    def evaluation():
+        entered.append(model.training)
+        yield
+
+    optimizer = make_optimizer(model, "sgd", 0.01, 0.0)
+    fit(model, train, val, optimizer, make_scheduler(optimizer, lr_factor("constant", 6)),
+        make_precision("off", torch.device("cpu")), LoopSettings(epochs=3, heartbeat_s=1e9),
+        Hooks(evaluation=evaluation))
+    assert len(entered) == 3
+
+
 def _entry(name, precision, p50, p99, source="prune.model", fmt="onnx", **extra):
     return {"name": name, "precision": precision, "format": fmt, "backend": "onnxruntime", "source_model": source,
             "accuracy_drop": 0.1, "latency_ms": {"p50": p50, "p99": p99}, **extra}

@@ -7,12 +7,13 @@ autocast factory and a scaler, so the loop has a single code path.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, ContextManager
 
 import torch
 from torch import nn
@@ -52,6 +53,9 @@ class Hooks:
     after_backward: Callable[[nn.Module], None] | None = None  # gradients are unscaled here
     wrap_model: Callable[[nn.Module], nn.Module] | None = None
     on_epoch: Callable[[dict], None] | None = None  # receives each epoch's record (loss, val accuracy)
+    # Entered around every validation pass: a model whose forward has side effects in eval mode
+    # (QAT's range observers) must not learn from the images that judge it.
+    evaluation: Callable[[], ContextManager] | None = None
 
 
 @dataclass
@@ -145,7 +149,8 @@ class _Loop:
                   **{("train_loss" if k == "loss" else f"train_{k}"): v / steps for k, v in self.epoch_sums.items()}}
         self.epoch_sums, self.epoch_steps = {}, 0
         if val is not None:
-            metrics = evaluate(self.train_model, val, self.precision.autocast)
+            with (self.hooks.evaluation or contextlib.nullcontext)():
+                metrics = evaluate(self.train_model, val, self.precision.autocast)
             record.update(val_top1=metrics["top1"], val_loss=metrics["loss"])
             if metrics["top1"] > self.state["best_val_top1"]:
                 self.state["best_val_top1"], self.state["best_epoch"] = metrics["top1"], epoch + 1
