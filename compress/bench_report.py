@@ -64,5 +64,7 @@ def print_gate(result: dict, source: Path, console: Console) -> None:
     table.add_row("[green]PASSED[/]" if result["passed"] else "[red]FAILED[/]", str(result["release"]),
                   str(result["p99_budget_ms"]), str(result["max_accuracy_drop"]))
     console.print(table)
+    for note in result.get("notes", []):
+        console.print(f"note: {note}", style="yellow", highlight=False)
     for reason in result["reasons"]:
         console.print(f"- {reason}", highlight=False)

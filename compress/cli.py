@@ -85,7 +85,8 @@ def _cmd_gate(args: argparse.Namespace) -> int:
     gate = report["gate"]
     budget = args.p99_ms if args.p99_ms is not None else gate["p99_budget_ms"]
     max_drop = args.max_drop if args.max_drop is not None else gate["max_accuracy_drop"]
-    result = evaluate(report["artifacts"], budget, max_drop)
+    result = evaluate(report["artifacts"], budget, max_drop,
+                      accuracy_meaningful=(report.get("data") or {}).get("meaningful_accuracy", True))
     print_gate(result, path, _console(stderr=False))
     return 0 if result["passed"] else 1
 

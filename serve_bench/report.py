@@ -86,6 +86,8 @@ def render_markdown(report: dict) -> str:
              f"`{gate['release'] or 'none'}` ({_budget(gate)}, "
              f"max {metric} drop {gate['max_accuracy_drop']} points vs `{report['baseline']}`)", "",
              f"Measured on: {environment_line(report.get('environment', {}))}", ""]
+    if gate.get("notes"):
+        lines += [f"> note: {note}" for note in gate["notes"]] + [""]
     if gate["reasons"]:
         lines += [f"- {reason}" for reason in gate["reasons"]] + [""]
     lines += [f"| artifact | backend | precision | {metric} % | drop (points) | p50 ms | p99 ms | p99 95% CI | "
@@ -122,7 +124,8 @@ def render_html(report: dict, figures: dict[str, bytes]) -> str:
                     f"<td>{_fmt(lat['p50'])}</td><td>{_fmt(lat['p99'])}</td>"
                     f"<td>{_fmt(lat['p99_ci'][0])}–{_fmt(lat['p99_ci'][1])}</td><td>{a['throughput']:,.0f}</td>"
                     f"<td>{a['speedup_p99']:.2f}×</td><td>{a['size_bytes'] / 2**20:.2f}</td></tr>")
-    reasons = "".join(f"<li>{html.escape(r)}</li>" for r in gate["reasons"])
+    reasons = "".join(f"<li class=\"flag\">note: {html.escape(n)}</li>" for n in gate.get("notes", [])) + \
+        "".join(f"<li>{html.escape(r)}</li>" for r in gate["reasons"])
     verdict = "passed" if gate["passed"] else "failed"
     figs = "".join(f"<figure>{_img(png, name)}</figure>" for name, png in figures.items())
     flags = "".join(f"<li class=\"flag\">⚠ {html.escape(f)}</li>" for f in report.get("flags", []))

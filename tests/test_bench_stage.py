@@ -158,3 +158,27 @@ def test_bench_stage_alone_exits_1_when_its_gate_fails(bench_run, tmp_path, caps
     assert main([*args, "--run-dir", str(tmp_path / "failing"), "latency.p99_budget_ms=0.000001"]) == 1
     assert "release gate FAILED (bench)" in capsys.readouterr().err
     assert main([*args, "--run-dir", str(tmp_path / "passing")]) == 0
+
+
+def test_synthetic_data_gates_on_latency_only_and_the_ladder_does_not_climb(tmp_path, capsys):
+    config = copy.deepcopy(TINY)
+    config["data"] = {"name": "synthetic", "image_size": 8, "channels": 1, "synthetic_samples": 400}
+    config["red_line"] = {"metric": "top1", "max_drop": 0.0}  # any noise would climb the ladder
+    config["latency"] = {"p99_budget_ms": 1000.0}
+    config["stages"] += [{"name": "quantize", "kind": "quantize", "flavours": ["cpu"],
+                          "calibration": {"method": "minmax", "samples": 64}, "qat": {"epochs": 1}},
+                         dict(FAST_BENCH)]
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml.safe_dump(config))
+    run_dir = tmp_path / "run"
+    assert main(["run", str(path), "--run-dir", str(run_dir)]) == 0
+    err = capsys.readouterr().err
+    assert "the ladder stays at PTQ" in " ".join(err.split())
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    ladder = manifest["stages"]["quantize"]["metrics"]
+    assert ladder["rung"] == "ptq" and ladder["climbed"] == [] and ladder["red_line"]["within"] is None
+    report = json.loads((run_dir / "report" / "report.json").read_text())
+    assert report["gate"]["decided_on"] == "latency only" and report["gate"]["passed"]
+    assert "accuracy not gated" in (run_dir / "report" / "report.md").read_text()
+    assert main(["gate", str(run_dir)]) == 0
+    assert "decided on latency only" in " ".join(capsys.readouterr().out.split())

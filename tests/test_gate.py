@@ -41,6 +41,19 @@ def test_no_budget_means_accuracy_alone_decides():
     assert evaluate([_art("a", 0.2, 50.0)], None, 0.5)["release"] == "a"
 
 
+def test_meaningless_accuracy_is_not_gated_and_the_result_says_so():
+    artifacts = [_art("torch", 0.0, 4.0), _art("int8", 7.5, 0.9),
+                 {**_art("refused", 9.0, 0.5), "refused": "no rung within the red line"}]
+    judged = evaluate(artifacts, 2.0, 0.5)
+    assert judged["release"] is None and judged["decided_on"] == "accuracy and latency" and not judged["notes"]
+    gate = evaluate(artifacts, 2.0, 0.5, accuracy_meaningful=False)
+    assert gate["passed"] and gate["release"] == "refused"  # the fastest within the budget: latency alone decides
+    assert gate["decided_on"] == "latency only" and "random" in gate["notes"][0]
+    assert gate["reasons"] == ["torch: p99 4.000 ms > budget 2 ms"]
+    slow = evaluate([_art("int8", 0.0, 3.0)], 2.0, 0.5, accuracy_meaningful=False)
+    assert not slow["passed"] and slow["reasons"][0] == "no artifact meets the p99 budget"
+
+
 def test_accuracy_from_logits():
     logits = np.array([[0.1, 0.9, 0, 0, 0, 0, 0], [0.8, 0.1, 0, 0, 0, 0, 0.05], [0, 0, 0, 0, 0, 0.2, 0.7]])
     result = accuracy(logits, np.array([1, 6, 5]), per_class=True)

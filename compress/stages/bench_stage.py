@@ -83,7 +83,8 @@ class BenchStage(Stage):
             entries, latencies, _ = run_benchmark(specs, baseline, pool, images, labels, settings, metric)
         except RuntimeError as exc:
             raise StageError(f"stage {ctx.name!r}: {exc}") from exc
-        gate = evaluate(entries, pipeline.latency.p99_budget_ms, pipeline.red_line.max_drop)
+        gate = evaluate(entries, pipeline.latency.p99_budget_ms, pipeline.red_line.max_drop,
+                        accuracy_meaningful=data.meaningful_accuracy)
         env = environment()
         flags = quantized_not_faster(entries, env["isa"])
         report = {"pipeline": pipeline.name, "baseline": baseline, "metric": metric, "artifacts": entries,
@@ -96,9 +97,12 @@ class BenchStage(Stage):
         ctx.console.print(summary_table(report))
         verdict = "passed" if gate["passed"] else "FAILED"
         ctx.log(f"gate {verdict}: release {gate['release']}" + "".join(f"\n  - {r}" for r in gate["reasons"]))
+        for note in gate["notes"]:
+            ctx.log(f"note: {note}", style="yellow")
         for flag in flags:
             ctx.log(f"flag: {flag}", style="yellow")
         metrics = {"gate_passed": gate["passed"], "release": gate["release"], "gate_reasons": gate["reasons"],
+                   "gate_decided_on": gate["decided_on"],
                    "flags": flags,
                    "summary": f"gate {verdict}, release {gate['release']}"}
         return StageResult(outputs=[Output("report", "report", ctx.run_dir / "report", meta={"passed": gate["passed"]})],

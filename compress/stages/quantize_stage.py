@@ -101,8 +101,10 @@ class QuantizeStage(Stage):
                              + "; ".join(lints[chosen.rung]["violations"][:8]))
         test = {f: int8_measure.split_accuracy(p, test_x, test_y) for f, p in chosen.files.items()}
         drops = {f: round(ref_test[red.metric] - t[red.metric], 4) for f, t in test.items()}
-        # Within only if the ladder's choice passed on validation and the test split confirms it.
-        within = chosen.within and all(d <= red.max_drop for d in drops.values())
+        # Within only if the ladder's choice passed on validation and the test split confirms it;
+        # not judged at all (None) where the labels are random.
+        within = (chosen.within and all(d <= red.max_drop for d in drops.values())) if data.meaningful_accuracy \
+            else None
         rungs = rung_records(attempts, lints, float_onnx, val_x, red.metric)
         cpu_latency = next((r["latency"] for r in rungs if r["rung"] == chosen.rung and "latency" in r), None)
         flags = []
@@ -110,10 +112,11 @@ class QuantizeStage(Stage):
             flags.append(f"INT8 CPU file is not faster than the fp32 ONNX of the same model "
                          f"(p50 {cpu_latency['int8_p50_ms']:.3f} vs {cpu_latency['fp32_p50_ms']:.3f} ms); "
                          f"{why_int8_not_faster(isa_facts())}")
-        verdict = "within" if within else "OVER"
+        verdict = {True: "within the red line", False: "OVER the red line",
+                   None: "red line not judged (random labels)"}[within]
         ctx.log(f"rung reached: {chosen.rung}; test {red.metric} " + ", ".join(
-            f"{f} {t[red.metric]:.2f}% (drop {drops[f]:+.2f})" for f, t in test.items()) + f" — {verdict} the red line"
-            + "".join(f"\n  ! {flag}" for flag in flags), style=None if within else "red")
+            f"{f} {t[red.metric]:.2f}% (drop {drops[f]:+.2f})" for f, t in test.items()) + f" — {verdict}"
+            + "".join(f"\n  ! {flag}" for flag in flags), style="red" if within is False else None)
         summary = {"rung": chosen.rung, "climbed": climbed, "cpu_weights": cfg.cpu_weights,
                    "reference": ref_artifact.name,
                    "reference_val": ref_val[red.metric], "reference_test": ref_test[red.metric],
@@ -130,7 +133,7 @@ class QuantizeStage(Stage):
             (folder / "ladder.json").write_text(json.dumps(summary, indent=2))
         shutil.rmtree(work, ignore_errors=True)
         metrics = {**summary, "summary": f"rung {chosen.rung}, test drop " + ", ".join(
-            f"{f} {d:+.2f}" for f, d in drops.items()) + f" ({verdict} red line {red.max_drop:g})"}
+            f"{f} {d:+.2f}" for f, d in drops.items()) + f" ({verdict}, {red.max_drop:g} points)"}
         return StageResult(outputs=[*outputs, Output("report", "report", ctx.stage_dir / "report")], metrics=metrics)
 
     def _climb(self, ctx, cfg: QuantizeConfig, ladder: Ladder, model, description, inputs, calib,
@@ -138,6 +141,10 @@ class QuantizeStage(Stage):
         try:
             attempts = [ladder.ptq()]
             climbed = []
+            if not ctx.data.meaningful_accuracy:
+                ctx.log(f"{ctx.data.name} data: the labels are random, so an accuracy drop measures noise; the "
+                        "ladder stays at PTQ (nothing to recover) and the red line is not judged", style="yellow")
+                return attempts, climbed
             if not attempts[-1].within and cfg.fallback.enabled:
                 climbed.append(attempts[-1].why_not(ladder.settings.max_drop))
                 attempts.append(ladder.fallback(attempts[-1]))
