@@ -90,3 +90,52 @@ def test_harness_check_reports_both_loops(artifacts, capsys):
     assert result["requests_each"] == 100
     assert {"p50", "p99"} <= set(result["harness"]) and {"p50", "p99"} <= set(result["minimal"])
     assert result["p50_ratio"] > 0 and "overhead_pct_of_median" in result
+
+
+@pytest.mark.parametrize("backend", ["torch", "onnxruntime"])
+def test_device_only_timing_starts_from_a_staged_input_and_leaves_the_output_on_the_device(artifacts, backend):
+    """What device-only times, alike for every runner: the input is on the device before the clock
+    starts and the result stays there (torch: a tensor; onnxruntime: an I/O binding; TensorRT, on a
+    GPU machine, a CUDA tensor), so no runner's figure includes a copy the others leave out."""
+    folder, images = artifacts
+    path = folder / ("model" if backend == "torch" else "model.onnx")
+    with make_runner(backend, path, threads=1) as runner:
+        staged = runner.prepare(images[:4])
+        if backend == "torch":
+            assert isinstance(staged, torch.Tensor) and staged.device.type == runner.device
+        else:
+            assert staged.value.device_name() == runner.device  # an OrtValue, copied once
+        out = runner.run_prepared(staged)
+        assert not isinstance(out, np.ndarray)  # not copied back to the host inside the timed call
+        np.testing.assert_allclose(runner._to_host(out), runner.infer(images[:4]), rtol=1e-5, atol=1e-6)
+
+
+def test_device_only_measurement_with_concurrent_clients(artifacts):
+    folder, images = artifacts
+    settings = HarnessSettings(warmup_iters=5, warmup_s=0.0, min_iters=60, min_duration_s=0.0, block_iters=20,
+                               block_s=0.0, settle_s=0.0, concurrency=3)
+    with BenchWorker("onnx", "onnxruntime", str(folder / "model.onnx"), {"threads": 1}, images, 1,
+                     device_only=True) as worker:
+        measured = measure_interleaved({"onnx": worker}, settings)
+    assert measured["onnx"].requests >= 60 and np.all(measured["onnx"].latencies_ms > 0)
+
+
+def test_per_thread_state_is_one_per_client_thread():
+    import threading
+
+    from serve_bench.runners import PerThread
+
+    made = iter(range(100))
+    state = PerThread(lambda: {"context": next(made)})
+    seen: dict[str, list] = {}
+
+    def client(name: str) -> None:
+        seen[name] = [id(state.get()) for _ in range(5)]
+
+    threads = [threading.Thread(target=client, args=(f"c{i}",)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert all(len(set(ids)) == 1 for ids in seen.values())  # a thread keeps its own
+    assert len({ids[0] for ids in seen.values()}) == 4 and len(state.made) == 4  # no two threads share one

@@ -145,3 +145,37 @@ def test_int8_engine_build_from_the_quantize_stage_trt_flavour(tmp_path):
     # Every convolution of the fully quantized ResNet-20 runs in INT8: none is left in float.
     assert meta["layers"].get("INT8", 0) > 0
     assert not [name for name in meta["float_compute_layers"] if "conv" in name.lower()], meta["float_compute_layers"]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(TRT_ABSENT is not None, reason=f"needs TensorRT and a CUDA device: {TRT_ABSENT}")
+def test_concurrent_clients_each_get_their_own_context_and_stream(tmp_path):
+    import threading
+
+    import numpy as np
+    import torch
+
+    from export.onnx_export import export_onnx
+    from serve_bench.runners import TensorRTRunner
+    from train.models import build_model
+
+    model = build_model("resnet20", 10, 3, {"width": 8}).eval()
+    info = export_onnx(model, torch.randn(2, 3, 32, 32), tmp_path / "model.onnx")
+    build_engine(info.path, tmp_path / "engine", BuildSettings(precision="fp32", max_batch=8), "input", (3, 32, 32))
+    images = np.random.default_rng(0).standard_normal((4, 8, 3, 32, 32)).astype(np.float32)
+    with TensorRTRunner(tmp_path / "engine") as runner:
+        expected = [runner.infer(batch) for batch in images]
+        results: dict[int, list] = {}
+
+        def client(c: int) -> None:
+            results[c] = [runner.infer(images[c]) for _ in range(20)]
+
+        threads = [threading.Thread(target=client, args=(c,)) for c in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert len(runner._per_thread.made) == 5  # the main thread's and one per client
+        for c, outputs in results.items():
+            for out in outputs:
+                np.testing.assert_allclose(out, expected[c], rtol=1e-3, atol=1e-3)
