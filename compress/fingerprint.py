@@ -65,3 +65,13 @@ def environment() -> dict:
         env["gpu"] = {"name": props.name, "capability": f"{props.major}.{props.minor}",
                       "memory_gb": round(props.total_memory / 2**30, 1)}
     return env
+
+
+# What a measurement or an engine build depends on: a change in any of these makes cached latencies
+# (and TensorRT's skip-or-build) describe another machine. The kernel string, thread defaults and
+# core counts of the OS are left out (the bench sets its own threads; cores are in the ISA facts).
+ENVIRONMENT_KEY = ("machine", "cpu", "isa", "onnxruntime", "packages", "cuda", "gpu", "python")
+
+
+def environment_key(env: dict) -> dict:
+    return {name: env.get(name) for name in ENVIRONMENT_KEY}

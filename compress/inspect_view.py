@@ -22,6 +22,25 @@ def _fmt_size(n: int) -> str:
     return str(n)
 
 
+def environment_lines(manifest: Manifest) -> list[str]:
+    """Which machine each stage's results come from: a run directory can hold stages from several."""
+    by_env: dict[str | None, list[str]] = {}
+    for record in manifest.stages.values():
+        by_env.setdefault(record.environment, []).append(record.name)
+    lines = []
+    for digest, names in by_env.items():
+        env = manifest.environments.get(digest or "", {})
+        if not env:
+            where = "an unrecorded machine (written by an older version)"
+        else:
+            packages = env.get("packages") or {}
+            where = (f"{env.get('cpu')} ({env.get('isa_summary')}), torch {packages.get('torch')}, "
+                     f"onnxruntime {packages.get('onnxruntime')}" + (f", GPU {env['gpu']['name']}" if env.get("gpu") else ""))
+        prefix = "ran on" if len(by_env) == 1 else f"{', '.join(names)} ran on"
+        lines.append(f"{prefix}: {where}")
+    return lines
+
+
 def render(run_dir: Path, console: Console) -> None:
     manifest = Manifest.load(run_dir)
     if manifest is None:
@@ -31,6 +50,8 @@ def render(run_dir: Path, console: Console) -> None:
         sizes = manifest.data.get("sizes", {})
         console.print(f"data {manifest.data.get('name')}: " + ", ".join(f"{k} {v}" for k, v in sizes.items())
                       + f"; split hash {str(manifest.data.get('split_hash', ''))[:12]}")
+    for line in environment_lines(manifest):
+        console.print(line, highlight=False)
     stages = Table(title="stages")
     for col in ("stage", "kind", "status", "duration", "metrics", "outputs"):
         stages.add_column(col)

@@ -75,6 +75,8 @@ class StageRecord(BaseModel):
     # A later attempt that has not completed (running, killed or failed). The completed
     # record and its artifacts stay valid meanwhile: outputs are only replaced on success.
     last_attempt: dict[str, Any] | None = None
+    # Key into Manifest.environments: the machine and software this record's results came from.
+    environment: str | None = None
 
 
 class Manifest(BaseModel):
@@ -82,7 +84,8 @@ class Manifest(BaseModel):
     pipeline: str
     created: str = Field(default_factory=now)
     updated: str = Field(default_factory=now)
-    environment: dict[str, Any] = Field(default_factory=dict)
+    environment: dict[str, Any] = Field(default_factory=dict)  # of the latest invocation
+    environments: dict[str, dict[str, Any]] = Field(default_factory=dict)  # every one a stage ran on, by digest
     data: dict[str, Any] = Field(default_factory=dict)
     artifacts: dict[str, ArtifactRecord] = Field(default_factory=dict)
     stages: dict[str, StageRecord] = Field(default_factory=dict)

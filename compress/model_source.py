@@ -5,6 +5,10 @@ name the pipeline field, so the CLI exits 2 with the fix instead of a stack trac
 """
 from __future__ import annotations
 
+import hashlib
+from pathlib import Path
+
+from pydantic import BaseModel
 from torch import nn
 
 from compress.config import ModelConfig
@@ -12,7 +16,48 @@ from compress.errors import ArtifactError, ConfigError
 from compress.stages.base import InputArtifact
 from train.data import DataBundle
 from train.model_io import describe, load_model
-from train.models import ModelError, build_model, load_weights
+from train.models import ModelError, build_model, code_file, load_weights
+
+
+def _file_digest(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def source_digests(cfg: ModelConfig) -> dict:
+    """What a model section's results depend on beyond its text: the weights file's bytes and the
+    user module's source. A path string alone would call a retrained weights file, or edited model
+    code, "cached"."""
+    digests: dict = {}
+    if cfg.weights:
+        path = Path(cfg.weights)
+        digests["weights"] = _file_digest(path) if path.is_file() else f"missing: {path}"
+    code = code_file(cfg.name)
+    if code is not None:
+        digests["code"] = _file_digest(code)
+    return digests
+
+
+def model_sources(*sections: BaseModel | None) -> list[dict]:
+    """``source_digests`` of every model section inside the given settings (teachers, students too)."""
+    found: list[dict] = []
+
+    def walk(value) -> None:
+        if isinstance(value, ModelConfig):
+            found.append({"name": value.name, **source_digests(value)})
+        if isinstance(value, BaseModel):
+            for name in type(value).model_fields:
+                walk(getattr(value, name))
+        elif isinstance(value, (list, tuple)):
+            for item in value:
+                walk(item)
+
+    for section in sections:
+        walk(section)
+    return found
 
 
 def model_from_config(cfg: ModelConfig, data: DataBundle) -> tuple[nn.Module, dict]:

@@ -17,8 +17,9 @@ from rich.markup import escape
 
 from compress import __version__
 from compress.errors import ArtifactError, CompressError, ConfigError, DataInputError, StageError
-from compress.fingerprint import environment
+from compress.fingerprint import environment, environment_key
 from compress.manifest import ArtifactRecord, Manifest, StageRecord, digest_path, now
+from compress.model_source import model_sources
 from compress.pipeline_file import Pipeline
 from compress.run_lock import RunLock
 from compress.stages import registry
@@ -109,6 +110,7 @@ class Runner:
         self._data: DataBundle | None = None
         self._data_digest: str | None = None
         self.manifest: Manifest | None = None
+        self._environment_digest: str | None = None
         self.selected_names: list[str] = []
 
     def _load_data(self) -> DataBundle:
@@ -147,6 +149,8 @@ class Runner:
             self.manifest = Manifest.load(self.run_dir) or Manifest(pipeline=self.pipeline.config.name)
             atomic_write_text(self.run_dir / "pipeline.resolved.yaml", self.pipeline.resolved_yaml())
             self.manifest.environment = environment()
+            self._environment_digest = _hash(environment_key(self.manifest.environment))
+            self.manifest.environments[self._environment_digest] = self.manifest.environment
             self._register_external_inputs()
             refs = input_refs(self.pipeline)
             for stage_refs in refs.values():
@@ -197,15 +201,19 @@ class Runner:
                                          record.size_bytes)
         return inputs
 
-    def _cache_key(self, cfg: StageConfig, uses: tuple[str, ...], input_digests: dict[str, str]) -> str:
+    def _cache_key(self, cfg: StageConfig, cls: type, input_digests: dict[str, str]) -> str:
+        uses = cls.uses
         global_cfg = self.pipeline.config.model_dump(mode="json")
         data_digest = None
         if "data" in uses:
             self._load_data()
             data_digest = self._data_digest
+        # Weights files and user model code by content, wherever a model section appears.
+        sources = model_sources(cfg, self.pipeline.config.model if "model" in uses else None)
         return _hash({"kind": cfg.kind, "settings": cfg.model_dump(mode="json"),
                       "uses": {key: global_cfg[key] for key in uses}, "data": data_digest,
-                      "inputs": input_digests, "version": __version__})
+                      "sources": sources, "inputs": input_digests, "version": __version__,
+                      "environment": self._environment_digest if cls.keyed_on_environment else None})
 
     def _is_cached(self, name: str, key: str) -> bool:
         manifest = self.manifest
@@ -224,7 +232,7 @@ class Runner:
         assert cls is not None
         inputs = self._inputs(cfg.name, refs)
         input_digests = {role: manifest.artifacts[art.name].sha256 for role, art in inputs.items()}
-        key = self._cache_key(cfg, cls.uses, input_digests)
+        key = self._cache_key(cfg, cls, input_digests)
         if self._is_cached(cfg.name, key):
             hint = f" (--force {cfg.name} re-runs it)" if self.options.only else ""
             self.console.print(f"[bold]{cfg.name}[/]: cached, skipped{hint}", highlight=False)
@@ -234,9 +242,11 @@ class Runner:
         previous = manifest.stages.get(cfg.name)
         kept = previous if previous is not None and previous.status == "completed" else None
         record = StageRecord(name=cfg.name, kind=cfg.kind, status="running", config_hash=_hash(cfg.model_dump(mode="json")),
-                             cache_key=key, input_digests=input_digests, package_version=__version__, started=now())
+                             cache_key=key, input_digests=input_digests, package_version=__version__, started=now(),
+                             environment=self._environment_digest)
         if kept is not None:
-            kept.last_attempt = {"status": "running", "started": record.started, "cache_key": key}
+            kept.last_attempt = {"status": "running", "started": record.started, "cache_key": key,
+                                 "environment": self._environment_digest}
         else:
             manifest.stages[cfg.name] = record
         manifest.save(self.run_dir)

@@ -119,3 +119,83 @@ def test_a_failed_attempt_keeps_the_completed_record_and_its_cache(tmp_path, tin
     assert "does not exist" in record.last_attempt["error"]
     manifest, log = _run(path, run_dir)
     assert "train: cached, skipped" in log and manifest.artifacts["train.model"].sha256 == model_digest
+
+
+def test_a_weights_file_overwritten_in_place_reruns_the_stage(tmp_path, tiny_config, write_pipeline):
+    import torch
+    from safetensors.torch import save_file
+
+    from train.models import build_model
+
+    weights = tmp_path / "start.safetensors"
+
+    def write_weights(seed: int) -> None:
+        torch.manual_seed(seed)
+        state = build_model("resnet20", 10, 1, {"width": 4}).state_dict()
+        save_file({k: v.contiguous() for k, v in state.items()}, str(weights))
+
+    write_weights(0)
+    tiny_config["model"]["weights"] = str(weights)
+    path, run_dir = write_pipeline(tiny_config), tmp_path / "run"
+    _run(path, run_dir)
+    _, log = _run(path, run_dir)
+    assert "train: cached, skipped" in log
+    write_weights(1)  # same path, other bytes
+    _, log = _run(path, run_dir)
+    assert "train: running" in log
+
+
+def test_edited_user_model_code_reruns_the_stage(tmp_path, tiny_config, write_pipeline, monkeypatch):
+    package = tmp_path / "mymodels"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    source = (tmp_path / "mymodels" / "nets.py")
+    source.write_text("from tests.user_models import SmallNet\n\n\ndef net(num_classes=10, in_channels=1):\n"
+                      "    return SmallNet(num_classes, in_channels, width=4)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    tiny_config["model"] = {"name": "mymodels.nets:net"}
+    path, run_dir = write_pipeline(tiny_config), tmp_path / "run"
+    _run(path, run_dir)
+    assert "train: cached, skipped" in _run(path, run_dir)[1]
+    source.write_text(source.read_text().replace("width=4", "width=6"))
+    assert "train: running" in _run(path, run_dir)[1]
+
+
+def test_teacher_and_student_weights_enter_the_key_by_content(tmp_path):
+    from compress.model_source import model_sources
+    from compress.stages.distill_stage import DistillConfig
+
+    weights = tmp_path / "teacher.safetensors"
+    weights.write_bytes(b"first")
+    cfg = DistillConfig(name="distill", external_teacher={"name": "resnet20", "weights": str(weights)},
+                        student={"name": "resnet20", "weights": str(weights)})
+    first = model_sources(cfg)
+    weights.write_bytes(b"second")
+    second = model_sources(cfg)
+    assert len(first) == 2 and all("weights" in s for s in first)
+    assert all(a["weights"] != b["weights"] for a, b in zip(first, second))
+
+
+def test_bench_and_export_rerun_on_another_machine_and_each_record_keeps_its_own(tmp_path, tiny_config,
+                                                                                write_pipeline, monkeypatch):
+    from compress import runner as runner_module
+    from compress.fingerprint import environment
+
+    tiny_config["stages"] += [
+        {"name": "export", "kind": "export", "parity": {"samples": 32}},
+        {"name": "bench", "kind": "bench", "min_iters": 100, "min_samples": 100, "min_duration_s": 0.0,
+         "warmup_iters": 2, "warmup_s": 0.0, "block_iters": 50, "threads": 1, "settle_s": 0.0, "block_s": 0.0}]
+    path, run_dir = write_pipeline(tiny_config), tmp_path / "run"
+    _run(path, run_dir)
+    here = environment()
+    monkeypatch.setattr(runner_module, "environment", lambda: {**here, "cpu": "Another CPU 9000"})
+    manifest, log = _run(path, run_dir)
+    assert "train: cached, skipped" in log and "export: running" in log and "bench: running" in log
+    train_env = manifest.environments[manifest.stages["train"].environment]
+    bench_env = manifest.environments[manifest.stages["bench"].environment]
+    assert train_env["cpu"] == here["cpu"] and bench_env["cpu"] == "Another CPU 9000"
+    from compress.inspect_view import environment_lines
+
+    lines = environment_lines(manifest)
+    assert any(line.startswith("train ran on") and here["cpu"] in line for line in lines)
+    assert any(line.startswith("export, bench ran on: Another CPU 9000") for line in lines)

@@ -6,6 +6,7 @@ input channels come from the data set so one pipeline file works on any data.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import inspect
 from pathlib import Path
 from typing import Any, Callable
@@ -49,6 +50,24 @@ def _resolve_callable(spec: str) -> Callable[..., nn.Module]:
     if not callable(target):
         raise ModelError(f"model.name {spec!r}: {attr!r} is not callable")
     return target
+
+
+def code_file(spec: str) -> Path | None:
+    """The source file of a user model's module ('package.module:callable'), found without running it.
+
+    None for the registry's models (their code is the installed packages', versioned) and for a
+    module that cannot be found (building the model will say why).
+    """
+    module_name, sep, _ = spec.partition(":")
+    if not sep or not module_name:
+        return None
+    try:
+        found = importlib.util.find_spec(module_name)
+    except (ImportError, ValueError):
+        return None
+    if found is None or not found.origin or not Path(found.origin).is_file():
+        return None
+    return Path(found.origin)
 
 
 def _accepts(fn: Callable, name: str) -> bool:

@@ -86,6 +86,9 @@ class Stage:
     latest_of: ClassVar[dict[str, str]] = {}
     # Top-level pipeline sections whose values belong in this stage's cache key.
     uses: ClassVar[tuple[str, ...]] = ("seed", "data", "model")
+    # Results depend on the machine (latencies, whether TensorRT builds): the environment
+    # fingerprint joins the cache key, so a run directory moved to another machine re-measures.
+    keyed_on_environment: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

@@ -55,6 +55,7 @@ class BenchStage(Stage):
     collects_deployable = True
     produces = ("report",)
     uses = ("seed", "data", "model", "red_line", "latency")
+    keyed_on_environment = True
 
     def run(self, ctx: StageContext, inputs: dict[str, InputArtifact]) -> StageResult:
         cfg: BenchConfig = self.config  # type: ignore[assignment]

@@ -2,13 +2,13 @@
 from __future__ import annotations
 
 import json
-from typing import Any, Literal
+from typing import Literal
 
 import torch
 from pydantic import Field
 from torch import nn
 
-from compress.config import ModelConfig, StageConfig, Strict
+from compress.config import ModelConfig, StageConfig
 from compress.distillation import check_pair, teacher_loss
 from compress.errors import ConfigError
 from compress.model_source import model_from_artifact, model_from_config
@@ -20,10 +20,11 @@ from train.model_io import save_model
 from train.models import ModelError, build_model, count_macs, count_params, load_weights
 
 
-class ExternalTeacher(Strict):
+class ExternalTeacher(ModelConfig):
+    """A model section whose weights are required: a teacher must already know the task."""
+
     name: str = Field(..., description="package.module:callable (or any registry name)")
     weights: str = Field(..., description="local state dict, read with weights_only=True or as safetensors")
-    args: dict[str, Any] = Field(default_factory=dict)
 
 
 class DistillConfig(StageConfig, TrainingSettings):

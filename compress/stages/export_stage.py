@@ -67,6 +67,7 @@ class ExportStage(Stage):
     produces = ("onnx", "engine")
     deployable = ("onnx", "engine")
     latest_of = {"qdq": "onnx_trt"}  # an INT8 engine is built from the quantize stage's TensorRT Q/DQ file
+    keyed_on_environment = True
 
     def run(self, ctx: StageContext, inputs: dict[str, InputArtifact]) -> StageResult:
         cfg: ExportConfig = self.config  # type: ignore[assignment]
