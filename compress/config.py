@@ -30,6 +30,9 @@ class DataConfig(Strict):
                             "runs with different seeds are measured on the same test images")
     synthetic_samples: int = Field(1024, gt=0)
     synthetic_classes: int = Field(10, ge=2)
+    independent_test: bool = Field(False, description="the test split shares no image with the data the input "
+                                   "models were trained on, although its split digest differs from theirs: "
+                                   "measure them anyway (default: refuse)")
 
     @model_validator(mode="after")
     def _check(self) -> "DataConfig":

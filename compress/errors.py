@@ -38,3 +38,9 @@ class StageError(CompressError):
     """A stage failed while running (divergence, backend error)."""
 
     exit_code = 3
+
+
+class DataMismatchError(CompressError):
+    """An input model or file was made on other data than the stage would judge it on."""
+
+    exit_code = 2

@@ -68,7 +68,14 @@ def model_from_config(cfg: ModelConfig, data: DataBundle) -> tuple[nn.Module, di
             load_weights(model, cfg.weights)
     except ModelError as exc:
         raise ConfigError(str(exc)) from exc
-    return model, describe(cfg.name, data.num_classes, channels, cfg.args, data.preprocessing())
+    return model, describe(cfg.name, data.num_classes, channels, cfg.args, data.preprocessing(), data=data.identity())
+
+
+def trained_on(description: dict, data: DataBundle) -> dict:
+    """Record in a model's description the data it has just been trained on (what later stages check)."""
+    description["data"] = data.identity()
+    description["preprocessing"] = data.preprocessing()
+    return description
 
 
 def model_from_artifact(artifact: InputArtifact, data: DataBundle) -> tuple[nn.Module, dict]:

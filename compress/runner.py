@@ -16,6 +16,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from compress import __version__
+from compress.data_match import check_same_data
 from compress.errors import ArtifactError, CompressError, ConfigError, DataInputError, StageError
 from compress.fingerprint import environment, environment_key
 from compress.manifest import ArtifactRecord, Manifest, StageRecord, digest_path, now
@@ -116,7 +117,7 @@ class Runner:
     def _load_data(self) -> DataBundle:
         if self._data is None:
             cfg = self.pipeline.config.data
-            spec = DataSpec(**cfg.model_dump())
+            spec = DataSpec(**cfg.model_dump(exclude={"independent_test"}))
             try:
                 self._data = load_data(spec)
                 check_metric_has_meaning(self.pipeline.config.red_line.metric, self._data.num_classes)
@@ -237,6 +238,11 @@ class Runner:
             hint = f" (--force {cfg.name} re-runs it)" if self.options.only else ""
             self.console.print(f"[bold]{cfg.name}[/]: cached, skipped{hint}", highlight=False)
             return
+
+        if cls.judges_on_data:
+            for artifact in inputs.values():
+                check_same_data(artifact, self._load_data(), source=f"stage {cfg.name!r}",
+                                independent=self.pipeline.config.data.independent_test)
 
         # A completed record stays while a new attempt runs: its outputs are only replaced on success.
         previous = manifest.stages.get(cfg.name)

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import onnx
 
+from export.onnx_metadata import read_metadata
+
 FORMAT = "compress-trt-engine/1"
 ENGINE_FILE, META_FILE, LOG_FILE = "model.engine", "engine.json", "build.log"
 _COMPUTE_LAYERS = ("conv", "gemm", "matrixmultiply", "fullyconnected", "deconv")
@@ -177,7 +179,7 @@ def build_engine(onnx_path: str | Path, out_dir: str | Path, settings: BuildSett
             "input_name": input_name, "profile": {"min": settings.min_batch, "opt": settings.opt_batch,
                                                   "max": settings.max_batch, "chw": list(input_chw)},
             "workspace_mb": settings.workspace_mb, "build_seconds": round(time.perf_counter() - start, 2),
-            **precisions}
+            **precisions, "onnx_metadata": read_metadata(onnx_path)}  # what the ONNX said it was made for
     (out_dir / META_FILE).write_text(json.dumps(meta, indent=2))
     return meta
 

@@ -73,6 +73,12 @@ def test_ptq_writes_both_flavours_and_records_the_rung(ptq_run):
     artifacts = manifest["artifacts"]
     assert artifacts["quantize.onnx_cpu"]["meta"]["flavour"] == "cpu"
     assert artifacts["quantize.onnx_trt"]["meta"]["quantization"]["rung"] == "ptq"
+    from export.onnx_metadata import read_data_identity
+
+    split = manifest["data"]["split_hash"]
+    for flavour in ("cpu", "trt"):  # each shipped file says which split calibrated and judged it
+        identity = read_data_identity(ptq_run / "quantize" / f"onnx_{flavour}" / "model.onnx")
+        assert identity["split_digest"] == split and identity["preprocessing"]["channels"] == 1
 
 
 def _optimized_ops(path, folder) -> Counter:

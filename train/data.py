@@ -69,14 +69,25 @@ class DataBundle:
         return {"channels": c, "height": h, "width": w, "scale": 1 / 255, "mean": self.mean, "std": self.std}
 
     def digest(self) -> str:
-        """sha256 over the split membership and the pixels and labels of every split."""
+        """sha256 over the split membership and the pixels and labels of every split (computed once)."""
+        cached = self.__dict__.get("_digest")
+        if cached is not None:
+            return cached
         h = hashlib.sha256()
         for split_name in ("train", "val", "calib", "test"):
             split: Split = getattr(self, split_name)
             h.update(split_name.encode())
             h.update(split.images.contiguous().numpy().tobytes())
             h.update(split.labels.contiguous().numpy().tobytes())
-        return h.hexdigest()
+        self.__dict__["_digest"] = h.hexdigest()
+        return self.__dict__["_digest"]
+
+    def identity(self) -> dict:
+        """What a model or ONNX file records about the data it was trained, calibrated or judged on:
+        a later stage compares it with its own data before measuring anything."""
+        return {"name": self.name, "split_digest": self.digest(),
+                "sizes": {s: len(getattr(self, s)) for s in ("train", "val", "calib", "test")},
+                "preprocessing": self.preprocessing()}
 
     def summary(self) -> dict:
         return {

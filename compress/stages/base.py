@@ -89,6 +89,9 @@ class Stage:
     # Results depend on the machine (latencies, whether TensorRT builds): the environment
     # fingerprint joins the cache key, so a run directory moved to another machine re-measures.
     keyed_on_environment: ClassVar[bool] = False
+    # Trains or measures accuracy on the data, so an input made on another split is refused
+    # (compress.data_match); a stage that only converts passes the input's record on instead.
+    judges_on_data: ClassVar[bool] = True
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

@@ -11,7 +11,7 @@ from torch import nn
 from compress.config import ModelConfig, StageConfig
 from compress.distillation import check_pair, teacher_loss
 from compress.errors import ConfigError
-from compress.model_source import model_from_artifact, model_from_config
+from compress.model_source import model_from_artifact, model_from_config, trained_on
 from compress.stages.base import InputArtifact, Output, Stage, StageContext, StageResult
 from compress.stages.train_stage import model_meta
 from compress.training_run import TrainingSettings, run_training, test_accuracy, test_metrics
@@ -78,7 +78,8 @@ class DistillStage(Stage):
         ctx.log(f"student test top1 {test['top1']:.2f}%")
         description["training"] = {"stage": ctx.name, "test_top1": metrics["test_top1"], "distilled_from": teacher_name}
         with ctx.atomic_output_dir("model") as folder:
-            save_model(student.to("cpu", memory_format=torch.contiguous_format), folder, description)
+            save_model(student.to("cpu", memory_format=torch.contiguous_format), folder,
+                       trained_on(description, data))
         with ctx.atomic_output_dir("history") as folder:
             (folder / "history.json").write_text(json.dumps(run.result.history, indent=2))
         return StageResult(outputs=[Output("model", "torch-model", ctx.stage_dir / "model",

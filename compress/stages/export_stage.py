@@ -13,6 +13,7 @@ from compress.model_source import model_from_artifact
 from compress.stages.base import InputArtifact, Output, Stage, StageContext, StageResult
 from export.external_data import UnsafeModelError, check_external_data
 from export.onnx_export import ExportError, export_onnx
+from export.onnx_metadata import write_data_identity
 from export.parity import ParityError, as_dicts, check_parity
 from export.tensorrt_engine import BuildSettings, EngineBuildError, build_engine, unavailable_reason
 from train.data import BatchStream
@@ -68,6 +69,7 @@ class ExportStage(Stage):
     deployable = ("onnx", "engine")
     latest_of = {"qdq": "onnx_trt"}  # an INT8 engine is built from the quantize stage's TensorRT Q/DQ file
     keyed_on_environment = True
+    judges_on_data = False  # parity compares two runtimes on the same images; no accuracy is judged
 
     def run(self, ctx: StageContext, inputs: dict[str, InputArtifact]) -> StageResult:
         cfg: ExportConfig = self.config  # type: ignore[assignment]
@@ -115,6 +117,8 @@ class ExportStage(Stage):
                                       min_agreement=cfg.parity.min_top1_agreement, io_dtype=cfg.io_dtype)
             except (ExportError, ParityError) as exc:
                 raise StageError(f"stage {ctx.name!r}: {exc}") from exc
+            if description.get("data"):  # the file says which data its weights were made on
+                write_data_identity(info.path, description["data"])
         worst = max(parity, key=lambda r: r.rel_diff)
         ctx.log(f"ONNX opset {info.opset} {info.precision}, parity max |Δ| {worst.max_abs_diff:.2g} "
                 f"({worst.rel_diff:.2g} of the logit scale), top-1 agreement "

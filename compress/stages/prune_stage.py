@@ -14,7 +14,7 @@ from compress.channel_pruning import (PruneTarget, PruningError, bn_l1_hook, gam
 from compress.config import StageConfig, Strict
 from compress.distillation import DistillSettings, check_pair, teacher_loss
 from compress.errors import ConfigError
-from compress.model_source import model_from_artifact
+from compress.model_source import model_from_artifact, trained_on
 from compress.stages.base import InputArtifact, Output, Stage, StageContext, StageResult
 from compress.stages.train_stage import model_meta
 from compress.training_run import (TrainingRun, TrainingSettings, eval_stream, resolve_device, run_training,
@@ -150,7 +150,7 @@ class PruneStage(Stage):
                               f"latency ×{ratio:.2f}"}
         report.update(channels_before=result.channels_before, channels_after=result.channels_after, metrics=metrics)
         with ctx.atomic_output_dir("model") as folder:
-            save_model(model, folder, description)
+            save_model(model, folder, trained_on(description, data))
         with ctx.atomic_output_dir("report") as folder:
             (folder / "pruning.json").write_text(json.dumps(report, indent=2))
             from compress.pruning_plots import gamma_plot

@@ -22,6 +22,7 @@ from compress.qdq_lint import lint_qdq
 from compress.qdq_rewrite import int8_to_uint8_activations, weights_to_7bit
 from compress.stages.base import InputArtifact, Output, Stage, StageContext, StageResult
 from export.onnx_export import ExportError, export_onnx
+from export.onnx_metadata import write_data_identity
 from serve_bench.gate import why_int8_not_faster
 from train.hardware import isa_facts
 
@@ -127,6 +128,7 @@ class QuantizeStage(Stage):
         for f in cfg.flavours:
             with ctx.atomic_output_dir(f"onnx_{f}") as folder:
                 shutil.copy2(chosen.files[f], folder / "model.onnx")
+                write_data_identity(folder / "model.onnx", data.identity())
             outputs.append(Output(f"onnx_{f}", "onnx", ctx.stage_dir / f"onnx_{f}", made_from=[inputs["model"].name],
                                   meta=onnx_meta(f, chosen, inputs["model"], description, summary, test[f])))
         with ctx.atomic_output_dir("report") as folder:

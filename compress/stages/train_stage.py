@@ -9,7 +9,7 @@ from pydantic import Field
 
 from compress.config import StageConfig
 from compress.errors import ConfigError
-from compress.model_source import model_from_artifact, model_from_config
+from compress.model_source import model_from_artifact, model_from_config, trained_on
 from compress.stages.base import InputArtifact, Output, Stage, StageContext, StageResult
 from compress.training_run import TrainingSettings, run_training, test_accuracy, test_metrics
 from train.loop import Hooks
@@ -51,7 +51,8 @@ class TrainStage(Stage):
 
         description["training"] = {"stage": ctx.name, "test_top1": metrics["test_top1"], "precision": metrics["precision"]}
         with ctx.atomic_output_dir("model") as folder:
-            save_model(model.to("cpu", memory_format=torch.contiguous_format), folder, description)
+            save_model(model.to("cpu", memory_format=torch.contiguous_format), folder,
+                       trained_on(description, data))
         with ctx.atomic_output_dir("history") as folder:
             (folder / "history.json").write_text(json.dumps(run.result.history, indent=2))
         return StageResult(
