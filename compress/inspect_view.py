@@ -34,8 +34,9 @@ def environment_lines(manifest: Manifest) -> list[str]:
             where = "an unrecorded machine (written by an older version)"
         else:
             packages = env.get("packages") or {}
+            gpu = f", GPU {env['gpu']['name']}" if env.get("gpu") else ""
             where = (f"{env.get('cpu')} ({env.get('isa_summary')}), torch {packages.get('torch')}, "
-                     f"onnxruntime {packages.get('onnxruntime')}" + (f", GPU {env['gpu']['name']}" if env.get("gpu") else ""))
+                     f"onnxruntime {packages.get('onnxruntime')}{gpu}")
         prefix = "ran on" if len(by_env) == 1 else f"{', '.join(names)} ran on"
         lines.append(f"{prefix}: {where}")
     return lines
