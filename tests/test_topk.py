@@ -6,10 +6,11 @@ import torch
 
 from compress.cli import main
 from serve_bench.accuracy import accuracy
-from train.evaluate import meaningful_metrics, topk_hits
 
 
 def test_top5_exists_only_above_five_classes():
+    from train.evaluate import meaningful_metrics, topk_hits
+
     assert meaningful_metrics(5) == ["top1"] and meaningful_metrics(6) == ["top1", "top5"]
     logits, labels = torch.randn(64, 5), torch.randint(0, 5, (64,))
     assert set(topk_hits(logits, labels)) == {"top1"}
@@ -17,6 +18,8 @@ def test_top5_exists_only_above_five_classes():
 
 
 def test_training_and_benchmark_count_the_same_hits():
+    from train.evaluate import topk_hits
+
     gen = torch.Generator().manual_seed(0)
     logits, labels = torch.randn(500, 10, generator=gen), torch.randint(0, 10, (500,), generator=gen)
     hits = topk_hits(logits, labels)
