@@ -16,6 +16,7 @@ from pydantic import BaseModel, Field, ValidationError
 
 from compress.errors import ArtifactError
 from train.atomic_io import atomic_write_text
+from train.file_digest import file_sha256
 
 MANIFEST_FILE = "manifest.json"
 FORMAT = "compress-manifest/1"
@@ -25,22 +26,14 @@ def now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
 
 
-def _file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def digest_path(path: Path) -> tuple[str, int]:
     """sha256 and size of a file, or of a folder (its relative file names and their digests)."""
     if path.is_file():
-        return _file_sha256(path), path.stat().st_size
+        return file_sha256(path), path.stat().st_size
     if path.is_dir():
         h, size = hashlib.sha256(), 0
         for child in sorted(p for p in path.rglob("*") if p.is_file()):
-            h.update(child.relative_to(path).as_posix().encode() + b"\0" + _file_sha256(child).encode() + b"\n")
+            h.update(child.relative_to(path).as_posix().encode() + b"\0" + file_sha256(child).encode() + b"\n")
             size += child.stat().st_size
         return h.hexdigest(), size
     raise FileNotFoundError(path)

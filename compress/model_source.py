@@ -5,7 +5,6 @@ name the pipeline field, so the CLI exits 2 with the fix instead of a stack trac
 """
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 
 from pydantic import BaseModel
@@ -15,16 +14,9 @@ from compress.config import ModelConfig
 from compress.errors import ArtifactError, ConfigError
 from compress.stages.base import InputArtifact
 from train.data import DataBundle
+from train.file_digest import file_sha256
 from train.model_io import describe, load_model
 from train.models import ModelError, build_model, code_file, load_weights
-
-
-def _file_digest(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def source_digests(cfg: ModelConfig) -> dict:
@@ -34,10 +26,10 @@ def source_digests(cfg: ModelConfig) -> dict:
     digests: dict = {}
     if cfg.weights:
         path = Path(cfg.weights)
-        digests["weights"] = _file_digest(path) if path.is_file() else f"missing: {path}"
+        digests["weights"] = file_sha256(path) if path.is_file() else f"missing: {path}"
     code = code_file(cfg.name)
     if code is not None:
-        digests["code"] = _file_digest(code)
+        digests["code"] = file_sha256(code)
     return digests
 
 
