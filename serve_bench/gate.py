@@ -47,13 +47,14 @@ def evaluate(artifacts: list[dict], p99_budget_ms: float | None, max_accuracy_dr
     reasons, candidates = [], []
     for art in artifacts:
         drop, p99 = art.get("accuracy_drop"), (art.get("latency_ms") or {}).get("p99")
-        problems = [art["refused"]] if art.get("refused") and accuracy_meaningful else []
-        if not accuracy_meaningful:
-            pass
-        elif drop is None:
-            problems.append("no accuracy measured")
-        elif drop > max_accuracy_drop:
-            problems.append(f"accuracy drop {drop:.2f} points > red line {max_accuracy_drop:g}")
+        problems = []
+        if accuracy_meaningful:
+            if art.get("refused"):
+                problems.append(art["refused"])
+            if drop is None:
+                problems.append("no accuracy measured")
+            elif drop > max_accuracy_drop:
+                problems.append(f"accuracy drop {drop:.2f} points > red line {max_accuracy_drop:g}")
         if p99 is None:
             problems.append("no p99 measured")
         elif p99_budget_ms is not None and p99 > p99_budget_ms:
