@@ -149,7 +149,7 @@ def test_int8_engine_build_from_the_quantize_stage_trt_flavour(tmp_path):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(TRT_ABSENT is not None, reason=f"needs TensorRT and a CUDA device: {TRT_ABSENT}")
-def test_concurrent_clients_each_get_their_own_context_and_stream(tmp_path):
+def test_concurrent_clients_get_their_own_context_and_device_only_stays_on_the_device(tmp_path):
     import threading
 
     import numpy as np
@@ -164,6 +164,8 @@ def test_concurrent_clients_each_get_their_own_context_and_stream(tmp_path):
     build_engine(info.path, tmp_path / "engine", BuildSettings(precision="fp32", max_batch=8), "input", (3, 32, 32))
     images = np.random.default_rng(0).standard_normal((4, 8, 3, 32, 32)).astype(np.float32)
     with TensorRTRunner(tmp_path / "engine") as runner:
+        staged = runner.prepare(images[0])  # device-only timing starts and ends on the device, as for the others
+        assert staged.device.type == "cuda" and runner.run_prepared(staged).device.type == "cuda"
         expected = [runner.infer(batch) for batch in images]
         results: dict[int, list] = {}
 
