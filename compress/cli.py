@@ -21,9 +21,9 @@ def _console(stderr: bool = True):
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from compress.inspect_view import render
-    from compress.pipeline_file import load_pipeline
-    from compress.runner import RunOptions, Runner, default_run_dir
+    from compress.pipeline.inspect_view import render
+    from compress.pipeline.pipeline_file import load_pipeline
+    from compress.pipeline.runner import RunOptions, Runner, default_run_dir
 
     pipeline = load_pipeline(args.pipeline, args.overrides)
     run_dir = Path(args.run_dir) if args.run_dir else default_run_dir(pipeline)
@@ -46,7 +46,7 @@ def _gate_exit_code(manifest, selected: list[str], run_dir: Path) -> int:
 
 
 def _cmd_validate(args: argparse.Namespace) -> int:
-    from compress.pipeline_file import load_pipeline
+    from compress.pipeline.pipeline_file import load_pipeline
 
     pipeline = load_pipeline(args.pipeline, args.overrides)
     print(f"{args.pipeline}: valid ({len(pipeline.stages)} stages: {', '.join(s.name for s in pipeline.stages)})")
@@ -54,21 +54,21 @@ def _cmd_validate(args: argparse.Namespace) -> int:
 
 
 def _cmd_schema(args: argparse.Namespace) -> int:
-    from compress.schema import pipeline_json_schema
+    from compress.pipeline.schema import pipeline_json_schema
 
     print(json.dumps(pipeline_json_schema(), indent=2))
     return 0
 
 
 def _cmd_inspect(args: argparse.Namespace) -> int:
-    from compress.inspect_view import render
+    from compress.pipeline.inspect_view import render
 
     render(Path(args.run_dir), _console(stderr=False))
     return 0
 
 
 def _warn_if_foreign(report: dict, path: Path) -> None:
-    from compress.bench_report import foreign_isa_note
+    from compress.pipeline.bench_report import foreign_isa_note
 
     note = foreign_isa_note(report, path)
     if note:
@@ -78,7 +78,7 @@ def _warn_if_foreign(report: dict, path: Path) -> None:
 def _cmd_gate(args: argparse.Namespace) -> int:
     from serve_bench.gate import evaluate
 
-    from compress.bench_report import load_report, print_gate
+    from compress.pipeline.bench_report import load_report, print_gate
 
     report, path = load_report(Path(args.target))
     _warn_if_foreign(report, path)
@@ -92,7 +92,7 @@ def _cmd_gate(args: argparse.Namespace) -> int:
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
-    from compress.bench_report import load_report, rerender
+    from compress.pipeline.bench_report import load_report, rerender
 
     report, path = load_report(Path(args.run_dir))
     _warn_if_foreign(report, path)
@@ -114,9 +114,9 @@ def _parse_inputs(items: list[str]) -> dict[str, Path]:
 def _cmd_stage(args: argparse.Namespace) -> int:
     import yaml
 
-    from compress.inspect_view import render
-    from compress.pipeline_file import apply_override, build_pipeline
-    from compress.runner import RunOptions, Runner
+    from compress.pipeline.inspect_view import render
+    from compress.pipeline.pipeline_file import apply_override, build_pipeline
+    from compress.pipeline.runner import RunOptions, Runner
 
     if args.pipeline:
         try:

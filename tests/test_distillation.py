@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from compress.cli import main
-from compress.distillation import DistillationLoss, check_pair, distillation_terms
+from compress.distillation.loss import DistillationLoss, check_pair, distillation_terms
 from compress.errors import ConfigError
 
 
@@ -40,8 +40,7 @@ def test_alpha_zero_is_cross_entropy():
 
 
 def test_the_hard_term_keeps_the_students_label_smoothing():
-    from compress.distillation import teacher_loss
-    from compress.training_run import TrainingSettings
+    from compress.stages.training_run import TrainingSettings, teacher_loss
 
     torch.manual_seed(0)
     teacher, x = nn.Linear(4, 5), torch.randn(16, 4)

@@ -8,8 +8,8 @@ import yaml
 
 from compress.cli import main
 from compress.errors import ConfigError
-from compress.pipeline_file import apply_override, load_pipeline
-from compress.schema import pipeline_json_schema
+from compress.pipeline.pipeline_file import apply_override, load_pipeline
+from compress.pipeline.schema import pipeline_json_schema
 
 
 def _write(tmp_path, text: str):

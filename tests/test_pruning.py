@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch import nn
 
-from compress.channel_pruning import PruneTarget, PruningError, bn_l1_hook, prune
+from compress.pruning.channel_pruning import PruneTarget, PruningError, bn_l1_hook, prune
 from compress.cli import main
 from train.data import BatchStream, DataSpec, load_data
 from train.loop import Hooks, LoopSettings, fit
@@ -84,7 +84,7 @@ def test_the_l1_penalty_lands_on_unscaled_gradients_under_fp16():
 
 
 def test_the_l1_penalty_spares_the_batchnorms_of_protected_layers():
-    from compress.channel_pruning import unprunable_batchnorms
+    from compress.pruning.channel_pruning import unprunable_batchnorms
 
     digits = load_data(DataSpec(name="digits"))
     stream = BatchStream(digits.train, digits, 64, shuffle=False, drop_last=True)

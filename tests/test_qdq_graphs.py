@@ -7,8 +7,8 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from compress.qdq_lint import lint_qdq
-from compress.qdq_rewrite import int8_to_uint8_activations
+from compress.quantization.qdq_lint import lint_qdq
+from compress.quantization.qdq_rewrite import int8_to_uint8_activations
 
 OUT, IN = 4, 3
 

@@ -12,14 +12,14 @@ import pytest
 import torch
 import yaml
 
-from compress import int8_ladder, int8_measure, qat_pt2e
+from compress.quantization import ladder as int8_ladder, measure as int8_measure, qat_pt2e
 from compress.cli import main
-from compress.pipeline_file import load_pipeline
-from compress.qdq_lint import graph_constants, lint_qdq
-from compress.qdq_rewrite import WEIGHT_7BIT_MAX, int8_to_uint8_activations, weights_to_7bit
-from compress.runner import input_refs
+from compress.pipeline.pipeline_file import load_pipeline
+from compress.quantization.qdq_lint import graph_constants, lint_qdq
+from compress.quantization.qdq_rewrite import WEIGHT_7BIT_MAX, int8_to_uint8_activations, weights_to_7bit
+from compress.pipeline.runner import input_refs
 from compress.stages.bench_stage import _refusal
-from compress.int8_records import split_arrays
+from compress.stages.int8_records import split_arrays
 from serve_bench.gate import evaluate, quantized_not_faster
 from export.onnx_export import export_onnx
 from tests.conftest import TINY
@@ -368,7 +368,7 @@ def test_no_rung_within_the_red_line_still_ships_the_closest_and_the_gate_refuse
 
 
 def test_a_lint_violation_on_the_chosen_trt_file_fails_the_stage(tmp_path, monkeypatch, capsys):
-    from compress.qdq_lint import LintResult
+    from compress.quantization.qdq_lint import LintResult
     from compress.stages import quantize_stage
 
     monkeypatch.setattr(quantize_stage, "lint_qdq", lambda *a, **k: LintResult(violations=["Conv x: input not quantized"]))
@@ -378,7 +378,7 @@ def test_a_lint_violation_on_the_chosen_trt_file_fails_the_stage(tmp_path, monke
 
 
 def test_a_model_qat_cannot_capture_keeps_the_earlier_rung_marked_over_the_red_line(tmp_path, monkeypatch):
-    from compress import qat_rung
+    from compress.stages import qat_rung
     from compress.stages import quantize_stage
 
     def refuse(*_):

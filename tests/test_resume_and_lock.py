@@ -13,8 +13,8 @@ from safetensors.torch import load_file
 
 from compress.cli import main
 from compress.errors import RunLockedError
-from compress.manifest import Manifest
-from compress.run_lock import RunLock
+from compress.pipeline.manifest import Manifest
+from compress.pipeline.run_lock import RunLock
 from tests.conftest import ROOT, run_cli
 
 
@@ -81,7 +81,7 @@ def test_second_run_on_a_locked_run_dir_is_refused(tmp_path, tiny_config, write_
 
 def test_a_killed_holder_releases_the_lock(tmp_path):
     run_dir = tmp_path / "run"
-    code = f"from compress.run_lock import RunLock; import time\nwith RunLock({str(run_dir)!r}):\n print('held', flush=True); time.sleep(60)"
+    code = f"from compress.pipeline.run_lock import RunLock; import time\nwith RunLock({str(run_dir)!r}):\n print('held', flush=True); time.sleep(60)"
     proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE, text=True,
                             env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert proc.stdout.readline().strip() == "held"

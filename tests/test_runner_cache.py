@@ -8,9 +8,9 @@ import pytest
 from rich.console import Console
 
 from compress.errors import ArtifactError, ConfigError, StageError
-from compress.manifest import Manifest, digest_path
-from compress.pipeline_file import load_pipeline
-from compress.runner import RunOptions, Runner
+from compress.pipeline.manifest import Manifest, digest_path
+from compress.pipeline.pipeline_file import load_pipeline
+from compress.pipeline.runner import RunOptions, Runner
 
 
 def _two_stage(config: dict) -> dict:
@@ -162,7 +162,7 @@ def test_edited_user_model_code_reruns_the_stage(tmp_path, tiny_config, write_pi
 
 
 def test_teacher_and_student_weights_enter_the_key_by_content(tmp_path):
-    from compress.model_source import model_sources
+    from compress.stages.model_source import model_sources
     from compress.stages.distill_stage import DistillConfig
 
     weights = tmp_path / "teacher.safetensors"
@@ -178,8 +178,8 @@ def test_teacher_and_student_weights_enter_the_key_by_content(tmp_path):
 
 def test_bench_and_export_rerun_on_another_machine_and_each_record_keeps_its_own(tmp_path, tiny_config,
                                                                                 write_pipeline, monkeypatch):
-    from compress import runner as runner_module
-    from compress.fingerprint import environment
+    from compress.pipeline import runner as runner_module
+    from compress.pipeline.fingerprint import environment
 
     tiny_config["stages"] += [
         {"name": "export", "kind": "export", "parity": {"samples": 32}},
@@ -194,7 +194,7 @@ def test_bench_and_export_rerun_on_another_machine_and_each_record_keeps_its_own
     train_env = manifest.environments[manifest.stages["train"].environment]
     bench_env = manifest.environments[manifest.stages["bench"].environment]
     assert train_env["cpu"] == here["cpu"] and bench_env["cpu"] == "Another CPU 9000"
-    from compress.inspect_view import environment_lines
+    from compress.pipeline.inspect_view import environment_lines
 
     lines = environment_lines(manifest)
     assert any(line.startswith("train ran on") and here["cpu"] in line for line in lines)

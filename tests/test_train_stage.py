@@ -98,7 +98,7 @@ def test_test_accuracy_is_the_deployable_fp32_one_whatever_the_training_precisio
                                                                                   write_pipeline):
     from safetensors.torch import save_file
 
-    from compress.training_run import TrainingSettings, eval_stream
+    from compress.stages.training_run import TrainingSettings, eval_stream
     from train.data import DataSpec, load_data
     from train.evaluate import evaluate
     from train.model_io import load_model

@@ -17,7 +17,6 @@ from rich.markup import escape
 
 from compress.config import PipelineConfig, StageConfig
 from compress.errors import ArtifactError, StageError
-from compress.stages import registry
 from train.atomic_io import atomic_dir
 
 if TYPE_CHECKING:
@@ -57,6 +56,7 @@ class StageContext:
     cache_key: str
     console: Console
     load_data: Callable[[], "DataBundle"]
+    environment: dict[str, Any] = field(default_factory=dict)  # the machine and software this run is on
 
     @property
     def data(self) -> "DataBundle":
@@ -90,13 +90,8 @@ class Stage:
     # fingerprint joins the cache key, so a run directory moved to another machine re-measures.
     keyed_on_environment: ClassVar[bool] = False
     # Trains or measures accuracy on the data, so an input made on another split is refused
-    # (compress.data_match); a stage that only converts passes the input's record on instead.
+    # (compress.stages.data_match); a stage that only converts passes the input's record on instead.
     judges_on_data: ClassVar[bool] = True
-
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        if "kind" in cls.__dict__:
-            registry.register(cls)
 
     def __init__(self, config: StageConfig) -> None:
         self.config = config

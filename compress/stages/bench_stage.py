@@ -8,7 +8,6 @@ from rich.table import Table
 
 from compress.config import StageConfig
 from compress.errors import ArtifactError, ConfigError, StageError
-from compress.fingerprint import environment
 from compress.stages.base import InputArtifact, Output, Stage, StageContext, StageResult
 from serve_bench.bench import ArtifactSpec, BenchSettings, run_benchmark
 from serve_bench.gate import evaluate, quantized_not_faster
@@ -86,7 +85,7 @@ class BenchStage(Stage):
             raise StageError(f"stage {ctx.name!r}: {exc}") from exc
         gate = evaluate(entries, pipeline.latency.p99_budget_ms, pipeline.red_line.max_drop,
                         accuracy_meaningful=data.meaningful_accuracy)
-        env = environment()
+        env = ctx.environment  # the runner's fingerprint, the same one the stage record names
         flags = quantized_not_faster(entries, env["isa"])
         report = {"pipeline": pipeline.name, "baseline": baseline, "metric": metric, "artifacts": entries,
                   "gate": gate, "flags": flags, "environment": env, "settings": {**cfg.model_dump(mode="json"),

@@ -9,12 +9,11 @@ from pydantic import Field
 from torch import nn
 
 from compress.config import ModelConfig, StageConfig
-from compress.distillation import check_pair, teacher_loss
+from compress.distillation.loss import check_pair
 from compress.errors import ConfigError
-from compress.model_source import model_from_artifact, model_from_config, trained_on
+from compress.stages.model_source import model_from_artifact, model_from_config, model_meta, trained_on
 from compress.stages.base import InputArtifact, Output, Stage, StageContext, StageResult
-from compress.stages.train_stage import model_meta
-from compress.training_run import TrainingSettings, run_training, test_accuracy, test_metrics
+from compress.stages.training_run import TrainingSettings, run_training, teacher_loss, test_accuracy, test_metrics
 from train.loop import Hooks
 from train.model_io import save_model
 from train.models import ModelError, build_model, count_macs, count_params, load_weights

@@ -9,7 +9,7 @@ from pydantic import Field, model_validator
 
 from compress.config import StageConfig, Strict
 from compress.errors import ArtifactError, ConfigError, StageError
-from compress.model_source import model_from_artifact
+from compress.stages.model_source import model_from_artifact
 from compress.stages.base import InputArtifact, Output, Stage, StageContext, StageResult
 from export.external_data import UnsafeModelError, check_external_data
 from export.onnx_export import ExportError, export_onnx

@@ -9,16 +9,15 @@ import torch
 from pydantic import ConfigDict, Field, model_validator
 from torch import nn
 
-from compress.channel_pruning import (PruneTarget, PruningError, bn_l1_hook, gamma_histogram, latency_ratio, prune,
+from compress.pruning.channel_pruning import (PruneTarget, PruningError, bn_l1_hook, gamma_histogram, latency_ratio, prune,
                                       unprunable_batchnorms)
 from compress.config import StageConfig, Strict
-from compress.distillation import DistillSettings, check_pair, teacher_loss
+from compress.distillation.loss import DistillSettings, check_pair
 from compress.errors import ConfigError
-from compress.model_source import model_from_artifact, trained_on
+from compress.stages.model_source import model_from_artifact, model_meta, trained_on
 from compress.stages.base import InputArtifact, Output, Stage, StageContext, StageResult
-from compress.stages.train_stage import model_meta
-from compress.training_run import (TrainingRun, TrainingSettings, eval_stream, resolve_device, run_training,
-                                   test_accuracy, test_metrics)
+from compress.stages.training_run import (TrainingRun, TrainingSettings, eval_stream, resolve_device, run_training,
+                                          teacher_loss, test_accuracy, test_metrics)
 from train.evaluate import evaluate
 from train.loop import Hooks
 from train.model_io import save_model
@@ -153,7 +152,7 @@ class PruneStage(Stage):
             save_model(model, folder, trained_on(description, data))
         with ctx.atomic_output_dir("report") as folder:
             (folder / "pruning.json").write_text(json.dumps(report, indent=2))
-            from compress.pruning_plots import gamma_plot
+            from compress.pruning.plots import gamma_plot
 
             (folder / "gamma.png").write_bytes(gamma_plot(report))
         return StageResult(outputs=[Output("model", "torch-model", ctx.stage_dir / "model",

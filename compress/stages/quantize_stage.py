@@ -8,18 +8,18 @@ from typing import Literal
 import torch
 from pydantic import Field
 
-from compress import int8_measure
+from compress.quantization import measure as int8_measure
 from compress.config import StageConfig, Strict
-from compress.distillation import check_pair
+from compress.distillation.loss import check_pair
 from compress.errors import ConfigError, StageError
-from compress.int8_ladder import Attempt, Ladder, LadderSettings, choose
-from compress.int8_ptq import Calibration, QuantizationError, preprocess
-from compress.int8_records import onnx_meta, rung_records, split_arrays, torch_accuracy
-from compress.model_source import model_from_artifact
-from compress.qat_pt2e import QATUnavailable
-from compress.qat_rung import QATSettings, run_qat
-from compress.qdq_lint import lint_qdq
-from compress.qdq_rewrite import int8_to_uint8_activations, weights_to_7bit
+from compress.quantization.ladder import Attempt, Ladder, LadderSettings, choose
+from compress.quantization.ptq import Calibration, QuantizationError, preprocess
+from compress.stages.int8_records import onnx_meta, rung_records, split_arrays, torch_accuracy
+from compress.stages.model_source import model_from_artifact
+from compress.quantization.qat_pt2e import QATUnavailable
+from compress.stages.qat_rung import QATSettings, run_qat
+from compress.quantization.qdq_lint import lint_qdq
+from compress.quantization.qdq_rewrite import int8_to_uint8_activations, weights_to_7bit
 from compress.stages.base import InputArtifact, Output, Stage, StageContext, StageResult
 from export.onnx_export import ExportError, export_onnx
 from export.onnx_metadata import write_data_identity

@@ -1,35 +1,60 @@
-"""Stage kinds by name. A kind registers itself when its module is imported."""
+"""Stage kinds by name: an explicit table of the built-in kinds, plus ``register`` for plug-ins.
+
+The table names each kind's module as a string and imports it on first use, so `compress
+--help` does not pay for torch and no stage module has to import the registry: nothing here
+forms an import loop (the stage base class knows nothing of the registry).
+"""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import contextlib
+import importlib
+from typing import TYPE_CHECKING, Iterator
 
 if TYPE_CHECKING:
     from compress.stages.base import Stage
 
-_KINDS: dict[str, type["Stage"]] = {}
+BUILTIN: dict[str, str] = {
+    "train": "compress.stages.train_stage:TrainStage",
+    "prune": "compress.stages.prune_stage:PruneStage",
+    "distill": "compress.stages.distill_stage:DistillStage",
+    "quantize": "compress.stages.quantize_stage:QuantizeStage",
+    "export": "compress.stages.export_stage:ExportStage",
+    "bench": "compress.stages.bench_stage:BenchStage",
+}
+_PLUGINS: dict[str, type["Stage"]] = {}
 
 
 def register(cls: type["Stage"]) -> None:
-    if cls.kind in _KINDS and _KINDS[cls.kind] is not cls:
-        raise RuntimeError(f"stage kind {cls.kind!r} registered twice ({_KINDS[cls.kind].__module__} and {cls.__module__})")
-    _KINDS[cls.kind] = cls
+    """Add a stage kind not in the built-in table (a plug-in); a kind may be taken only once."""
+    if cls.kind in BUILTIN or (cls.kind in _PLUGINS and _PLUGINS[cls.kind] is not cls):
+        taken = BUILTIN.get(cls.kind) or _PLUGINS[cls.kind].__module__
+        raise ValueError(f"stage kind {cls.kind!r} is already taken ({taken}); choose another kind for {cls.__module__}")
+    _PLUGINS[cls.kind] = cls
+
+
+def unregister(kind: str) -> None:
+    _PLUGINS.pop(kind, None)
+
+
+@contextlib.contextmanager
+def registered(cls: type["Stage"]) -> Iterator[type["Stage"]]:
+    """A plug-in kind for the duration of a block (tests: nothing leaks into later ones)."""
+    register(cls)
+    try:
+        yield cls
+    finally:
+        unregister(cls.kind)
 
 
 def get(kind: str) -> type["Stage"] | None:
-    _load_builtin()
-    return _KINDS.get(kind)
+    if kind in _PLUGINS:
+        return _PLUGINS[kind]
+    target = BUILTIN.get(kind)
+    if target is None:
+        return None
+    module, _, name = target.partition(":")
+    return getattr(importlib.import_module(module), name)
 
 
 def kinds() -> list[str]:
-    _load_builtin()
-    return sorted(_KINDS)
-
-
-def _load_builtin() -> None:
-    # Imported here, not at module top, so `compress --help` does not pay for torch.
-    import compress.stages.bench_stage  # noqa: F401
-    import compress.stages.distill_stage  # noqa: F401
-    import compress.stages.export_stage  # noqa: F401
-    import compress.stages.prune_stage  # noqa: F401
-    import compress.stages.quantize_stage  # noqa: F401
-    import compress.stages.train_stage  # noqa: F401
+    return sorted({*BUILTIN, *_PLUGINS})

@@ -9,9 +9,9 @@ from pydantic import Field
 
 from compress.config import StageConfig
 from compress.errors import ConfigError
-from compress.model_source import model_from_artifact, model_from_config, trained_on
+from compress.stages.model_source import model_from_artifact, model_from_config, model_meta, trained_on
 from compress.stages.base import InputArtifact, Output, Stage, StageContext, StageResult
-from compress.training_run import TrainingSettings, run_training, test_accuracy, test_metrics
+from compress.stages.training_run import TrainingSettings, run_training, test_accuracy, test_metrics
 from train.loop import Hooks
 from train.model_io import save_model
 from train.models import count_macs, count_params
@@ -60,11 +60,6 @@ class TrainStage(Stage):
                      Output("history", "report", ctx.stage_dir / "history")],
             metrics=metrics,
         )
-
-
-def model_meta(metrics: dict, description: dict) -> dict:
-    return {"params": metrics["params"], "macs": metrics["macs"], "test_top1": metrics["test_top1"],
-            "preprocessing": description["preprocessing"]}
 
 
 def _tensorboard_logger(ctx: StageContext):

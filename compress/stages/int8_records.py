@@ -7,8 +7,8 @@ import numpy as np
 import onnx
 import torch
 
-from compress import int8_measure
-from compress.int8_ladder import Attempt
+from compress.quantization import measure as int8_measure
+from compress.quantization.ladder import Attempt
 from compress.stages.base import InputArtifact
 from train.data import BatchStream, DataBundle
 from train.evaluate import evaluate

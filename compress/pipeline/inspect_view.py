@@ -7,7 +7,7 @@ from rich.console import Console
 from rich.table import Table
 
 from compress.errors import ArtifactError
-from compress.manifest import Manifest
+from compress.pipeline.manifest import Manifest
 
 # Metrics worth a column; the full set is in manifest.json.
 KEY_METRICS = ("test_top1", "best_val_top1", "images_per_s", "peak_memory_mb", "precision", "amp_skipped_steps",

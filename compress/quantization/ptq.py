@@ -22,7 +22,7 @@ from typing import Iterator
 import numpy as np
 import onnx
 
-from compress.qdq_lint import COMPUTE_OPS
+from compress.quantization.qdq_lint import COMPUTE_OPS
 
 FLAVOURS = ("cpu", "trt")
 METHODS = ("minmax", "percentile", "entropy", "distribution")

@@ -82,3 +82,9 @@ def model_from_artifact(artifact: InputArtifact, data: DataBundle) -> tuple[nn.M
             f"but data {data.name} has {data.num_classes} classes and {data.input_shape[0]} channels"
         )
     return model, description
+
+
+def model_meta(metrics: dict, description: dict) -> dict:
+    """The manifest metadata of a saved model artifact (what the bench and export read without loading it)."""
+    return {"params": metrics["params"], "macs": metrics["macs"], "test_top1": metrics["test_top1"],
+            "preprocessing": description["preprocessing"]}

@@ -11,11 +11,11 @@ import torch
 from pydantic import Field
 from torch import nn
 
-from compress.distillation import DistillSettings, teacher_loss
+from compress.distillation.loss import DistillSettings
 from compress.errors import ConfigError, StageError
-from compress.qat_pt2e import convert, freeze_ranges, observe, observers_paused, prepare
+from compress.quantization.qat_pt2e import convert, freeze_ranges, observe, observers_paused, prepare
 from compress.stages.base import StageContext
-from compress.training_run import TrainingSettings, run_training
+from compress.stages.training_run import TrainingSettings, run_training, teacher_loss
 from export.onnx_export import ExportError, export_onnx
 from train.loop import Hooks
 

@@ -18,7 +18,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from compress.qdq_lint import graph_constants
+from compress.quantization.qdq_lint import graph_constants
 
 
 def _non_negative(consts: dict[str, np.ndarray], node: onnx.NodeProto | None) -> bool:

@@ -14,8 +14,8 @@ from typing import Callable
 
 import numpy as np
 
-from compress import int8_measure
-from compress.int8_ptq import Calibration, compute_nodes, quantize
+from compress.quantization import measure as int8_measure
+from compress.quantization.ptq import Calibration, compute_nodes, quantize
 
 
 @dataclass

@@ -21,8 +21,6 @@ from torch.nn import functional as F
 
 from compress.config import Strict
 from compress.errors import ConfigError
-from compress.training_run import TrainingSettings, resolve_device
-from train.precision import make_precision
 
 
 class DistillSettings(Strict):
@@ -85,15 +83,3 @@ def check_pair(teacher_desc: dict, student_desc: dict, teacher_name: str, studen
     if t_pre and s_pre and any(t_pre.get(k) != s_pre.get(k) for k in keys):
         differ = ", ".join(f"{k} {t_pre.get(k)} vs {s_pre.get(k)}" for k in keys if t_pre.get(k) != s_pre.get(k))
         raise ConfigError(f"teacher {teacher_name} and student {student_name} expect different inputs ({differ})")
-
-
-def teacher_loss(teacher: nn.Module, cfg: TrainingSettings, temperature: float, alpha: float, cache: bool,
-                 field: str) -> DistillationLoss:
-    """The loss for a student trained with ``cfg``: teacher on the same device, in the same precision."""
-    if cache and (cfg.augment.pad or cfg.augment.hflip):
-        raise ConfigError(f"{field}: cache_teacher needs training without augmentation (augment: {{pad: 0}}): "
-                          "augmented images differ every epoch, so cached teacher logits would be wrong")
-    device = resolve_device(cfg.device)
-    teacher = teacher.to(device, memory_format=torch.channels_last if cfg.channels_last else torch.preserve_format)
-    return DistillationLoss(teacher, temperature, alpha, make_precision(cfg.amp, device).autocast, cache,
-                            label_smoothing=cfg.label_smoothing)

@@ -16,13 +16,13 @@ from rich.console import Console
 from rich.markup import escape
 
 from compress import __version__
-from compress.data_match import check_same_data
+from compress.stages.data_match import check_same_data
 from compress.errors import ArtifactError, CompressError, ConfigError, DataInputError, StageError
-from compress.fingerprint import environment, environment_key
-from compress.manifest import ArtifactRecord, Manifest, StageRecord, digest_path, now
-from compress.model_source import model_sources
-from compress.pipeline_file import Pipeline
-from compress.run_lock import RunLock
+from compress.pipeline.fingerprint import environment, environment_key
+from compress.pipeline.manifest import ArtifactRecord, Manifest, StageRecord, digest_path, now
+from compress.stages.model_source import model_sources
+from compress.pipeline.pipeline_file import Pipeline
+from compress.pipeline.run_lock import RunLock
 from compress.stages import registry
 from compress.config import StageConfig, check_metric_has_meaning
 from compress.stages.base import InputArtifact, Output, StageContext
@@ -257,7 +257,8 @@ class Runner:
             manifest.stages[cfg.name] = record
         manifest.save(self.run_dir)
         ctx = StageContext(run_dir=self.run_dir, stage_dir=self.run_dir / cfg.name, name=cfg.name,
-                           pipeline=self.pipeline.config, cache_key=key, console=self.console, load_data=self._load_data)
+                           pipeline=self.pipeline.config, cache_key=key, console=self.console, load_data=self._load_data,
+                           environment=manifest.environment)
         self.console.print(f"[bold]{cfg.name}[/]: running ({cfg.kind})", highlight=False)
         try:
             result, duration = cls(cfg).execute(ctx, inputs)

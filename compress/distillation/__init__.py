@@ -1,0 +1,1 @@
+"""Knowledge distillation: the KL-temperature loss and the teacher/student compatibility check. Never imports the pipeline or stage layers."""
