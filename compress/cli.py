@@ -40,7 +40,7 @@ def _gate_exit_code(manifest, selected: list[str], run_dir: Path) -> int:
         record = manifest.stages.get(name)
         if record is not None and record.kind == "bench" and record.metrics.get("gate_passed") is False:
             reasons = "; ".join(record.metrics.get("gate_reasons", []))
-            print(f"release gate FAILED ({name}): {reasons}; report in {run_dir / 'report'}", file=sys.stderr)
+            print(f"release gate FAILED ({name}): {reasons}; report in {run_dir / name / 'report'}", file=sys.stderr)
             return 1
     return 0
 

@@ -32,7 +32,7 @@ def bench_run(tmp_path_factory):
 def test_report_json_has_the_documented_keys(bench_run):
     code, _, run_dir = bench_run
     assert code == 0
-    report = json.loads((run_dir / "report" / "report.json").read_text())
+    report = json.loads((run_dir / "bench" / "report" / "report.json").read_text())
     assert {"baseline", "artifacts", "gate", "environment"} <= set(report)
     assert report["baseline"] == "train.model"
     names = [a["name"] for a in report["artifacts"]]
@@ -55,7 +55,7 @@ def test_report_json_has_the_documented_keys(bench_run):
 
 def test_report_files_are_self_contained(bench_run):
     _, _, run_dir = bench_run
-    folder = run_dir / "report"
+    folder = run_dir / "bench" / "report"
     html = (folder / "report.html").read_text()
     assert html.count("data:image/png;base64,") == 3 and "src=\"http" not in html and "<link" not in html
     assert "Gate <b>PASSED</b>" in html
@@ -66,7 +66,7 @@ def test_report_files_are_self_contained(bench_run):
 
 def test_every_report_names_the_instruction_set_it_was_measured_on(bench_run):
     _, _, run_dir = bench_run
-    folder = run_dir / "report"
+    folder = run_dir / "bench" / "report"
     env = json.loads((folder / "report.json").read_text())["environment"]
     isa = env["isa"]
     for key in ("torch_cpu_capability", "avx2", "avx512_f", "avx512_vnni", "avx512_bf16", "amx_tile", "avx_vnni",
@@ -81,7 +81,7 @@ def test_every_report_names_the_instruction_set_it_was_measured_on(bench_run):
 
 
 def _report_from_another_machine(run_dir, tmp_path, isa):
-    report = json.loads((run_dir / "report" / "report.json").read_text())
+    report = json.loads((run_dir / "bench" / "report" / "report.json").read_text())
     report["environment"]["isa"] = isa
     path = tmp_path / "report.json"
     path.write_text(json.dumps(report))
@@ -92,13 +92,13 @@ def test_gate_and_report_say_when_a_report_comes_from_another_instruction_set(be
     _, _, run_dir = bench_run
     assert main(["gate", str(run_dir)]) == 0
     assert "another instruction set" not in capsys.readouterr().err  # same machine: nothing to say
-    here = json.loads((run_dir / "report" / "report.json").read_text())["environment"]["isa"]
+    here = json.loads((run_dir / "bench" / "report" / "report.json").read_text())["environment"]["isa"]
     other = {**here, "avx512_f": not here["avx512_f"], "avx512_vnni": not here["avx512_vnni"]}
     assert main(["gate", str(_report_from_another_machine(run_dir, tmp_path, other))]) == 0
     err = capsys.readouterr().err
     assert "another instruction set" in err and "avx512_vnni" in err and "re-run the bench stage here" in err
     folder = tmp_path / "copy"
-    shutil.copytree(run_dir / "report", folder / "report")
+    shutil.copytree(run_dir / "bench" / "report", folder / "report")
     _report_from_another_machine(run_dir, folder / "report", None)
     assert main(["report", str(folder)]) == 0
     assert "does not record the instruction set" in capsys.readouterr().err
@@ -107,7 +107,7 @@ def test_gate_and_report_say_when_a_report_comes_from_another_instruction_set(be
 def test_gate_command_re_evaluates_with_other_limits(bench_run, capsys):
     _, _, run_dir = bench_run
     assert main(["gate", str(run_dir)]) == 0
-    assert main(["gate", str(run_dir / "report" / "report.json"), "--p99-ms", "0.000001"]) == 1
+    assert main(["gate", str(run_dir / "bench" / "report" / "report.json"), "--p99-ms", "0.000001"]) == 1
     out = capsys.readouterr().out
     assert "FAILED" in out and "no artifact meets both the accuracy red line and the p99 budget" in out
     assert main(["gate", str(run_dir), "--max-drop", "-5"]) == 1
@@ -116,11 +116,11 @@ def test_gate_command_re_evaluates_with_other_limits(bench_run, capsys):
 
 def test_report_command_re_renders_without_measuring(bench_run):
     _, _, run_dir = bench_run
-    (run_dir / "report" / "report.html").unlink()
-    before = (run_dir / "report" / "report.json").read_text()
+    (run_dir / "bench" / "report" / "report.html").unlink()
+    before = (run_dir / "bench" / "report" / "report.json").read_text()
     assert main(["report", str(run_dir)]) == 0
-    assert (run_dir / "report" / "report.html").is_file()
-    assert (run_dir / "report" / "report.json").read_text() == before
+    assert (run_dir / "bench" / "report" / "report.html").is_file()
+    assert (run_dir / "bench" / "report" / "report.json").read_text() == before
 
 
 def test_a_failing_gate_exits_1_after_writing_the_report(bench_run, capsys):
@@ -128,7 +128,7 @@ def test_a_failing_gate_exits_1_after_writing_the_report(bench_run, capsys):
     assert main(["run", str(path), "--run-dir", str(run_dir), "latency.p99_budget_ms=0.000001"]) == 1
     err = capsys.readouterr().err
     assert "release gate FAILED (bench)" in err and "p99" in err
-    report = json.loads((run_dir / "report" / "report.json").read_text())
+    report = json.loads((run_dir / "bench" / "report" / "report.json").read_text())
     assert not report["gate"]["passed"] and report["gate"]["p99_budget_ms"] == 0.000001
 
 
@@ -145,7 +145,7 @@ def test_the_baseline_is_measured_even_when_not_listed(tmp_path, capsys):
     path = tmp_path / "p.yaml"
     path.write_text(yaml.safe_dump(config))
     assert main(["run", str(path), "--run-dir", str(tmp_path / "run")]) == 0
-    report = json.loads((tmp_path / "run" / "report" / "report.json").read_text())
+    report = json.loads((tmp_path / "run" / "bench" / "report" / "report.json").read_text())
     assert [a["name"] for a in report["artifacts"]] == ["train.model", "export.onnx"]
     assert report["settings"]["concurrency"] == 2 and all(a["throughput"] > 0 for a in report["artifacts"])
 
@@ -177,8 +177,28 @@ def test_synthetic_data_gates_on_latency_only_and_the_ladder_does_not_climb(tmp_
     manifest = json.loads((run_dir / "manifest.json").read_text())
     ladder = manifest["stages"]["quantize"]["metrics"]
     assert ladder["rung"] == "ptq" and ladder["climbed"] == [] and ladder["red_line"]["within"] is None
-    report = json.loads((run_dir / "report" / "report.json").read_text())
+    report = json.loads((run_dir / "bench" / "report" / "report.json").read_text())
     assert report["gate"]["decided_on"] == "latency only" and report["gate"]["passed"]
-    assert "accuracy not gated" in (run_dir / "report" / "report.md").read_text()
+    assert "accuracy not gated" in (run_dir / "bench" / "report" / "report.md").read_text()
     assert main(["gate", str(run_dir)]) == 0
     assert "decided on latency only" in " ".join(capsys.readouterr().out.split())
+
+
+def test_two_bench_stages_keep_their_own_reports_and_the_gate_reads_the_last(tmp_path, capsys):
+    config = copy.deepcopy(TINY)
+    config["latency"] = {"p99_budget_ms": 1000.0}
+    config["stages"] += [{"name": "export", "kind": "export", "parity": {"samples": 32}},
+                         dict(FAST_BENCH, name="bench_torch", artifacts=["train.model"]),
+                         dict(FAST_BENCH, name="bench_all")]
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml.safe_dump(config))
+    run_dir = tmp_path / "run"
+    assert main(["run", str(path), "--run-dir", str(run_dir)]) == 0
+    first = json.loads((run_dir / "bench_torch" / "report" / "report.json").read_text())
+    last = json.loads((run_dir / "bench_all" / "report" / "report.json").read_text())
+    assert [a["name"] for a in first["artifacts"]] == ["train.model"]
+    assert [a["name"] for a in last["artifacts"]] == ["train.model", "export.onnx"]
+    assert not (run_dir / "report").exists()  # nothing outside the stages' own folders
+    capsys.readouterr()
+    assert main(["gate", str(run_dir)]) == 0
+    assert "bench_all" in capsys.readouterr().out.replace("\n", "")

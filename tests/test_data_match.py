@@ -62,10 +62,10 @@ def test_a_stage_alone_on_another_split_refuses_naming_both_digests(seed1_run, t
 
 def test_run_only_after_a_data_change_refuses_and_keeps_the_finished_run(seed1_run, capsys):
     path, run_dir = seed1_run
-    before = (run_dir / "report" / "report.json").read_text()
+    before = (run_dir / "bench" / "report" / "report.json").read_text()
     assert main(["run", str(path), "--run-dir", str(run_dir), "--only", "bench", "data.split_seed=0"]) == 2
     assert "its test images can be images the model trained on" in " ".join(capsys.readouterr().err.split())
-    assert (run_dir / "report" / "report.json").read_text() == before
+    assert (run_dir / "bench" / "report" / "report.json").read_text() == before
 
 
 def test_told_independent_it_measures_but_another_preprocessing_is_refused_always(seed1_run, tmp_path, capsys):
@@ -80,7 +80,7 @@ def test_told_independent_it_measures_but_another_preprocessing_is_refused_alway
     assert "expects other input preprocessing" in err and f"data.mean: {pre['mean']}" in err
     pinned = [f"data.mean={pre['mean']}", f"data.std={pre['std']}"]
     assert main([*args, "--run-dir", str(tmp_path / "b"), "data.independent_test=true", *pinned]) == 0
-    assert (tmp_path / "b" / "report" / "report.json").is_file()
+    assert (tmp_path / "b" / "bench" / "report" / "report.json").is_file()
 
 
 def test_an_onnx_without_a_record_is_refused_unless_declared_independent(seed1_run, tmp_path, capsys):

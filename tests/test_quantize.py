@@ -361,7 +361,7 @@ def test_no_rung_within_the_red_line_still_ships_the_closest_and_the_gate_refuse
     quantize = manifest["stages"]["quantize"]
     assert quantize["status"] == "completed" and not quantize["metrics"]["red_line"]["within"]
     assert manifest["artifacts"]["quantize.onnx_cpu"]["meta"]["red_line"]["within"] is False
-    report = json.loads((tmp_path / "run" / "report" / "report.json").read_text())
+    report = json.loads((tmp_path / "run" / "bench" / "report" / "report.json").read_text())
     entry = next(a for a in report["artifacts"] if a["name"] == "quantize.onnx_cpu")
     assert "no rung within the red line" in entry["refused"] and report["gate"]["release"] != "quantize.onnx_cpu"
     assert any(r.startswith("quantize.onnx_cpu: the quantize stage found no rung") for r in report["gate"]["reasons"])

@@ -27,7 +27,7 @@ def test_quickstart_reaches_97_percent_and_reruns_from_cache(tmp_path):
     assert [r["batch_size"] for r in parity] == [1, 32] and all(r["rel_diff"] <= 1e-4 for r in parity)
     quantized = manifest["stages"]["quantize"]["metrics"]
     assert quantized["red_line"]["within"] and quantized["rungs"][0]["calibration"]["samples"] == 256
-    report = json.loads((run_dir / "report" / "report.json").read_text())
+    report = json.loads((run_dir / "bench" / "report" / "report.json").read_text())
     assert "quantize.onnx_cpu" in [a["name"] for a in report["artifacts"]]  # the gate was evaluated on it
     start = time.monotonic()
     again = run_cli("run", str(ROOT / "pipelines" / "quickstart.yaml"), "--run-dir", str(run_dir))

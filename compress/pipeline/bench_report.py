@@ -9,15 +9,37 @@ from rich.console import Console
 from rich.table import Table
 
 from compress.errors import ArtifactError
+from compress.pipeline.manifest import Manifest
 from serve_bench.report import REPORT_JSON, load_samples, write_report
 from train.atomic_io import atomic_dir
 from train.hardware import isa_differences, isa_facts, isa_words
 
 
+def find_report(target: Path) -> Path:
+    """report.json of a run directory (its last completed bench stage's), of a report folder, or the file itself.
+
+    Each bench stage writes inside its own folder (``<run>/<stage>/report/``), so two bench
+    stages of one pipeline never overwrite each other; the manifest says which is the latest.
+    """
+    if not target.is_dir():
+        return target
+    if (target / REPORT_JSON).is_file():
+        return target / REPORT_JSON
+    manifest = Manifest.load(target)
+    if manifest is not None:
+        reports = [manifest.resolve_path(target, manifest.artifacts[name]) / REPORT_JSON
+                   for record in manifest.stages.values() if record.kind == "bench" and record.status == "completed"
+                   for name in record.outputs if name in manifest.artifacts]
+        if reports:
+            return reports[-1]
+    return target / "report" / REPORT_JSON  # a run directory written before reports moved into their stage
+
+
 def load_report(target: Path) -> tuple[dict, Path]:
-    path = target / "report" / REPORT_JSON if target.is_dir() else target
+    path = find_report(target)
     if not path.is_file():
-        raise ArtifactError(f"{path} does not exist: give a run directory with a bench stage, or a report.json")
+        raise ArtifactError(f"{path} does not exist: give a run directory with a completed bench stage, its report "
+                            "folder, or a report.json")
     try:
         report = json.loads(path.read_text())
     except json.JSONDecodeError as exc:

@@ -13,7 +13,6 @@ from serve_bench.bench import ArtifactSpec, BenchSettings, run_benchmark
 from serve_bench.gate import evaluate, quantized_not_faster
 from serve_bench.harness import HarnessSettings
 from serve_bench.report import write_report
-from train.atomic_io import atomic_dir
 from train.data import BatchStream
 
 BACKENDS = {"torch-model": "torch", "onnx": "onnxruntime", "trt-engine": "tensorrt"}
@@ -92,7 +91,7 @@ class BenchStage(Stage):
                                                                            "batch_size": batch},
                   "data": {"name": data.name, "test_images": len(labels),
                            "meaningful_accuracy": data.meaningful_accuracy}}
-        with atomic_dir(ctx.run_dir / "report") as folder:
+        with ctx.atomic_output_dir("report") as folder:
             write_report(folder, report, latencies)
         ctx.console.print(summary_table(report))
         verdict = "passed" if gate["passed"] else "FAILED"
@@ -105,7 +104,7 @@ class BenchStage(Stage):
                    "gate_decided_on": gate["decided_on"],
                    "flags": flags,
                    "summary": f"gate {verdict}, release {gate['release']}"}
-        return StageResult(outputs=[Output("report", "report", ctx.run_dir / "report", meta={"passed": gate["passed"]})],
+        return StageResult(outputs=[Output("report", "report", ctx.stage_dir / "report", meta={"passed": gate["passed"]})],
                            metrics=metrics)
 
 
