@@ -253,11 +253,12 @@ class TensorRTRunner(Runner):
         if not torch.cuda.is_available():
             raise RunnerError("the TensorRT runner needs a CUDA device; none is visible")
         self._torch = torch
-        logger = trt.Logger(trt.Logger.WARNING)
-        engine_file = self.path / "model.engine" if self.path.is_dir() else self.path
-        self.engine = trt.Runtime(logger).deserialize_cuda_engine(engine_file.read_bytes())
-        if self.engine is None:
-            raise RunnerError(f"TensorRT could not deserialise {engine_file}; rebuild it on this machine")
+        from export.tensorrt_engine import EngineMismatch, TensorRTUnavailable, load_engine
+
+        try:  # the one path that deserialises an engine, after checking it was built for this TensorRT and GPU
+            self.engine, self.engine_meta = load_engine(self.path if self.path.is_dir() else self.path.parent)
+        except (EngineMismatch, TensorRTUnavailable, OSError) as exc:
+            raise RunnerError(f"TensorRT engine {self.path}: {exc}") from exc
         # One execution context and one stream per client thread (made lazily): see PerThread.
         self._per_thread = PerThread(lambda: (self.engine.create_execution_context(), torch.cuda.Stream()))
         names = [self.engine.get_tensor_name(i) for i in range(self.engine.num_io_tensors)]

@@ -18,6 +18,10 @@ from compress.quantization import measure as int8_measure
 from compress.quantization.ptq import Calibration, compute_nodes, quantize
 
 
+class RungUnavailable(RuntimeError):
+    """A rung cannot run here (its engine is missing or cannot take the model); the earlier rungs stand."""
+
+
 @dataclass
 class LadderSettings:
     flavours: tuple[str, ...] = ("cpu", "trt")
@@ -132,3 +136,25 @@ class Ladder:
 def choose(attempts: list[Attempt]) -> Attempt:
     """The first rung within the red line, else the one that came closest."""
     return next((a for a in attempts if a.within), None) or min(attempts, key=Attempt.worst)
+
+
+def climb(first: Callable[[], Attempt], rungs: list[tuple[str, Callable[[Attempt], Attempt]]], max_drop: float,
+          log: Callable[[str], None] = lambda message: None) -> tuple[list[Attempt], list[str]]:
+    """Run ``first``, then each later rung in order while the latest attempt misses the red line.
+
+    Returns every attempt and, per rung climbed past, why. A rung that cannot run here
+    (``RungUnavailable``) ends the climb with its reason recorded; the closest earlier
+    attempt is then what ``choose`` ships, marked as missing the red line.
+    """
+    attempts, climbed = [first()], []
+    for name, rung in rungs:
+        if attempts[-1].within:
+            break
+        climbed.append(attempts[-1].why_not(max_drop))
+        try:
+            attempts.append(rung(attempts[-1]))
+        except RungUnavailable as exc:
+            climbed.append(f"{name}: could not run: {exc}")
+            log(f"{name} could not run, keeping the closest earlier rung: {exc}")
+            break
+    return attempts, climbed

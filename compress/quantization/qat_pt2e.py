@@ -16,10 +16,12 @@ from typing import Iterator
 import torch
 from torch import nn
 
+from compress.quantization.ladder import RungUnavailable
+
 QUANT_RANGE = (-127, 127)  # symmetric: -128 would need a zero-point TensorRT does not take
 
 
-class QATUnavailable(RuntimeError):
+class QATUnavailable(RungUnavailable):
     """torchao (the PT2E QAT engine) is not installed or cannot capture this model."""
 
 

@@ -12,11 +12,10 @@ from compress.quantization import measure as int8_measure
 from compress.config import StageConfig, Strict
 from compress.distillation.loss import check_pair
 from compress.errors import ConfigError, StageError
-from compress.quantization.ladder import Attempt, Ladder, LadderSettings, choose
+from compress.quantization.ladder import Attempt, Ladder, LadderSettings, choose, climb
 from compress.quantization.ptq import Calibration, QuantizationError, preprocess
 from compress.stages.int8_records import onnx_meta, rung_records, split_arrays, torch_accuracy
 from compress.stages.model_source import model_from_artifact
-from compress.quantization.qat_pt2e import QATUnavailable
 from compress.stages.qat_rung import QATSettings, run_qat
 from compress.quantization.qdq_lint import lint_qdq
 from compress.quantization.qdq_rewrite import int8_to_uint8_activations, weights_to_7bit
@@ -140,26 +139,17 @@ class QuantizeStage(Stage):
 
     def _climb(self, ctx, cfg: QuantizeConfig, ladder: Ladder, model, description, inputs, calib,
                field: str) -> tuple[list[Attempt], list[str]]:
+        if not ctx.data.meaningful_accuracy:
+            ctx.log(f"{ctx.data.name} data: the labels are random, so an accuracy drop measures noise; the "
+                    "ladder stays at PTQ (nothing to recover) and the red line is not judged", style="yellow")
+        rungs = [] if not ctx.data.meaningful_accuracy else [
+            *([("fallback", ladder.fallback)] if cfg.fallback.enabled else []),
+            *([("qat", lambda _: self._qat(ctx, cfg, ladder, model, description, inputs, calib, field))]
+              if cfg.qat.enabled else [])]
         try:
-            attempts = [ladder.ptq()]
-            climbed = []
-            if not ctx.data.meaningful_accuracy:
-                ctx.log(f"{ctx.data.name} data: the labels are random, so an accuracy drop measures noise; the "
-                        "ladder stays at PTQ (nothing to recover) and the red line is not judged", style="yellow")
-                return attempts, climbed
-            if not attempts[-1].within and cfg.fallback.enabled:
-                climbed.append(attempts[-1].why_not(ladder.settings.max_drop))
-                attempts.append(ladder.fallback(attempts[-1]))
-            if not attempts[-1].within and cfg.qat.enabled:
-                climbed.append(attempts[-1].why_not(ladder.settings.max_drop))
-                try:
-                    attempts.append(self._qat(ctx, cfg, ladder, model, description, inputs, calib, field))
-                except QATUnavailable as exc:  # keep what the earlier rungs made; the verdict says it missed
-                    climbed.append(f"qat: could not run: {exc}")
-                    ctx.log(f"qat could not run, keeping the closest earlier rung: {exc}", style="red")
+            return climb(ladder.ptq, rungs, ladder.settings.max_drop, log=lambda m: ctx.log(m, style="red"))
         except QuantizationError as exc:
             raise StageError(f"stage {ctx.name!r}: {exc}") from exc
-        return attempts, climbed
 
     def _qat(self, ctx, cfg: QuantizeConfig, ladder: Ladder, model, description, inputs, calib, field) -> Attempt:
         teacher = None
