@@ -10,25 +10,29 @@ import time
 from dataclasses import dataclass
 
 import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
 
 from serve_bench.worker import BenchWorker
 
 
-@dataclass
-class HarnessSettings:
-    warmup_iters: int = 50
-    warmup_s: float = 0.5
-    min_iters: int = 1000
-    min_duration_s: float = 2.0
-    block_iters: int = 100  # at least this many requests per block...
-    block_s: float = 0.25  # ...and about this long, so the settle pause stays a small share of the run
-    max_iters: int = 100_000
-    concurrency: int = 1
+class HarnessSettings(BaseModel):
+    """How long and in what pattern each artifact is measured (the bench stage's settings reuse these)."""
+
+    model_config = ConfigDict(extra="forbid")
+    warmup_iters: int = Field(50, ge=0, description="warm-up requests before measuring...")
+    warmup_s: float = Field(0.5, ge=0, description="...and at least this long")
+    min_iters: int = Field(1000, ge=1, description="measured requests per artifact, at least...")
+    min_duration_s: float = Field(2.0, ge=0, description="...and at least this much measured time")
+    block_iters: int = Field(100, ge=1, description="minimum requests per interleaved block")
+    block_s: float = Field(0.25, ge=0, description="target duration of a block, so the settle pause stays a "
+                           "small share of the run")
+    max_iters: int = Field(100_000, ge=1, description="stop an artifact after this many requests")
+    concurrency: int = Field(1, ge=1, description="closed-loop client threads per artifact")
     # Pause before each block: the runtime that ran the previous block keeps its worker threads
     # spinning after its last call, and on a small machine they steal this block's cores. Measured
     # on 2 cores (torch eager after onnxruntime): with no pause 40-67% of the first ten requests of
     # a block took > 3 ms (p50 1.1 ms); 20 ms cleared positions 6-10 only; 200 ms cleared them all.
-    settle_s: float = 0.2
+    settle_s: float = Field(0.2, ge=0, description="pause before each block so the previous runtime's threads sleep")
 
 
 @dataclass

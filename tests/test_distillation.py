@@ -40,13 +40,14 @@ def test_alpha_zero_is_cross_entropy():
 
 
 def test_the_hard_term_keeps_the_students_label_smoothing():
+    from compress.distillation.loss import LossSettings
     from compress.stages.training_run import TrainingSettings, teacher_loss
 
     torch.manual_seed(0)
     teacher, x = nn.Linear(4, 5), torch.randn(16, 4)
     student, labels = torch.randn(16, 5) * 4, torch.randint(0, 5, (16,))
-    loss_fn = teacher_loss(teacher, TrainingSettings(label_smoothing=0.2, amp="off", device="cpu"), 4.0, 0.0,
-                           False, "stages.distill")
+    loss_fn = teacher_loss(teacher, TrainingSettings(label_smoothing=0.2, amp="off", device="cpu"),
+                           LossSettings(alpha=0.0), "stages.distill")
     smoothed = nn.functional.cross_entropy(student, labels, label_smoothing=0.2)
     plain = nn.functional.cross_entropy(student, labels)
     assert abs(smoothed.item() - plain.item()) > 0.1  # the setting makes a visible difference here

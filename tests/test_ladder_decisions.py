@@ -7,8 +7,8 @@ from compress.quantization.ladder import Attempt, RungUnavailable, choose, climb
 
 
 def _attempt(rung: str, drop: float, max_drop: float = 1.0) -> Attempt:
-    return Attempt(rung, {"cpu": Path(f"{rung}.onnx")}, {"cpu": {"top1": 90.0 - drop}}, {"cpu": drop},
-                   within=drop <= max_drop)
+    return Attempt(rung=rung, files={"cpu": Path(f"{rung}.onnx")}, val={"cpu": {"top1": 90.0 - drop}},
+                   drops={"cpu": drop}, within=drop <= max_drop)
 
 
 def _ladder(drops: dict[str, float], unavailable: str | None = None):

@@ -7,8 +7,8 @@ import pytest
 import torch
 from torch import nn
 
-from compress.pruning.channel_pruning import PruneTarget, PruningError, bn_l1_hook, prune
 from compress.cli import main
+from compress.pruning.channel_pruning import PruneTarget, PruningError, SurgerySettings, bn_l1_hook, prune
 from train.data import BatchStream, DataSpec, load_data
 from train.loop import Hooks, LoopSettings, fit
 from train.model_io import describe, load_model, save_model
@@ -33,7 +33,7 @@ def test_pruned_model_reloads_with_identical_outputs(tmp_path, name, channels, s
     _spread_gammas(model)
     example = torch.zeros(1, channels, size, size)
     classifier = [m for m in model.modules() if isinstance(m, nn.Linear)][-1]
-    result = prune(model, example, PruneTarget(macs_fraction=0.5), [classifier])
+    result = prune(model, example, PruneTarget(macs=0.5), [classifier])
     assert result.macs_after <= 0.5 * result.macs_before and result.params_after < result.params_before
     assert classifier.out_features == 10
     description = describe(name, 10, channels, {}, {}, pruning={"history": result.history,
@@ -49,7 +49,7 @@ def test_round_to_gives_hardware_friendly_widths():
     torch.manual_seed(0)
     model = build_model("resnet20", 10, 1, {"width": 16}).eval()
     _spread_gammas(model)
-    prune(model, torch.zeros(1, 1, 16, 16), PruneTarget(channel_ratio=0.4, round_to=8), [model.fc])
+    prune(model, torch.zeros(1, 1, 16, 16), PruneTarget(ratio=0.4), [model.fc], SurgerySettings(round_to=8))
     widths = {m.out_channels for m in model.modules() if isinstance(m, nn.Conv2d)}
     assert all(w % 8 == 0 for w in widths)
 
@@ -108,12 +108,14 @@ def test_error_cases_say_what_to_do():
         bn_l1_hook(build_model("tests.user_models:NoBatchNorm", 10, 1), 1e-4)
     fresh = build_model("resnet20", 10, 1, {"width": 4}).eval()  # every γ is 1: ranking would be ties
     with pytest.raises(PruningError, match=r"same value.*run the sparsity phase first"):
-        prune(fresh, torch.zeros(1, 1, 8, 8), PruneTarget(macs_fraction=0.5), [fresh.fc])
+        prune(fresh, torch.zeros(1, 1, 8, 8), PruneTarget(macs=0.5), [fresh.fc])
     _spread_gammas(fresh)
     with pytest.raises(PruningError, match=r"reached .* of the MACs, not the 1% target"):
-        prune(fresh, torch.zeros(1, 1, 8, 8), PruneTarget(macs_fraction=0.01, max_layer_ratio=0.3), [fresh.fc])
+        prune(fresh, torch.zeros(1, 1, 8, 8), PruneTarget(macs=0.01), [fresh.fc],
+              SurgerySettings(max_layer_ratio=0.3))
     no_bn = build_model("tests.user_models:NoBatchNorm", 10, 1).eval()
-    result = prune(no_bn, torch.zeros(1, 1, 8, 8), PruneTarget(channel_ratio=0.5, importance="magnitude"), [no_bn.head])
+    result = prune(no_bn, torch.zeros(1, 1, 8, 8), PruneTarget(ratio=0.5), [no_bn.head],
+                   SurgerySettings(importance="magnitude"))
     assert result.channels_after["conv"] == 4
 
 

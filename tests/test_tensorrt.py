@@ -143,7 +143,7 @@ def test_int8_engine_build_from_the_quantize_stage_trt_flavour(tmp_path):
     info = export_onnx(model, torch.randn(2, 3, 32, 32), tmp_path / "model.onnx")
     prepped = preprocess(info.path, tmp_path / "prep.onnx")
     calib = np.random.default_rng(0).normal(size=(16, 3, 32, 32)).astype(np.float32)
-    qdq = quantize(prepped, tmp_path / "trt.onnx", "trt", Calibration("minmax"), calib, tmp_path / "cache.json")
+    qdq = quantize(prepped, tmp_path / "trt.onnx", "trt", Calibration(method="minmax"), calib, tmp_path / "cache.json")
     settings = BuildSettings(precision="int8", max_batch=8, timing_cache=tmp_path / "timing.cache")
     meta = build_engine(qdq, tmp_path / "engine", settings, info.input_name, (3, 32, 32))
     # Every convolution of the fully quantized ResNet-20 runs in INT8: none is left in float.

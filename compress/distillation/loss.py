@@ -23,11 +23,19 @@ from compress.config import Strict
 from compress.errors import ConfigError
 
 
-class DistillSettings(Strict):
-    teacher: str = Field(..., description="an earlier stage or artifact, e.g. train or train.model")
+class LossSettings(Strict):
+    """The distillation loss's own settings, shared by every stage that distils."""
+
     temperature: float = Field(4.0, gt=0)
     alpha: float = Field(0.5, ge=0, le=1, description="weight of the soft (teacher) term; 0 = plain cross-entropy")
-    cache_teacher: bool = Field(False, description="compute teacher logits once per image (only without augmentation)")
+    cache_teacher: bool = Field(False, description="compute teacher logits once per image (only without "
+                                "augmentation: augment.pad 0, no flips)")
+
+
+class DistillSettings(LossSettings):
+    """Distillation inside another stage's training (a pruned model's finetune, QAT): the teacher is required."""
+
+    teacher: str = Field(..., description="an earlier stage or artifact, e.g. train or train.model")
 
 
 def distillation_terms(student: torch.Tensor, teacher: torch.Tensor, labels: torch.Tensor, temperature: float,

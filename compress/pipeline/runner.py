@@ -16,16 +16,16 @@ from rich.console import Console
 from rich.markup import escape
 
 from compress import __version__
-from compress.stages.data_match import check_same_data
+from compress.config import StageConfig, check_metric_has_meaning
 from compress.errors import ArtifactError, CompressError, ConfigError, DataInputError, StageError
 from compress.pipeline.fingerprint import environment, environment_key
 from compress.pipeline.manifest import ArtifactRecord, Manifest, StageRecord, digest_path, now
-from compress.stages.model_source import model_sources
 from compress.pipeline.pipeline_file import Pipeline
 from compress.pipeline.run_lock import RunLock
 from compress.stages import registry
-from compress.config import StageConfig, check_metric_has_meaning
 from compress.stages.base import InputArtifact, Output, StageContext
+from compress.stages.data_match import check_same_data
+from compress.stages.model_source import model_sources
 from train.atomic_io import atomic_write_text
 from train.data import DataBundle, DataSpec, load_data
 from train.datasets import DataError

@@ -9,11 +9,14 @@ pruned architecture from the original one.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Literal
 
 import torch
 import torch_pruning as tp
+from pydantic import Field, model_validator
 from torch import nn
+
+from compress.config import Strict
 
 
 class PruningError(ValueError):
@@ -72,15 +75,29 @@ def unprunable_batchnorms(model: nn.Module, example: torch.Tensor, protected: li
     return [bn for bn in batchnorm_layers(model) if bn not in prunable]
 
 
-@dataclass
-class PruneTarget:
-    macs_fraction: float | None = None  # keep at most this share of the MACs
-    channel_ratio: float | None = None  # or remove this share of channels
-    importance: str = "bn_scale"  # bn_scale | magnitude
+class PruneTarget(Strict):
+    """How far to prune: a MACs budget, or a share of channels."""
+
+    macs: float | None = Field(None, gt=0, lt=1, description="keep at most this share of the MACs")
+    ratio: float | None = Field(None, gt=0, lt=1, description="or remove this share of the channels")
+
+    @model_validator(mode="after")
+    def _one(self) -> "PruneTarget":
+        if (self.macs is None) == (self.ratio is None):
+            raise ValueError("give exactly one of macs (share of MACs to keep) or ratio (share of channels to remove)")
+        return self
+
+
+class SurgerySettings(Strict):
+    """How channels are ranked and removed (torch-pruning's MetaPruner)."""
+
+    importance: Literal["bn_scale", "magnitude"] = Field(
+        "bn_scale", description="bn_scale: |γ| of BatchNorm (needs BatchNorm and a sparsity phase); "
+                                "magnitude: L2 norm of the weights")
     global_pruning: bool = True
-    round_to: int | None = None
-    max_layer_ratio: float = 0.9  # no layer loses more than this share of its channels
-    steps: int = 8  # iterative steps towards a MACs target
+    round_to: int | None = Field(None, ge=1, description="channel counts rounded to multiples of this (e.g. 8)")
+    max_layer_ratio: float = Field(0.9, gt=0, lt=1, description="no layer loses more than this share of its channels")
+    steps: int = Field(16, ge=1, description="iterative steps towards a MACs target")
 
 
 @dataclass
@@ -98,9 +115,11 @@ def _channels(model: nn.Module) -> dict[str, int]:
     return {name: m.out_channels for name, m in model.named_modules() if isinstance(m, nn.Conv2d)}
 
 
-def prune(model: nn.Module, example: torch.Tensor, target: PruneTarget, protected: list[nn.Module]) -> PruneResult:
+def prune(model: nn.Module, example: torch.Tensor, target: PruneTarget, protected: list[nn.Module],
+          settings: SurgerySettings | None = None) -> PruneResult:
     """Prune ``model`` in place towards the target; raises PruningError when it cannot."""
-    if target.importance == "bn_scale":
+    settings = settings or SurgerySettings()
+    if settings.importance == "bn_scale":
         if not batchnorm_layers(model):
             raise PruningError("the model has no BatchNorm layers; BN-scale importance cannot rank its channels. "
                                "Use importance: magnitude")
@@ -109,30 +128,28 @@ def prune(model: nn.Module, example: torch.Tensor, target: PruneTarget, protecte
             raise PruningError("every BatchNorm scale has the same value, so BN-scale ranking would prune nothing "
                                "meaningful; run the sparsity phase first (sparsity.epochs > 0, lambda > 0)")
         importance = tp.importance.BNScaleImportance()
-    elif target.importance == "magnitude":
-        importance = tp.importance.MagnitudeImportance(p=2)
     else:
-        raise PruningError(f"importance must be bn_scale or magnitude, got {target.importance!r}")
+        importance = tp.importance.MagnitudeImportance(p=2)
     model.eval()
     macs_before, params_before = tp.utils.count_ops_and_params(model, example)
     channels_before = _channels(model)
-    by_macs = target.macs_fraction is not None
+    by_macs = target.macs is not None
     pruner = tp.pruner.MetaPruner(
-        model, example, importance=importance, global_pruning=target.global_pruning,
-        pruning_ratio=target.max_layer_ratio if by_macs else target.channel_ratio,
-        max_pruning_ratio=target.max_layer_ratio, iterative_steps=target.steps if by_macs else 1,
-        ignored_layers=protected, round_to=target.round_to)
+        model, example, importance=importance, global_pruning=settings.global_pruning,
+        pruning_ratio=settings.max_layer_ratio if by_macs else target.ratio,
+        max_pruning_ratio=settings.max_layer_ratio, iterative_steps=settings.steps if by_macs else 1,
+        ignored_layers=protected, round_to=settings.round_to)
     macs = macs_before
-    for _ in range(target.steps if by_macs else 1):
+    for _ in range(settings.steps if by_macs else 1):
         pruner.step()
         macs, _ = tp.utils.count_ops_and_params(model, example)
-        if by_macs and macs <= target.macs_fraction * macs_before:
+        if by_macs and macs <= target.macs * macs_before:
             break
     if macs >= macs_before:
         raise PruningError("the pruner removed no channel: every layer is protected or at its max_layer_ratio")
-    if by_macs and macs > target.macs_fraction * macs_before:
-        raise PruningError(f"reached {macs / macs_before:.1%} of the MACs, not the {target.macs_fraction:.0%} target, "
-                           f"with max_layer_ratio {target.max_layer_ratio}; raise it or relax the target")
+    if by_macs and macs > target.macs * macs_before:
+        raise PruningError(f"reached {macs / macs_before:.1%} of the MACs, not the {target.macs:.0%} target, "
+                           f"with max_layer_ratio {settings.max_layer_ratio}; raise it or relax the target")
     params_after = sum(p.numel() for p in model.parameters())
     history = [[name, bool(out), [int(i) for i in idxs]] for name, out, idxs in pruner.pruning_history()]
     return PruneResult(history, int(macs_before), int(macs), int(params_before), int(params_after),

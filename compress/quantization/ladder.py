@@ -79,7 +79,8 @@ class Ladder:
         self.log(f"{rung}: val {s.metric} " + ", ".join(f"{f} {v[s.metric]:.2f}% (drop {drops[f]:+.2f})"
                                                         for f, v in val.items())
                  + (" — within the red line" if within else f" — over the red line {s.max_drop:g}"))
-        return Attempt(rung, files, val, drops, within, details or {}, float_layers or [])
+        return Attempt(rung=rung, files=files, val=val, drops=drops, within=within, details=details or {},
+                       float_layers=float_layers or [])
 
     def _quantize_all(self, tag: str, exclude: list[str]) -> dict[str, Path]:
         folder = self.work / tag

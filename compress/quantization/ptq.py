@@ -15,28 +15,31 @@ from __future__ import annotations
 import contextlib
 import io
 import logging
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Literal, get_args
 
 import numpy as np
 import onnx
+from pydantic import Field
 
+from compress.config import Strict
 from compress.quantization.qdq_lint import COMPUTE_OPS
 
 FLAVOURS = ("cpu", "trt")
-METHODS = ("minmax", "percentile", "entropy", "distribution")
+Method = Literal["minmax", "percentile", "entropy", "distribution"]
+METHODS: tuple[str, ...] = get_args(Method)
 
 
 class QuantizationError(RuntimeError):
     """onnxruntime could not calibrate or quantize the model."""
 
 
-@dataclass(frozen=True)
-class Calibration:
-    method: str = "minmax"
-    percentile: float = 99.999  # percentile method only
-    batch_size: int = 32
+class Calibration(Strict):
+    """How activation ranges are computed: onnxruntime's calibrators (it has no MSE calibrator)."""
+
+    method: Method = "entropy"
+    percentile: float = Field(99.999, gt=50, le=100, description="percentile method only")
+    batch_size: int = Field(32, ge=1, description="images per calibration inference")
 
 
 @contextlib.contextmanager

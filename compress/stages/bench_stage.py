@@ -18,7 +18,7 @@ from train.data import BatchStream
 BACKENDS = {"torch-model": "torch", "onnx": "onnxruntime", "trt-engine": "tensorrt"}
 
 
-class BenchConfig(StageConfig):
+class BenchConfig(StageConfig, HarnessSettings):
     kind: Literal["bench"] = "bench"
     artifacts: list[str] | None = Field(None, description="artifact names; default: every earlier deployable one")
     baseline: str | None = Field(None, description="a torch-model artifact; default: the first train stage's model")
@@ -27,16 +27,9 @@ class BenchConfig(StageConfig):
     inter_op_threads: int = Field(1, ge=1, description="onnxruntime inter-op threads")
     torch_compile: bool = Field(False, description="torch.compile the torch artifacts before timing them")
     device: Literal["cpu", "cuda"] = "cpu"
-    device_only: bool = Field(False, description="GPU: time the computation only, without host↔device copies")
-    warmup_iters: int = Field(50, ge=0)
-    warmup_s: float = Field(0.5, ge=0)
-    min_iters: int = Field(1000, ge=1)
-    min_duration_s: float = Field(2.0, ge=0)
-    block_iters: int = Field(100, ge=1, description="minimum requests per interleaved block")
-    block_s: float = Field(0.25, ge=0, description="target duration of a block")
-    settle_s: float = Field(0.2, ge=0, description="pause before each block so the previous runtime's threads sleep")
+    device_only: bool = Field(False, description="time the computation only, input staged on the device and "
+                                                 "output left there")
     min_samples: int = Field(1000, ge=1, description="a p99 from fewer samples is refused")
-    concurrency: int = Field(1, ge=1, description="closed-loop client threads per artifact")
     per_class: bool = False
 
     @model_validator(mode="after")
@@ -71,10 +64,9 @@ class BenchStage(Stage):
         if len(images) < batch:
             raise ConfigError(f"stages.{ctx.name}.batch_size: {batch} is more than the {len(images)} test images")
         pool = images[: max(batch * 64, 256)]
-        settings = BenchSettings(HarnessSettings(cfg.warmup_iters, cfg.warmup_s, cfg.min_iters, cfg.min_duration_s,
-                                                 cfg.block_iters, cfg.block_s, concurrency=cfg.concurrency,
-                                                 settle_s=cfg.settle_s),
-                                 batch, cfg.threads, cfg.device, cfg.device_only, cfg.min_samples, cfg.per_class)
+        harness = HarnessSettings(**cfg.model_dump(include=set(HarnessSettings.model_fields)))
+        settings = BenchSettings(harness=harness, batch_size=batch, threads=cfg.threads, device=cfg.device,
+                                 device_only=cfg.device_only, min_samples=cfg.min_samples, per_class=cfg.per_class)
         metric = pipeline.red_line.metric
         ctx.log(f"measuring {len(specs)} artifacts interleaved (batch {batch}, ≥{cfg.min_iters} requests and "
                 f"≥{cfg.min_duration_s:g}s each), baseline {baseline}")

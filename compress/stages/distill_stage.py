@@ -9,10 +9,10 @@ from pydantic import Field
 from torch import nn
 
 from compress.config import ModelConfig, StageConfig
-from compress.distillation.loss import check_pair
+from compress.distillation.loss import LossSettings, check_pair
 from compress.errors import ConfigError
-from compress.stages.model_source import model_from_artifact, model_from_config, model_meta, trained_on
 from compress.stages.base import InputArtifact, Output, Stage, StageContext, StageResult
+from compress.stages.model_source import model_from_artifact, model_from_config, model_meta, trained_on
 from compress.stages.training_run import TrainingSettings, run_training, teacher_loss, test_accuracy, test_metrics
 from train.loop import Hooks
 from train.model_io import save_model
@@ -26,14 +26,11 @@ class ExternalTeacher(ModelConfig):
     weights: str = Field(..., description="local state dict, read with weights_only=True or as safetensors")
 
 
-class DistillConfig(StageConfig, TrainingSettings):
+class DistillConfig(StageConfig, TrainingSettings, LossSettings):
     kind: Literal["distill"] = "distill"
     teacher: str | None = Field(None, description="an earlier stage or artifact; default: the trained baseline")
     external_teacher: ExternalTeacher | None = None
     student: ModelConfig | None = Field(None, description="build a fresh student; default: the latest earlier model")
-    temperature: float = Field(4.0, gt=0)
-    alpha: float = Field(0.5, ge=0, le=1, description="weight of the teacher term; 0 trains on labels alone")
-    cache_teacher: bool = Field(False, description="teacher logits computed once per image (needs augment.pad 0)")
 
 
 class DistillStage(Stage):
@@ -62,7 +59,7 @@ class DistillStage(Stage):
         else:
             raise ConfigError(f"{field}: no student: set student: {{name: ...}} or add a stage that makes a model")
         check_pair(teacher_desc, description, teacher_name, student_name)
-        loss = teacher_loss(teacher, cfg, cfg.temperature, cfg.alpha, cfg.cache_teacher, field)
+        loss = teacher_loss(teacher, cfg, cfg, field)
         ctx.log(f"student {student_name} ({count_params(student):,} params) from teacher {teacher_name} "
                 f"({count_params(teacher):,} params), T={cfg.temperature:g}, α={cfg.alpha:g}")
         run = run_training(ctx, student, cfg, field=field, label=ctx.name, hooks=Hooks(loss=loss),

@@ -9,8 +9,8 @@ from pydantic import Field, model_validator
 
 from compress.config import StageConfig, Strict
 from compress.errors import ArtifactError, ConfigError, StageError
-from compress.stages.model_source import model_from_artifact
 from compress.stages.base import InputArtifact, Output, Stage, StageContext, StageResult
+from compress.stages.model_source import model_from_artifact
 from export.external_data import UnsafeModelError, check_external_data
 from export.onnx_export import ExportError, export_onnx
 from export.onnx_metadata import write_data_identity
@@ -144,7 +144,8 @@ class ExportStage(Stage):
             return None, {"skipped": reason}
         trt = cfg.tensorrt
         cache = ctx.run_dir / "tensorrt.timing-cache" if trt.timing_cache is None else ctx.run_dir / trt.timing_cache
-        settings = BuildSettings(trt.precision, trt.min_batch, trt.opt_batch, trt.max_batch, trt.workspace_mb, cache)
+        settings = BuildSettings(precision=trt.precision, min_batch=trt.min_batch, opt_batch=trt.opt_batch,
+                                 max_batch=trt.max_batch, workspace_mb=trt.workspace_mb, timing_cache=cache)
         chw = tuple(ctx.data.input_shape)
         with ctx.atomic_output_dir("engine") as folder:
             try:

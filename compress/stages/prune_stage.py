@@ -6,16 +6,16 @@ import json
 from typing import Literal
 
 import torch
-from pydantic import ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field
 from torch import nn
 
-from compress.pruning.channel_pruning import (PruneTarget, PruningError, bn_l1_hook, gamma_histogram, latency_ratio, prune,
-                                      unprunable_batchnorms)
-from compress.config import StageConfig, Strict
+from compress.config import StageConfig
 from compress.distillation.loss import DistillSettings, check_pair
 from compress.errors import ConfigError
-from compress.stages.model_source import model_from_artifact, model_meta, trained_on
+from compress.pruning.channel_pruning import (PruneTarget, PruningError, SurgerySettings, bn_l1_hook,
+                                              gamma_histogram, latency_ratio, prune, unprunable_batchnorms)
 from compress.stages.base import InputArtifact, Output, Stage, StageContext, StageResult
+from compress.stages.model_source import model_from_artifact, model_meta, trained_on
 from compress.stages.training_run import (TrainingRun, TrainingSettings, eval_stream, resolve_device, run_training,
                                           teacher_loss, test_accuracy, test_metrics)
 from train.evaluate import evaluate
@@ -35,26 +35,10 @@ class FinetuneConfig(TrainingSettings):
     distill: DistillSettings | None = Field(None, description="distil from a teacher, e.g. {teacher: train}")
 
 
-class TargetConfig(Strict):
-    macs: float | None = Field(None, gt=0, lt=1, description="keep at most this share of the MACs")
-    ratio: float | None = Field(None, gt=0, lt=1, description="or remove this share of the channels")
-
-    @model_validator(mode="after")
-    def _one(self) -> "TargetConfig":
-        if (self.macs is None) == (self.ratio is None):
-            raise ValueError("give exactly one of macs (share of MACs to keep) or ratio (share of channels to remove)")
-        return self
-
-
-class PruneConfig(StageConfig):
+class PruneConfig(StageConfig, SurgerySettings):
     kind: Literal["prune"] = "prune"
-    importance: Literal["bn_scale", "magnitude"] = "bn_scale"
     sparsity: SparsityConfig = Field(default_factory=SparsityConfig)
-    target: TargetConfig = Field(default_factory=lambda: TargetConfig(macs=0.45))
-    round_to: int | None = Field(None, ge=1, description="channel counts rounded to multiples of this (e.g. 8)")
-    global_pruning: bool = True
-    max_layer_ratio: float = Field(0.9, gt=0, lt=1, description="no layer loses more than this share of its channels")
-    steps: int = Field(16, ge=1, description="iterative steps towards a MACs target")
+    target: PruneTarget = Field(default_factory=lambda: PruneTarget(macs=0.45))
     protected: list[str] = Field(default_factory=list, description="module names never pruned (the classifier always)")
     finetune: FinetuneConfig = Field(default_factory=FinetuneConfig)
 
@@ -106,10 +90,9 @@ class PruneStage(Stage):
                                             checkpoint_dir=ctx.stage_dir / "checkpoints-sparsity")
             report["gamma_after_sparsity"] = gamma_histogram(model)
         model.cpu().eval()
-        target = PruneTarget(cfg.target.macs, cfg.target.ratio, cfg.importance, cfg.global_pruning, cfg.round_to,
-                             cfg.max_layer_ratio, cfg.steps)
         try:
-            result = prune(model, example, target, protected)
+            result = prune(model, example, cfg.target, protected,
+                           SurgerySettings(**cfg.model_dump(include=set(SurgerySettings.model_fields))))
         except PruningError as exc:
             raise ConfigError(f"{field}: {exc}") from exc
         device = resolve_device(cfg.finetune.device)
@@ -124,8 +107,7 @@ class PruneStage(Stage):
             if distill is not None:
                 teacher, teacher_desc = model_from_artifact(inputs["teacher"], data)
                 check_pair(teacher_desc, description, inputs["teacher"].name, inputs["model"].name)
-                hooks.loss = teacher_loss(teacher, cfg.finetune, distill.temperature, distill.alpha,
-                                          distill.cache_teacher, f"{field}.finetune.distill")
+                hooks.loss = teacher_loss(teacher, cfg.finetune, distill, f"{field}.finetune.distill")
                 ctx.log(f"finetune distils from {inputs['teacher'].name} (T={distill.temperature:g}, α={distill.alpha:g})")
             run = runs["finetune"] = run_training(ctx, model, cfg.finetune, field=f"{field}.finetune",
                                                   label=f"{ctx.name}.finetune", hooks=hooks,

@@ -52,7 +52,7 @@ def run_qat(ctx: StageContext, model: nn.Module, cfg: QATSettings, calib: torch.
     hooks = Hooks(on_epoch=on_epoch, evaluation=lambda: observers_paused(prepared))
     if cfg.distill is not None and teacher is not None:
         d = cfg.distill
-        hooks.loss = teacher_loss(teacher, cfg, d.temperature, d.alpha, d.cache_teacher, f"{field}.distill")
+        hooks.loss = teacher_loss(teacher, cfg, d, f"{field}.distill")
         ctx.log(f"qat distils from {d.teacher} (T={d.temperature:g}, α={d.alpha:g})")
     run = run_training(ctx, prepared, cfg, field=field, label=f"{ctx.name}.qat", hooks=hooks,
                        checkpoint_dir=ctx.stage_dir / "checkpoints-qat")

@@ -8,28 +8,26 @@ from typing import Literal
 import torch
 from pydantic import Field
 
-from compress.quantization import measure as int8_measure
 from compress.config import StageConfig, Strict
 from compress.distillation.loss import check_pair
 from compress.errors import ConfigError, StageError
+from compress.quantization import measure as int8_measure
 from compress.quantization.ladder import Attempt, Ladder, LadderSettings, choose, climb
 from compress.quantization.ptq import Calibration, QuantizationError, preprocess
-from compress.stages.int8_records import onnx_meta, rung_records, split_arrays, torch_accuracy
-from compress.stages.model_source import model_from_artifact
-from compress.stages.qat_rung import QATSettings, run_qat
 from compress.quantization.qdq_lint import lint_qdq
 from compress.quantization.qdq_rewrite import int8_to_uint8_activations, weights_to_7bit
 from compress.stages.base import InputArtifact, Output, Stage, StageContext, StageResult
+from compress.stages.int8_records import onnx_meta, rung_records, split_arrays, torch_accuracy
+from compress.stages.model_source import model_from_artifact
+from compress.stages.qat_rung import QATSettings, run_qat
 from export.onnx_export import ExportError, export_onnx
 from export.onnx_metadata import write_data_identity
 from serve_bench.gate import why_int8_not_faster
 from train.hardware import isa_facts
 
 
-class CalibrationConfig(Strict):
-    method: Literal["minmax", "percentile", "entropy", "distribution"] = "entropy"
+class CalibrationConfig(Calibration):
     samples: int = Field(256, ge=1, description="calibration images (from the calib split, at most data.calib_size)")
-    percentile: float = Field(99.999, gt=50, le=100, description="percentile method only")
 
 
 class FallbackConfig(Strict):
@@ -89,9 +87,10 @@ class QuantizeStage(Stage):
             float_onnx = preprocess(work / "float.onnx", work / "float.prep.onnx")
         except (ExportError, QuantizationError) as exc:
             raise StageError(f"stage {ctx.name!r}: {exc}") from exc
-        settings = LadderSettings(tuple(cfg.flavours), Calibration(cfg.calibration.method, cfg.calibration.percentile),
-                                  red.metric, red.max_drop, cfg.fallback.max_float_layers,
-                                  cfg.fallback.sensitivity_samples, cpu_weights=cfg.cpu_weights)
+        settings = LadderSettings(
+            flavours=tuple(cfg.flavours), calibration=Calibration(**cfg.calibration.model_dump(exclude={"samples"})),
+            metric=red.metric, max_drop=red.max_drop, max_float_layers=cfg.fallback.max_float_layers,
+            sensitivity_samples=cfg.fallback.sensitivity_samples, cpu_weights=cfg.cpu_weights)
         ladder = Ladder(float_onnx, work, settings, calib, val_x, val_y, ref_val[red.metric], log=ctx.log)
         attempts, climbed = self._climb(ctx, cfg, ladder, model, description, inputs, calib, field)
         chosen = choose(attempts)

@@ -9,8 +9,8 @@ from pydantic import Field
 
 from compress.config import StageConfig
 from compress.errors import ConfigError
-from compress.stages.model_source import model_from_artifact, model_from_config, model_meta, trained_on
 from compress.stages.base import InputArtifact, Output, Stage, StageContext, StageResult
+from compress.stages.model_source import model_from_artifact, model_from_config, model_meta, trained_on
 from compress.stages.training_run import TrainingSettings, run_training, test_accuracy, test_metrics
 from train.loop import Hooks
 from train.model_io import save_model

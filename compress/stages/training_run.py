@@ -15,7 +15,7 @@ from pydantic import Field, field_validator
 from torch import nn
 
 from compress.config import Strict
-from compress.distillation.loss import DistillationLoss
+from compress.distillation.loss import DistillationLoss, LossSettings
 from compress.errors import ConfigError, StageError
 from compress.stages.base import StageContext
 from train.activation_checkpointing import checkpoint_blocks
@@ -155,13 +155,13 @@ def test_metrics(test: dict) -> dict:
     return {f"test_{name}": round(test[name], 3) for name in ("top1", "top5") if name in test}
 
 
-def teacher_loss(teacher: nn.Module, cfg: TrainingSettings, temperature: float, alpha: float, cache: bool,
-                 field: str) -> DistillationLoss:
+def teacher_loss(teacher: nn.Module, cfg: TrainingSettings, kd: LossSettings, field: str) -> DistillationLoss:
     """The loss for a student trained with ``cfg``: teacher on the same device, in the same precision."""
-    if cache and (cfg.augment.pad or cfg.augment.hflip):
+    if kd.cache_teacher and (cfg.augment.pad or cfg.augment.hflip):
         raise ConfigError(f"{field}: cache_teacher needs training without augmentation (augment: {{pad: 0}}): "
                           "augmented images differ every epoch, so cached teacher logits would be wrong")
     device = resolve_device(cfg.device)
     teacher = teacher.to(device, memory_format=torch.channels_last if cfg.channels_last else torch.preserve_format)
-    return DistillationLoss(teacher, temperature, alpha, make_precision(cfg.amp, device).autocast, cache,
+    return DistillationLoss(teacher, temperature=kd.temperature, alpha=kd.alpha,
+                            autocast=make_precision(cfg.amp, device).autocast, cache=kd.cache_teacher,
                             label_smoothing=cfg.label_smoothing)
