@@ -1,14 +1,18 @@
 """Progress output that suits where it is read.
 
 On a terminal a live rich bar (loss, lr, throughput, ETA); in a log file or CI a live
-bar is noise, so one heartbeat line every ~30 s instead, enough to see a run is alive
-and how fast it goes without flooding the log.
+bar is noise, so one heartbeat record every ~30 s instead (through ``logging``), enough to
+see a run is alive and how fast it goes without flooding the log.
 """
 from __future__ import annotations
 
+import logging
 import sys
 import time
 from typing import TextIO
+
+
+logger = logging.getLogger(__name__)
 
 
 def _fmt_eta(seconds: float) -> str:
@@ -50,14 +54,14 @@ class StepProgress:
             done = step - self.initial
             rate = done / max(now - self._start, 1e-9)
             eta = (self.total - step) / rate if rate > 0 else 0.0
-            print(f"{self.label}: step {step}/{self.total} ({100 * step / max(1, self.total):.0f}%) {text} "
-                  f"eta {_fmt_eta(eta)}", file=self.stream, flush=True)
+            logger.info(f"{self.label}: step {step}/{self.total} ({100 * step / max(1, self.total):.0f}%) {text} "
+                        f"eta {_fmt_eta(eta)}")
 
     def message(self, text: str) -> None:
         if self._progress is not None:
             self._progress.console.print(text)
         else:
-            print(text, file=self.stream, flush=True)
+            logger.info(text)
 
     @staticmethod
     def _fmt(key: str, value: float) -> str:

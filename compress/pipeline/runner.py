@@ -9,15 +9,16 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from rich.console import Console
-from rich.markup import escape
 
 from compress import __version__
 from compress.config import StageConfig, check_metric_has_meaning
 from compress.errors import ArtifactError, CompressError, ConfigError, DataInputError, StageError
+from compress.pipeline.console_log import to_console
 from compress.pipeline.fingerprint import environment, environment_key
 from compress.pipeline.manifest import ArtifactRecord, Manifest, StageRecord, digest_path, now
 from compress.pipeline.pipeline_file import Pipeline
@@ -29,6 +30,8 @@ from compress.stages.model_source import model_sources
 from train.atomic_io import atomic_write_text
 from train.data import DataBundle, DataSpec, load_data
 from train.datasets import DataError
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -146,7 +149,7 @@ class Runner:
         selected = self._selected()
         self.selected_names = [self.pipeline.stages[i].name for i in selected]
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        with RunLock(self.run_dir):
+        with RunLock(self.run_dir), to_console(self.console):
             self.manifest = Manifest.load(self.run_dir) or Manifest(pipeline=self.pipeline.config.name)
             atomic_write_text(self.run_dir / "pipeline.resolved.yaml", self.pipeline.resolved_yaml())
             self.manifest.environment = environment()
@@ -188,8 +191,8 @@ class Runner:
                                                                            "artifacts", None)
                 if collected and made is not None and made.status == "completed" and artifact not in made.outputs:
                     if skipped:  # e.g. a TensorRT engine on a machine without TensorRT
-                        self.console.print(f"[bold]{stage_name}[/]: " + escape(
-                            f"{artifact} not included: {producer} skipped it ({'; '.join(skipped)})"), highlight=False)
+                        logger.info(f"{artifact} not included: {producer} skipped it ({'; '.join(skipped)})",
+                                    extra={"stage": stage_name})
                     continue
                 if skipped:
                     raise ArtifactError(f"stage {stage_name!r} needs input {artifact}, which stage {producer!r} "
@@ -236,7 +239,7 @@ class Runner:
         key = self._cache_key(cfg, cls, input_digests)
         if self._is_cached(cfg.name, key):
             hint = f" (--force {cfg.name} re-runs it)" if self.options.only else ""
-            self.console.print(f"[bold]{cfg.name}[/]: cached, skipped{hint}", highlight=False)
+            logger.info(f"cached, skipped{hint}", extra={"stage": cfg.name})
             return
 
         if cls.judges_on_data:
@@ -259,7 +262,7 @@ class Runner:
         ctx = StageContext(run_dir=self.run_dir, stage_dir=self.run_dir / cfg.name, name=cfg.name,
                            pipeline=self.pipeline.config, cache_key=key, console=self.console, load_data=self._load_data,
                            environment=manifest.environment)
-        self.console.print(f"[bold]{cfg.name}[/]: running ({cfg.kind})", highlight=False)
+        logger.info(f"running ({cfg.kind})", extra={"stage": cfg.name})
         try:
             result, duration = cls(cfg).execute(ctx, inputs)
         except BaseException as exc:
@@ -280,7 +283,7 @@ class Runner:
         record.metrics = result.metrics
         manifest.stages[cfg.name] = record
         manifest.save(self.run_dir)
-        self.console.print(f"[bold]{cfg.name}[/]: done in {duration:.1f}s", highlight=False)
+        logger.info(f"done in {duration:.1f}s", extra={"stage": cfg.name})
 
     def _register_outputs(self, stage: str, outputs: list[Output], input_names: list[str]) -> list[str]:
         manifest = self.manifest

@@ -7,6 +7,7 @@ number the decision was made on, and why the ladder climbed past it.
 """
 from __future__ import annotations
 
+import logging
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,6 +17,8 @@ import numpy as np
 
 from compress.quantization import measure as int8_measure
 from compress.quantization.ptq import Calibration, compute_nodes, quantize
+
+logger = logging.getLogger(__name__)
 
 
 class RungUnavailable(RuntimeError):
@@ -63,7 +66,7 @@ class Ladder:
 
     def __init__(self, float_onnx: Path, work: Path, settings: LadderSettings, calib: np.ndarray,
                  val_images: np.ndarray, val_labels: np.ndarray, reference: float,
-                 log: Callable[[str], None] = print) -> None:
+                 log: Callable[[str], None] = logger.info) -> None:
         self.float_onnx, self.work, self.settings = float_onnx, work, settings
         self.calib, self.val_images, self.val_labels = calib, val_images, val_labels
         self.reference, self.log = reference, log

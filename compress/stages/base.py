@@ -7,13 +7,13 @@ exist, cache keys and manifest records.
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterator
 
 from rich.console import Console
-from rich.markup import escape
 
 from compress.config import PipelineConfig, StageConfig
 from compress.errors import ArtifactError, StageError
@@ -21,6 +21,8 @@ from train.atomic_io import atomic_dir
 
 if TYPE_CHECKING:
     from train.data import DataBundle
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -63,8 +65,8 @@ class StageContext:
         return self.load_data()
 
     def log(self, message: str, style: str | None = None) -> None:
-        text = escape(message)  # messages carry things like compress[tensorrt] that are not markup
-        self.console.print(f"[bold]{self.name}[/]: " + (f"[{style}]{text}[/]" if style else text), highlight=False)
+        """A progress line of this stage, through ``logging`` (the run shows it on its console)."""
+        logger.info(message, extra={"stage": self.name, "style": style})
 
     @contextlib.contextmanager
     def atomic_output_dir(self, relative: str) -> Iterator[Path]:
