@@ -40,6 +40,20 @@ class StageError(CompressError):
     exit_code = 3
 
 
+class StageInputError(CompressError):
+    """A stage found, while running, that its model, data or settings cannot be used as given."""
+
+    exit_code = 2
+
+
+def from_library(exc: Exception, stage: str, kind: str) -> CompressError:
+    """The one place a library error becomes an exit code: each library package marks its errors
+    ``bad_input`` (the caller gave something unusable: exit 2) or not (the run failed: exit 3)."""
+    if getattr(exc, "bad_input", False):
+        return StageInputError(f"stage {stage!r} ({kind}): {exc}")
+    return StageError(f"stage {stage!r} ({kind}) failed: {type(exc).__name__}: {exc} (run with --debug for the traceback)")
+
+
 class DataMismatchError(CompressError):
     """An input model or file was made on other data than the stage would judge it on."""
 

@@ -14,8 +14,11 @@ from typing import Iterator
 import onnx
 from onnx import TensorProto
 
+from export.errors import ExportLibraryError
 
-class UnsafeModelError(ValueError):
+
+class UnsafeModelError(ExportLibraryError):
+    bad_input = True
     """An ONNX file refers to data outside its own folder."""
 
 

@@ -17,11 +17,13 @@ import onnx
 import torch
 from torch import nn
 
+from export.errors import ExportLibraryError
+
 TWO_GB = 2 * 1024**3
 INPUT_NAME, OUTPUT_NAME = "input", "logits"
 
 
-class ExportError(RuntimeError):
+class ExportError(ExportLibraryError):
     """The exporter or the ONNX checker rejected the model."""
 
 

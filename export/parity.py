@@ -14,8 +14,10 @@ import numpy as np
 import torch
 from torch import nn
 
+from export.errors import ExportLibraryError
 
-class ParityError(RuntimeError):
+
+class ParityError(ExportLibraryError):
     """The exported model's outputs differ from torch's beyond the tolerance."""
 
 

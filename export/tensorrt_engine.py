@@ -17,6 +17,7 @@ from pathlib import Path
 
 import onnx
 
+from export.errors import ExportLibraryError
 from export.onnx_metadata import read_metadata
 
 FORMAT = "compress-trt-engine/1"
@@ -24,15 +25,17 @@ ENGINE_FILE, META_FILE, LOG_FILE = "model.engine", "engine.json", "build.log"
 _COMPUTE_LAYERS = ("conv", "gemm", "matrixmultiply", "fullyconnected", "deconv")
 
 
-class TensorRTUnavailable(RuntimeError):
+class TensorRTUnavailable(ExportLibraryError):
+    bad_input = True
     """TensorRT or a CUDA device is missing on this machine."""
 
 
-class EngineBuildError(RuntimeError):
+class EngineBuildError(ExportLibraryError):
     """TensorRT could not parse the ONNX or build an engine; the message carries its log."""
 
 
-class EngineMismatch(RuntimeError):
+class EngineMismatch(ExportLibraryError):
+    bad_input = True
     """An engine was built for another TensorRT version or GPU."""
 
 

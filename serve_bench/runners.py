@@ -13,8 +13,10 @@ from typing import Any, Callable, ClassVar
 
 import numpy as np
 
+from serve_bench.errors import BenchError
 
-class RunnerError(RuntimeError):
+
+class RunnerError(BenchError):
     """A backend is unavailable, fell back to another device, or was misused."""
 
 

@@ -10,11 +10,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from serve_bench.errors import BenchError
+
 PERCENTILES = {"p50": 50.0, "p90": 90.0, "p95": 95.0, "p99": 99.0, "p99.9": 99.9}
 
 
-class TooFewSamples(ValueError):
-    """Fewer latency samples than the floor for a trustworthy p99."""
+class TooFewSamples(BenchError):
+    """Fewer latency samples than the floor for a trustworthy p99 (the settings ask for too few)."""
+
+    bad_input = True
 
 
 @dataclass

@@ -14,6 +14,12 @@ from typing import Any
 
 import numpy as np
 
+from serve_bench.errors import BenchError
+
+
+class WorkerError(BenchError):
+    """A worker process failed to load or run its artifact, or stopped answering."""
+
 
 def batches_of(pool: np.ndarray, batch_size: int) -> list[np.ndarray]:
     count = max(1, len(pool) // batch_size)
@@ -105,10 +111,10 @@ class BenchWorker:
     def _answer(self) -> Any:
         if not self._conn.poll(self.timeout_s):
             self.process.kill()
-            raise RuntimeError(f"{self.name}: the benchmark worker did not answer within {self.timeout_s:.0f}s")
+            raise WorkerError(f"{self.name}: the benchmark worker did not answer within {self.timeout_s:.0f}s")
         status, payload = self._conn.recv()
         if status != "ready" and status != "ok":
-            raise RuntimeError(f"{self.name}: {payload}")
+            raise WorkerError(f"{self.name}: {payload}")
         return payload
 
     def call(self, *command: Any) -> Any:
@@ -119,7 +125,7 @@ class BenchWorker:
         if self.process.is_alive():
             try:
                 self.call("close")
-            except (RuntimeError, OSError, EOFError):
+            except (WorkerError, OSError, EOFError):
                 pass
             self.process.join(timeout=10)
             if self.process.is_alive():

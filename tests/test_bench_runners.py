@@ -8,7 +8,7 @@ import torch
 from export.onnx_export import export_onnx
 from serve_bench.harness import HarnessSettings, measure_interleaved
 from serve_bench.runners import OnnxRuntimeRunner, RunnerError, TorchRunner, make_runner, physical_cores
-from serve_bench.worker import BenchWorker
+from serve_bench.worker import BenchWorker, WorkerError
 from train.model_io import describe, save_model
 from train.models import build_model
 
@@ -75,7 +75,7 @@ def test_interleaved_measurement_in_worker_processes(artifacts):
 
 
 def test_a_worker_that_cannot_load_reports_why(tmp_path):
-    with pytest.raises(RuntimeError, match=r"broken: .*"):
+    with pytest.raises(WorkerError, match=r"broken: .*"):
         BenchWorker("broken", "onnxruntime", str(tmp_path / "missing.onnx"), {}, np.zeros((1, 1, 8, 8), np.float32), 1)
 
 

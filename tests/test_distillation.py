@@ -9,8 +9,7 @@ import torch
 from torch import nn
 
 from compress.cli import main
-from compress.distillation.loss import DistillationLoss, check_pair, distillation_terms
-from compress.errors import ConfigError
+from compress.distillation.loss import DistillationLoss, DistillationMismatch, check_pair, distillation_terms
 
 
 def test_loss_equals_a_hand_computed_value_including_t_squared():
@@ -84,10 +83,10 @@ def test_cached_teacher_logits_are_reused():
 def test_mismatched_classes_or_preprocessing_are_config_errors():
     teacher = {"architecture": {"num_classes": 10}, "preprocessing": {"channels": 1, "mean": [0.1], "std": [0.3]}}
     student = {"architecture": {"num_classes": 5}, "preprocessing": {"channels": 1, "mean": [0.1], "std": [0.3]}}
-    with pytest.raises(ConfigError, match=r"teacher train.model has 10 classes but student small has 5"):
+    with pytest.raises(DistillationMismatch, match=r"teacher train.model has 10 classes but student small has 5"):
         check_pair(teacher, student, "train.model", "small")
     student = {"architecture": {"num_classes": 10}, "preprocessing": {"channels": 1, "mean": [0.5], "std": [0.3]}}
-    with pytest.raises(ConfigError, match=r"expect different inputs \(mean \[0.1\] vs \[0.5\]\)"):
+    with pytest.raises(DistillationMismatch, match=r"expect different inputs \(mean \[0.1\] vs \[0.5\]\)"):
         check_pair(teacher, student, "train.model", "small")
 
 

@@ -8,7 +8,8 @@ import torch
 from torch import nn
 
 from compress.cli import main
-from compress.pruning.channel_pruning import PruneTarget, PruningError, SurgerySettings, bn_l1_hook, prune
+from compress.pruning.channel_pruning import (PruneTarget, PruningError, PruningInputError, SurgerySettings,
+                                              bn_l1_hook, prune)
 from train.data import BatchStream, DataSpec, load_data
 from train.loop import Hooks, LoopSettings, fit
 from train.model_io import describe, load_model, save_model
@@ -104,15 +105,16 @@ def test_the_l1_penalty_spares_the_batchnorms_of_protected_layers():
 
 
 def test_error_cases_say_what_to_do():
-    with pytest.raises(PruningError, match=r"no BatchNorm layers.*use importance: magnitude"):
+    with pytest.raises(PruningInputError, match=r"no BatchNorm layers.*use importance: magnitude"):
         bn_l1_hook(build_model("tests.user_models:NoBatchNorm", 10, 1), 1e-4)
     fresh = build_model("resnet20", 10, 1, {"width": 4}).eval()  # every γ is 1: ranking would be ties
-    with pytest.raises(PruningError, match=r"same value.*run the sparsity phase first"):
+    with pytest.raises(PruningInputError, match=r"same value.*run the sparsity phase first"):
         prune(fresh, torch.zeros(1, 1, 8, 8), PruneTarget(macs=0.5), [fresh.fc])
     _spread_gammas(fresh)
-    with pytest.raises(PruningError, match=r"reached .* of the MACs, not the 1% target"):
+    with pytest.raises(PruningError, match=r"reached .* of the MACs, not the 1% target") as outcome:
         prune(fresh, torch.zeros(1, 1, 8, 8), PruneTarget(macs=0.01), [fresh.fc],
               SurgerySettings(max_layer_ratio=0.3))
+    assert not outcome.value.bad_input  # a run outcome (exit 3), not bad input (exit 2)
     no_bn = build_model("tests.user_models:NoBatchNorm", 10, 1).eval()
     result = prune(no_bn, torch.zeros(1, 1, 8, 8), PruneTarget(ratio=0.5), [no_bn.head],
                    SurgerySettings(importance="magnitude"))

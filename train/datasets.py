@@ -14,8 +14,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from train.errors import TrainError
 
-class DataError(ValueError):
+
+class DataError(TrainError):
+    bad_input = True
     """A data set could not be found or read; the message says where and what to do."""
 
 

@@ -21,6 +21,7 @@ from torch.nn import functional as F
 
 from train.checkpoint import load_checkpoint, restore_rng, rng_state, save_checkpoint
 from train.data import BatchStream
+from train.errors import TrainError
 from train.evaluate import evaluate
 from train.memory import PeakMemory
 from train.precision import Precision
@@ -29,7 +30,7 @@ from train.progress import StepProgress
 LossFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], dict[str, torch.Tensor]]
 
 
-class NonFiniteLoss(RuntimeError):
+class NonFiniteLoss(TrainError):
     """The loss became NaN or infinite; the last good checkpoint is kept."""
 
 

@@ -15,9 +15,11 @@ import torch
 from torch import nn
 
 from train import cifar_resnet
+from train.errors import TrainError
 
 
-class ModelError(ValueError):
+class ModelError(TrainError):
+    bad_input = True
     """A model name, its arguments or its weights file is wrong; the message says how to fix it."""
 
 

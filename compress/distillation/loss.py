@@ -20,7 +20,12 @@ from torch import nn
 from torch.nn import functional as F
 
 from compress.config import Strict
-from compress.errors import ConfigError
+
+
+class DistillationMismatch(Exception):
+    """Teacher and student do not solve the same task on the same inputs."""
+
+    bad_input = True
 
 
 class LossSettings(Strict):
@@ -84,10 +89,10 @@ def check_pair(teacher_desc: dict, student_desc: dict, teacher_name: str, studen
     """Teacher and student must see the same classes and the same preprocessed images."""
     t_arch, s_arch = teacher_desc["architecture"], student_desc["architecture"]
     if t_arch["num_classes"] != s_arch["num_classes"]:
-        raise ConfigError(f"teacher {teacher_name} has {t_arch['num_classes']} classes but student {student_name} "
+        raise DistillationMismatch(f"teacher {teacher_name} has {t_arch['num_classes']} classes but student {student_name} "
                           f"has {s_arch['num_classes']}; distill between models of the same task")
     t_pre, s_pre = teacher_desc.get("preprocessing") or {}, student_desc.get("preprocessing") or {}
     keys = ("channels", "height", "width", "mean", "std")
     if t_pre and s_pre and any(t_pre.get(k) != s_pre.get(k) for k in keys):
         differ = ", ".join(f"{k} {t_pre.get(k)} vs {s_pre.get(k)}" for k in keys if t_pre.get(k) != s_pre.get(k))
-        raise ConfigError(f"teacher {teacher_name} and student {student_name} expect different inputs ({differ})")
+        raise DistillationMismatch(f"teacher {teacher_name} and student {student_name} expect different inputs ({differ})")

@@ -17,7 +17,7 @@ from rich.console import Console
 
 from compress import __version__
 from compress.config import StageConfig, check_metric_has_meaning
-from compress.errors import ArtifactError, CompressError, ConfigError, DataInputError, StageError
+from compress.errors import ArtifactError, CompressError, ConfigError, DataInputError, from_library
 from compress.pipeline.console_log import to_console
 from compress.pipeline.fingerprint import environment, environment_key
 from compress.pipeline.manifest import ArtifactRecord, Manifest, StageRecord, digest_path, now
@@ -274,8 +274,7 @@ class Runner:
             manifest.save(self.run_dir)
             if isinstance(exc, CompressError) or not isinstance(exc, Exception):
                 raise
-            raise StageError(f"stage {cfg.name!r} ({cfg.kind}) failed: {type(exc).__name__}: {exc} "
-                             "(run with --debug for the traceback)") from exc
+            raise from_library(exc, cfg.name, cfg.kind) from exc
 
         sources = list(dict.fromkeys(i.name for i in inputs.values()))  # one artifact may fill two roles
         record.outputs = self._register_outputs(cfg.name, result.outputs, sources)

@@ -19,8 +19,16 @@ from torch import nn
 from compress.config import Strict
 
 
-class PruningError(ValueError):
-    """The model or the target does not allow a meaningful pruning; the message says why."""
+class PruningError(Exception):
+    """Pruning ran but could not reach a meaningful result (the pruning package's base error)."""
+
+    bad_input = False
+
+
+class PruningInputError(PruningError):
+    """The model or the settings do not allow this pruning at all; the message says what to change."""
+
+    bad_input = True
 
 
 def batchnorm_layers(model: nn.Module) -> list[nn.modules.batchnorm._BatchNorm]:
@@ -47,7 +55,7 @@ def bn_l1_hook(model: nn.Module, lam: float, ignored: list[nn.Module] | None = N
     the optimizer step, so the penalty has the same strength under fp16 as under fp32.
     """
     if not batchnorm_layers(model):
-        raise PruningError("the model has no BatchNorm layers, so BN-scale sparsity has nothing to act on; "
+        raise PruningInputError("the model has no BatchNorm layers, so BN-scale sparsity has nothing to act on; "
                            "use importance: magnitude (and sparsity.epochs: 0)")
     skip = set(ignored or [])
 
@@ -121,11 +129,11 @@ def prune(model: nn.Module, example: torch.Tensor, target: PruneTarget, protecte
     settings = settings or SurgerySettings()
     if settings.importance == "bn_scale":
         if not batchnorm_layers(model):
-            raise PruningError("the model has no BatchNorm layers; BN-scale importance cannot rank its channels. "
+            raise PruningInputError("the model has no BatchNorm layers; BN-scale importance cannot rank its channels. "
                                "Use importance: magnitude")
         gammas = gamma_values(model)
         if float(gammas.max() - gammas.min()) < 1e-8:
-            raise PruningError("every BatchNorm scale has the same value, so BN-scale ranking would prune nothing "
+            raise PruningInputError("every BatchNorm scale has the same value, so BN-scale ranking would prune nothing "
                                "meaningful; run the sparsity phase first (sparsity.epochs > 0, lambda > 0)")
         importance = tp.importance.BNScaleImportance()
     else:

@@ -16,12 +16,12 @@ from typing import Callable
 import numpy as np
 
 from compress.quantization import measure as int8_measure
-from compress.quantization.ptq import Calibration, compute_nodes, quantize
+from compress.quantization.ptq import Calibration, QuantizationError, compute_nodes, quantize
 
 logger = logging.getLogger(__name__)
 
 
-class RungUnavailable(RuntimeError):
+class RungUnavailable(QuantizationError):
     """A rung cannot run here (its engine is missing or cannot take the model); the earlier rungs stand."""
 
 

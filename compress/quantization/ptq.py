@@ -30,8 +30,10 @@ Method = Literal["minmax", "percentile", "entropy", "distribution"]
 METHODS: tuple[str, ...] = get_args(Method)
 
 
-class QuantizationError(RuntimeError):
-    """onnxruntime could not calibrate or quantize the model."""
+class QuantizationError(Exception):
+    """onnxruntime could not calibrate or quantize the model (the quantization package's base error)."""
+
+    bad_input = False
 
 
 class Calibration(Strict):

@@ -7,7 +7,7 @@ from pydantic import Field, model_validator
 from rich.table import Table
 
 from compress.config import StageConfig
-from compress.errors import ArtifactError, ConfigError, StageError
+from compress.errors import ArtifactError, ConfigError
 from compress.stages.base import InputArtifact, Output, Stage, StageContext, StageResult
 from serve_bench.bench import ArtifactSpec, BenchSettings, run_benchmark
 from serve_bench.gate import evaluate, quantized_not_faster
@@ -70,10 +70,7 @@ class BenchStage(Stage):
         metric = pipeline.red_line.metric
         ctx.log(f"measuring {len(specs)} artifacts interleaved (batch {batch}, ≥{cfg.min_iters} requests and "
                 f"≥{cfg.min_duration_s:g}s each), baseline {baseline}")
-        try:
-            entries, latencies, _ = run_benchmark(specs, baseline, pool, images, labels, settings, metric)
-        except RuntimeError as exc:
-            raise StageError(f"stage {ctx.name!r}: {exc}") from exc
+        entries, latencies, _ = run_benchmark(specs, baseline, pool, images, labels, settings, metric)
         gate = evaluate(entries, pipeline.latency.p99_budget_ms, pipeline.red_line.max_drop,
                         accuracy_meaningful=data.meaningful_accuracy)
         env = ctx.environment  # the runner's fingerprint, the same one the stage record names

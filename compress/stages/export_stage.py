@@ -8,14 +8,14 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from compress.config import StageConfig, Strict
-from compress.errors import ArtifactError, ConfigError, StageError
+from compress.errors import ArtifactError, ConfigError
 from compress.stages.base import InputArtifact, Output, Stage, StageContext, StageResult
 from compress.stages.model_source import model_from_artifact
 from export.external_data import UnsafeModelError, check_external_data
-from export.onnx_export import ExportError, export_onnx
+from export.onnx_export import export_onnx
 from export.onnx_metadata import write_data_identity
-from export.parity import ParityError, as_dicts, check_parity
-from export.tensorrt_engine import BuildSettings, EngineBuildError, build_engine, unavailable_reason
+from export.parity import as_dicts, check_parity
+from export.tensorrt_engine import BuildSettings, build_engine, unavailable_reason
 from train.data import BatchStream
 
 DEFAULT_TOLERANCE = {"fp32": 1e-4, "fp16": 1e-2}
@@ -110,13 +110,10 @@ class ExportStage(Stage):
                                   drop_last=False).epoch(0))[0]
         tolerance = cfg.parity.tolerance or DEFAULT_TOLERANCE[cfg.precision]
         with ctx.atomic_output_dir("onnx") as folder:
-            try:
-                info = export_onnx(model, images[:2], folder / "model.onnx", opset=cfg.opset,
-                                   precision=cfg.precision, io_dtype=cfg.io_dtype, simplify=cfg.simplify)
-                parity = check_parity(info.path, model, images, cfg.parity.batch_sizes, tolerance=tolerance,
-                                      min_agreement=cfg.parity.min_top1_agreement, io_dtype=cfg.io_dtype)
-            except (ExportError, ParityError) as exc:
-                raise StageError(f"stage {ctx.name!r}: {exc}") from exc
+            info = export_onnx(model, images[:2], folder / "model.onnx", opset=cfg.opset,
+                               precision=cfg.precision, io_dtype=cfg.io_dtype, simplify=cfg.simplify)
+            parity = check_parity(info.path, model, images, cfg.parity.batch_sizes, tolerance=tolerance,
+                                  min_agreement=cfg.parity.min_top1_agreement, io_dtype=cfg.io_dtype)
             if description.get("data"):  # the file says which data its weights were made on
                 write_data_identity(info.path, description["data"])
         worst = max(parity, key=lambda r: r.rel_diff)
@@ -148,10 +145,7 @@ class ExportStage(Stage):
                                  max_batch=trt.max_batch, workspace_mb=trt.workspace_mb, timing_cache=cache)
         chw = tuple(ctx.data.input_shape)
         with ctx.atomic_output_dir("engine") as folder:
-            try:
-                meta = build_engine(onnx_file, folder, settings, source_meta.get("input_name", "input"), chw)
-            except EngineBuildError as exc:
-                raise StageError(f"stage {ctx.name!r}: {exc}") from exc
+            meta = build_engine(onnx_file, folder, settings, source_meta.get("input_name", "input"), chw)
         ctx.log(f"TensorRT {meta['tensorrt_version']} engine on {meta['gpu_name']}: layers {meta['layers']}"
                 + (f"; float compute layers: {', '.join(meta['float_compute_layers'])}" if meta["float_compute_layers"] else ""))
         meta = {**meta, "params": source_meta.get("params"), "macs": source_meta.get("macs")}

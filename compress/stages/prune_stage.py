@@ -12,7 +12,7 @@ from torch import nn
 from compress.config import StageConfig
 from compress.distillation.loss import DistillSettings, check_pair
 from compress.errors import ConfigError
-from compress.pruning.channel_pruning import (PruneTarget, PruningError, SurgerySettings, bn_l1_hook,
+from compress.pruning.channel_pruning import (PruneTarget, SurgerySettings, bn_l1_hook,
                                               gamma_histogram, latency_ratio, prune, unprunable_batchnorms)
 from compress.stages.base import InputArtifact, Output, Stage, StageContext, StageResult
 from compress.stages.model_source import model_from_artifact, model_meta, trained_on
@@ -77,11 +77,8 @@ class PruneStage(Stage):
         runs: dict[str, TrainingRun] = {}  # phase → training run, for the precision record
 
         if cfg.sparsity.epochs > 0:
-            try:
-                kept = unprunable_batchnorms(model, example, protected)
-                hook = bn_l1_hook(model, cfg.sparsity.l1, ignored=kept)
-            except PruningError as exc:
-                raise ConfigError(f"{field}.sparsity: {exc}") from exc
+            kept = unprunable_batchnorms(model, example, protected)
+            hook = bn_l1_hook(model, cfg.sparsity.l1, ignored=kept)
             if kept:
                 ctx.log(f"{len(kept)} BatchNorm layers belong to protected layers: no L1 penalty on their scales")
             report["unpenalised_batchnorms"] = [n for n, m in model.named_modules() if any(m is k for k in kept)]
@@ -90,11 +87,8 @@ class PruneStage(Stage):
                                             checkpoint_dir=ctx.stage_dir / "checkpoints-sparsity")
             report["gamma_after_sparsity"] = gamma_histogram(model)
         model.cpu().eval()
-        try:
-            result = prune(model, example, cfg.target, protected,
-                           SurgerySettings(**cfg.model_dump(include=set(SurgerySettings.model_fields))))
-        except PruningError as exc:
-            raise ConfigError(f"{field}: {exc}") from exc
+        result = prune(model, example, cfg.target, protected,
+                       SurgerySettings(**cfg.model_dump(include=set(SurgerySettings.model_fields))))
         device = resolve_device(cfg.finetune.device)
         after_surgery = evaluate(model.to(device), eval_stream(data, "val", cfg.finetune, device))["top1"]
         ctx.log(f"pruned to {result.macs_after / result.macs_before:.1%} of the MACs "

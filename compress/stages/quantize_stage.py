@@ -13,14 +13,14 @@ from compress.distillation.loss import check_pair
 from compress.errors import ConfigError, StageError
 from compress.quantization import measure as int8_measure
 from compress.quantization.ladder import Attempt, Ladder, LadderSettings, choose, climb
-from compress.quantization.ptq import Calibration, QuantizationError, preprocess
+from compress.quantization.ptq import Calibration, preprocess
 from compress.quantization.qdq_lint import lint_qdq
 from compress.quantization.qdq_rewrite import int8_to_uint8_activations, weights_to_7bit
 from compress.stages.base import InputArtifact, Output, Stage, StageContext, StageResult
 from compress.stages.int8_records import onnx_meta, rung_records, split_arrays, torch_accuracy
 from compress.stages.model_source import model_from_artifact
 from compress.stages.qat_rung import QATSettings, run_qat
-from export.onnx_export import ExportError, export_onnx
+from export.onnx_export import export_onnx
 from export.onnx_metadata import write_data_identity
 from serve_bench.gate import why_int8_not_faster
 from train.hardware import isa_facts
@@ -82,11 +82,8 @@ class QuantizeStage(Stage):
         work = ctx.stage_dir / "work"
         shutil.rmtree(work, ignore_errors=True)
         work.mkdir(parents=True)
-        try:
-            export_onnx(model, torch.from_numpy(val_x[:2]), work / "float.onnx", opset=cfg.opset)
-            float_onnx = preprocess(work / "float.onnx", work / "float.prep.onnx")
-        except (ExportError, QuantizationError) as exc:
-            raise StageError(f"stage {ctx.name!r}: {exc}") from exc
+        export_onnx(model, torch.from_numpy(val_x[:2]), work / "float.onnx", opset=cfg.opset)
+        float_onnx = preprocess(work / "float.onnx", work / "float.prep.onnx")
         settings = LadderSettings(
             flavours=tuple(cfg.flavours), calibration=Calibration(**cfg.calibration.model_dump(exclude={"samples"})),
             metric=red.metric, max_drop=red.max_drop, max_float_layers=cfg.fallback.max_float_layers,
@@ -145,10 +142,7 @@ class QuantizeStage(Stage):
             *([("fallback", ladder.fallback)] if cfg.fallback.enabled else []),
             *([("qat", lambda _: self._qat(ctx, cfg, ladder, model, description, inputs, calib, field))]
               if cfg.qat.enabled else [])]
-        try:
-            return climb(ladder.ptq, rungs, ladder.settings.max_drop, log=lambda m: ctx.log(m, style="red"))
-        except QuantizationError as exc:
-            raise StageError(f"stage {ctx.name!r}: {exc}") from exc
+        return climb(ladder.ptq, rungs, ladder.settings.max_drop, log=lambda m: ctx.log(m, style="red"))
 
     def _qat(self, ctx, cfg: QuantizeConfig, ladder: Ladder, model, description, inputs, calib, field) -> Attempt:
         teacher = None

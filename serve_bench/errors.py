@@ -1,0 +1,6 @@
+"""The benchmark package's errors; ``bad_input`` as in ``train.errors`` (exit 2 when true, else 3)."""
+from __future__ import annotations
+
+
+class BenchError(Exception):
+    bad_input = False
