@@ -97,7 +97,7 @@ def test_clipping_bounds_the_update(digits):
     model = Linear()
     before = [p.detach().clone() for p in model.parameters()]
     stream = BatchStream(digits.train, digits, 64, shuffle=False, drop_last=True)
-    hooks = Hooks(extra_losses=[lambda x, logits, y: {"huge": 1e6 * logits.square().mean()}])
+    hooks = Hooks(loss=lambda x, logits, y: {"loss": 1e6 * logits.square().mean()})
     _fit(model, BatchStream(stream.split.__class__(digits.train.images[:64], digits.train.labels[:64]), digits, 64,
                             shuffle=False, drop_last=True), steps_lr=1.0, clip_grad_norm=0.5, hooks=hooks)
     moved = torch.sqrt(sum(((p - q) ** 2).sum() for p, q in zip(model.parameters(), before)))
@@ -131,38 +131,32 @@ def test_fp16_steps_with_non_finite_gradients_are_skipped_and_counted(digits):
 
     def poison_once(x, logits, y):
         calls["n"] += 1
+        loss = nn.functional.cross_entropy(logits.float(), y)
         if calls["n"] != 3:
-            return {}
+            return {"loss": loss}
         w = logits.float().sum()
         # Value 0, but a gradient of 1e35 that overflows once the scaler multiplies it: a real fp16 overflow.
-        return {"poison": (w - w.detach()) * 1e35}
+        return {"loss": loss + (w - w.detach()) * 1e35}
 
-    result = _fit(Linear(), _stream(digits), amp="fp16", hooks=Hooks(extra_losses=[poison_once]))
+    result = _fit(Linear(), _stream(digits), amp="fp16", hooks=Hooks(loss=poison_once))
     assert result.skipped_steps == 1 and result.steps == 1294 // 64
 
 
 def test_non_finite_loss_stops_with_advice(digits):
-    hooks = Hooks(extra_losses=[lambda x, logits, y: {"bad": torch.tensor(float("nan"))}])
+    hooks = Hooks(loss=lambda x, logits, y: {"loss": logits.float().sum() * float("nan")})
     with pytest.raises(NonFiniteLoss, match=r"loss became nan at step 1/20 .*lower lr.*clip_grad_norm.*amp: off"):
         _fit(Linear(), _stream(digits), hooks=hooks)
 
 
-def test_loss_replacement_wrapper_and_epoch_hooks(digits):
-    records, wrapped = [], []
-
-    def wrap(model):
-        wrapped.append(model)
-        return model
+def test_loss_replacement_and_epoch_hooks(digits):
+    records = []
 
     def mse(x, logits, y):
-        return {"loss": (logits.float() - nn.functional.one_hot(y, 10)).square().mean()}
+        aux = 0.01 * logits.float().square().mean()
+        return {"loss": (logits.float() - nn.functional.one_hot(y, 10)).square().mean() + aux, "aux": aux}
 
-    def aux(x, logits, y):
-        return {"aux": 0.01 * logits.float().square().mean()}
-
-    result = _fit(Linear(), _stream(digits), epochs=2,
-                  hooks=Hooks(loss=mse, extra_losses=[aux], wrap_model=wrap, on_epoch=records.append))
-    assert len(wrapped) == 1 and [r["epoch"] for r in records] == [1, 2]
+    result = _fit(Linear(), _stream(digits), epochs=2, hooks=Hooks(loss=mse, on_epoch=records.append))
+    assert [r["epoch"] for r in records] == [1, 2]
     # Every loss part is logged per epoch, and the total includes the extra term.
     assert 0 < records[1]["train_aux"] < records[1]["train_loss"]
     assert result.final_loss < 1.0  # an MSE against one-hot targets, not a cross-entropy

@@ -11,7 +11,7 @@ import contextlib
 import math
 import shutil
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, ContextManager
 
@@ -44,15 +44,12 @@ class LoopSettings:
     label: str = "train"
     heartbeat_s: float = 30.0
     run_key: str = ""  # a checkpoint written under another key (other settings) is not resumed
-    keep_checkpoint: bool = False
 
 
 @dataclass
 class Hooks:
     loss: LossFn | None = None  # replaces cross-entropy; returns {"loss": total, **parts}
-    extra_losses: list[LossFn] = field(default_factory=list)  # each returns named terms added to the loss
     after_backward: Callable[[nn.Module], None] | None = None  # gradients are unscaled here
-    wrap_model: Callable[[nn.Module], nn.Module] | None = None
     on_epoch: Callable[[dict], None] | None = None  # receives each epoch's record (loss, val accuracy)
     # Entered around every validation pass: a model whose forward has side effects in eval mode
     # (QAT's range observers) must not learn from the images that judge it.
@@ -102,10 +99,6 @@ class _Loop:
                 terms = dict(self.hooks.loss(x, logits, y))
             else:
                 terms = {"loss": F.cross_entropy(logits.float(), y, label_smoothing=self.settings.label_smoothing)}
-            for extra in self.hooks.extra_losses:
-                for name, term in extra(x, logits, y).items():
-                    terms[name] = term
-                    terms["loss"] = terms["loss"] + term
         return terms
 
     def step(self, batches) -> float:
@@ -179,7 +172,7 @@ def fit(model: nn.Module, train: BatchStream, val: BatchStream | None, optimizer
         scheduler: torch.optim.lr_scheduler.LRScheduler, precision: Precision, settings: LoopSettings,
         hooks: Hooks | None = None, checkpoint_dir: Path | None = None, compile_model: bool = False) -> FitResult:
     hooks = hooks or Hooks()
-    train_model = hooks.wrap_model(model) if hooks.wrap_model else model
+    train_model = model
     forward_model = torch.compile(train_model) if compile_model else train_model
     accum = settings.grad_accum
     steps_per_epoch = len(train) // accum
@@ -225,7 +218,7 @@ def fit(model: nn.Module, train: BatchStream, val: BatchStream | None, optimizer
     finally:
         progress.close()
 
-    if checkpoint_dir is not None and not settings.keep_checkpoint:
+    if checkpoint_dir is not None:
         shutil.rmtree(checkpoint_dir, ignore_errors=True)
     peak, kind = memory.peak()
     return FitResult(
