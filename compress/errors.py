@@ -51,7 +51,8 @@ def from_library(exc: Exception, stage: str, kind: str) -> CompressError:
     ``bad_input`` (the caller gave something unusable: exit 2) or not (the run failed: exit 3)."""
     if getattr(exc, "bad_input", False):
         return StageInputError(f"stage {stage!r} ({kind}): {exc}")
-    return StageError(f"stage {stage!r} ({kind}) failed: {type(exc).__name__}: {exc} (run with --debug for the traceback)")
+    return StageError(f"stage {stage!r} ({kind}) failed: {type(exc).__name__}: {exc} "
+                      "(run with --debug for the traceback)")
 
 
 class DataMismatchError(CompressError):

@@ -35,4 +35,5 @@ def test_quickstart_reaches_97_percent_and_reruns_from_cache(tmp_path):
     assert all(f"{name}: cached, skipped" in again.stderr for name in stages), again.stderr
     assert "running" not in again.stderr
     rerun = json.loads((run_dir / "manifest.json").read_text())
-    assert {n: r["started"] for n, r in rerun["stages"].items()} == {n: r["started"] for n, r in manifest["stages"].items()}
+    started = {n: r["started"] for n, r in manifest["stages"].items()}
+    assert {n: r["started"] for n, r in rerun["stages"].items()} == started

@@ -93,7 +93,8 @@ class BenchStage(Stage):
                    "gate_decided_on": gate["decided_on"],
                    "flags": flags,
                    "summary": f"gate {verdict}, release {gate['release']}"}
-        return StageResult(outputs=[Output("report", "report", ctx.stage_dir / "report", meta={"passed": gate["passed"]})],
+        return StageResult(outputs=[Output("report", "report", ctx.stage_dir / "report",
+                                           meta={"passed": gate["passed"]})],
                            metrics=metrics)
 
 

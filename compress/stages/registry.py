@@ -28,7 +28,8 @@ def register(cls: type["Stage"]) -> None:
     """Add a stage kind not in the built-in table (a plug-in); a kind may be taken only once."""
     if cls.kind in BUILTIN or (cls.kind in _PLUGINS and _PLUGINS[cls.kind] is not cls):
         taken = BUILTIN.get(cls.kind) or _PLUGINS[cls.kind].__module__
-        raise ValueError(f"stage kind {cls.kind!r} is already taken ({taken}); choose another kind for {cls.__module__}")
+        raise ValueError(f"stage kind {cls.kind!r} is already taken ({taken}); "
+                         f"choose another kind for {cls.__module__}")
     _PLUGINS[cls.kind] = cls
 
 
