@@ -172,15 +172,14 @@ def fit(model: nn.Module, train: BatchStream, val: BatchStream | None, optimizer
         scheduler: torch.optim.lr_scheduler.LRScheduler, precision: Precision, settings: LoopSettings,
         hooks: Hooks | None = None, checkpoint_dir: Path | None = None, compile_model: bool = False) -> FitResult:
     hooks = hooks or Hooks()
-    train_model = model
-    forward_model = torch.compile(train_model) if compile_model else train_model
+    forward_model = torch.compile(model) if compile_model else model
     accum = settings.grad_accum
     steps_per_epoch = len(train) // accum
     if steps_per_epoch == 0:
         raise ValueError(f"{settings.label}: {len(train)} batches per epoch is fewer than grad_accum={accum}; "
                          "lower batch_size or grad_accum")
     total_steps = steps_per_epoch * settings.epochs
-    loop = _Loop(train_model, forward_model, optimizer, scheduler, precision, settings, hooks, total_steps)
+    loop = _Loop(model, forward_model, optimizer, scheduler, precision, settings, hooks, total_steps)
     state = loop.state
 
     checkpoint = load_checkpoint(checkpoint_dir) if checkpoint_dir else None
@@ -198,7 +197,7 @@ def fit(model: nn.Module, train: BatchStream, val: BatchStream | None, optimizer
 
     memory = PeakMemory(next(model.parameters()).device)
     last_loss = float("nan")
-    train_model.train()
+    model.train()
     optimizer.zero_grad(set_to_none=True)
     try:
         while state["step"] < total_steps:
@@ -213,7 +212,7 @@ def fit(model: nn.Module, train: BatchStream, val: BatchStream | None, optimizer
                 if at_epoch_end:
                     loop.end_epoch(epoch, val, progress)
                 due = settings.checkpoint_every and state["step"] % settings.checkpoint_every == 0
-                if checkpoint_dir is not None and (at_epoch_end or due) and _params_finite(train_model):
+                if checkpoint_dir is not None and (at_epoch_end or due) and _params_finite(model):
                     save_checkpoint(checkpoint_dir, loop.checkpoint_state(precision.scaler))
     finally:
         progress.close()
@@ -226,5 +225,5 @@ def fit(model: nn.Module, train: BatchStream, val: BatchStream | None, optimizer
         best_val_top1=state["best_val_top1"], best_epoch=state["best_epoch"],
         images_per_s=loop.images_seen / max(loop.train_time, 1e-9), train_time_s=loop.train_time,
         skipped_steps=state["skipped"], resumed_from_step=resumed_from, peak_memory_bytes=peak,
-        peak_memory_kind=kind, effective_batch=train.batch_size * accum, final_loss=last_loss, model=train_model,
+        peak_memory_kind=kind, effective_batch=train.batch_size * accum, final_loss=last_loss, model=model,
     )

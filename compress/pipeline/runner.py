@@ -1,9 +1,11 @@
 """Runs a pipeline's stages in order, skipping those whose cached results still hold.
 
 A stage's cache key covers its kind, its resolved settings, the pipeline sections it
-uses, the data split digest, the digests of its inputs and the package version. So a
-changed setting re-runs that stage, and the changed artifacts it makes re-run exactly
-the stages after it that consume them, and nothing else.
+uses, the data split digest, the digests of its inputs, the bytes of every weights file and
+user model module its settings name, the package version, and for stages whose results
+depend on the machine (export, bench) the environment fingerprint. So a changed setting
+re-runs that stage, and the changed artifacts it makes re-run exactly the stages after it
+that consume them, and nothing else.
 """
 from __future__ import annotations
 
