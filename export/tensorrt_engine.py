@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +18,7 @@ import onnx
 
 from export.errors import ExportLibraryError
 from export.onnx_metadata import read_metadata
+from train.atomic_io import atomic_write_bytes
 
 FORMAT = "compress-trt-engine/1"
 ENGINE_FILE, META_FILE, LOG_FILE = "model.engine", "engine.json", "build.log"
@@ -112,15 +112,6 @@ def layer_precisions(engine_information: str) -> dict:
     return {"layers": counts, "float_compute_layers": float_compute}
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "wb") as fh:
-        fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-
-
 def build_engine(onnx_path: str | Path, out_dir: str | Path, settings: BuildSettings, input_name: str,
                  input_chw: tuple[int, int, int]) -> dict:
     """Build ``out_dir/model.engine`` (+ engine.json, build.log); return the recorded metadata."""
@@ -170,7 +161,7 @@ def build_engine(onnx_path: str | Path, out_dir: str | Path, settings: BuildSett
         tail = "\n".join(line for line in logger.lines if line.startswith(("[ERROR]", "[INTERNAL_ERROR]")))[-2000:]
         raise EngineBuildError(f"TensorRT failed to build an engine from {onnx_path}: {tail or 'see build.log'}")
     if settings.timing_cache is not None:
-        _write_atomic(settings.timing_cache, bytes(config.get_timing_cache().serialize()))
+        atomic_write_bytes(settings.timing_cache, bytes(config.get_timing_cache().serialize()))
     (out_dir / ENGINE_FILE).write_bytes(bytes(serialized))
 
     engine = trt.Runtime(logger).deserialize_cuda_engine(serialized)
