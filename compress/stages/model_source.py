@@ -5,6 +5,7 @@ name the pipeline field, so the CLI exits 2 with the fix instead of a stack trac
 """
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 from pydantic import BaseModel
@@ -19,6 +20,18 @@ from train.model_io import describe, load_model
 from train.models import ModelError, build_model, code_file, load_weights
 
 
+@functools.lru_cache(maxsize=64)
+def _digest(path: Path, size: int, mtime_ns: int) -> str:
+    return file_sha256(path)
+
+
+def _content_digest(path: Path) -> str:
+    """sha256 of a file, computed once per version of it: every stage's cache key names the
+    pipeline's weights file, and a pretrained one can be hundreds of megabytes."""
+    stat = path.stat()
+    return _digest(path.resolve(), stat.st_size, stat.st_mtime_ns)
+
+
 def source_digests(cfg: ModelConfig) -> dict:
     """What a model section's results depend on beyond its text: the weights file's bytes and the
     user module's source. A path string alone would call a retrained weights file, or edited model
@@ -26,10 +39,10 @@ def source_digests(cfg: ModelConfig) -> dict:
     digests: dict = {}
     if cfg.weights:
         path = Path(cfg.weights)
-        digests["weights"] = file_sha256(path) if path.is_file() else f"missing: {path}"
+        digests["weights"] = _content_digest(path) if path.is_file() else f"missing: {path}"
     code = code_file(cfg.name)
     if code is not None:
-        digests["code"] = file_sha256(code)
+        digests["code"] = _content_digest(code)
     return digests
 
 
