@@ -85,10 +85,24 @@ def _cmd_gate(args: argparse.Namespace) -> int:
     gate = report["gate"]
     budget = args.p99_ms if args.p99_ms is not None else gate["p99_budget_ms"]
     max_drop = args.max_drop if args.max_drop is not None else gate["max_accuracy_drop"]
+    decision = args.decision or gate.get("decision", "point")  # a report from before the rule decided on points
     result = evaluate(report["artifacts"], budget, max_drop,
-                      accuracy_meaningful=(report.get("data") or {}).get("meaningful_accuracy", True))
+                      accuracy_meaningful=(report.get("data") or {}).get("meaningful_accuracy", True),
+                      decision=decision)
     print_gate(result, path, _console(stderr=False))
     return 0 if result["passed"] else 1
+
+
+def _cmd_compare(args: argparse.Namespace) -> int:
+    from compress.pipeline.compare import compare_runs, default_out
+
+    if len(args.run_dirs) < 2:
+        raise ConfigError("compress compare: give at least two run directories (the first is the reference)")
+    if args.repeats < 1:
+        raise ConfigError("--repeats: give 1 or more")
+    out = Path(args.out) if args.out else default_out()
+    compare_runs([Path(d) for d in args.run_dirs], out, _console(), artifact=args.artifact, repeats=args.repeats)
+    return 0
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
@@ -131,7 +145,7 @@ def _cmd_stage(args: argparse.Namespace) -> int:
         raw["seed"] = args.seed
     for assignment in args.overrides:
         top = assignment.split("=", 1)[0].split(".", 1)[0]
-        scoped = assignment if top in ("data", "model", "seed", "red_line", "latency") else f"stages.{args.kind}.{assignment}"
+        scoped = assignment if top in ("data", "model", "seed", "red_line", "latency", "gate") else f"stages.{args.kind}.{assignment}"
         apply_override(raw, scoped)
     pipeline = build_pipeline(raw, f"compress stage {args.kind}")
     run_dir = Path(args.run_dir or Path("runs") / f"{args.kind}-alone")
@@ -175,7 +189,18 @@ def build_parser() -> argparse.ArgumentParser:
     gate.add_argument("target", metavar="RUN_DIR|REPORT", help="a run directory or a report.json")
     gate.add_argument("--p99-ms", type=float, help="p99 budget in ms (default: the report's)")
     gate.add_argument("--max-drop", type=float, help="accuracy red line in points (default: the report's)")
+    gate.add_argument("--decision", choices=["point", "confident"],
+                      help="confident: the drop's and the p99's 95%% upper bounds must be within the limits; "
+                           "point: the estimates (default: the report's, i.e. the pipeline's gate.decision)")
     gate.set_defaults(func=_cmd_gate)
+
+    compare = sub.add_parser("compare", help="benchmark the artifacts of several runs in one interleaved measurement")
+    compare.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="two or more run directories; the first "
+                                                                        "is the reference")
+    compare.add_argument("--artifact", help="the artifact to take from every run (default: each run's released one)")
+    compare.add_argument("--out", help="report folder (default: runs/compare-<date>-<time>)")
+    compare.add_argument("--repeats", type=int, default=1, help="repeat the whole measurement (run-to-run spread)")
+    compare.set_defaults(func=_cmd_compare)
 
     report = sub.add_parser("report", help="re-render a run's report and plots without measuring again")
     report.add_argument("run_dir")

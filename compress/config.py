@@ -63,6 +63,15 @@ class Latency(Strict):
     batch_size: int = Field(1, ge=1)
 
 
+class GateRule(Strict):
+    """How the release gate decides (see serve_bench.gate): on point estimates, or only where the
+    95% intervals of the drop and of the p99 are within the red line and the budget."""
+
+    decision: Literal["point", "confident"] = Field(
+        "confident", description="confident: the drop's and the p99's 95% upper bounds must be within the "
+                                 "limits; point: the estimates themselves")
+
+
 class PipelineConfig(Strict):
     name: str = Field(..., pattern=NAME_PATTERN)
     seed: int = Field(0, ge=0)
@@ -71,6 +80,7 @@ class PipelineConfig(Strict):
     model: ModelConfig
     red_line: RedLine = Field(default_factory=RedLine)
     latency: Latency = Field(default_factory=Latency)
+    gate: GateRule = Field(default_factory=GateRule)
     stages: list[dict[str, Any]] = Field(..., min_length=1)
 
 

@@ -1,8 +1,11 @@
 """Measure a set of deployed artifacts against the baseline, in one run: latency and accuracy.
 
 Every artifact, the fp32 torch baseline included, runs in its own worker process; latency
-blocks are interleaved across them, then each computes its own accuracy on the test split
-through the same runner that was timed, so the numbers describe the file that ships.
+blocks are interleaved across them, then each computes its own predictions on the test split
+through the same runner that was timed, so the numbers describe the file that ships. Each
+number a release is gated on leaves here with its interval: accuracy (Wilson), the drop
+against the baseline (paired, image by image), each percentile (bootstrapped over single
+requests and over whole blocks) and each latency ratio (bootstrapped over shared rounds).
 """
 from __future__ import annotations
 
@@ -11,9 +14,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from serve_bench.accuracy import accuracy
+from serve_bench.accuracy import accuracy, accuracy_intervals
 from serve_bench.harness import HarnessSettings, measure_interleaved
-from serve_bench.stats import summarize
+from serve_bench.latency_intervals import BlockedSamples, block_bootstrap_ci, paired_ratio, repeat_spread
+from serve_bench.paired import paired_counts, paired_summary
+from serve_bench.predictions import Predictions, digest_of_test_split
+from serve_bench.stats import PERCENTILES, bootstrap_ci, summarize
 from serve_bench.worker import BenchWorker
 
 
@@ -33,6 +39,19 @@ class ArtifactSpec:
     source_model: str | None = None  # the float model a converted artifact came from
     refused: str | None = None  # why the gate must not release it, decided before measuring
     quantization: dict | None = None  # how an INT8 artifact was made (ladder rungs)
+    extra: dict = field(default_factory=dict)  # report keys a caller adds (e.g. the run a compared artifact is from)
+
+
+@dataclass
+class TestSet:
+    """The images an artifact is judged on; ``digest`` says whether two sets pair image by image."""
+
+    images: np.ndarray
+    labels: np.ndarray
+    digest: str = ""
+
+    def __post_init__(self) -> None:
+        self.digest = self.digest or digest_of_test_split(self.images, self.labels)
 
 
 @dataclass
@@ -45,44 +64,138 @@ class BenchSettings:
     min_samples: int = 1000
     per_class: bool = False
     eval_batch: int = 64
+    repeats: int = 1  # whole interleaved measurements, for the run-to-run spread of each percentile
 
 
-def run_benchmark(specs: list[ArtifactSpec], baseline: str, pool: np.ndarray, test_images: np.ndarray,
-                  test_labels: np.ndarray, settings: BenchSettings, metric: str = "top1",
-                  progress=None) -> tuple[list[dict], dict[str, np.ndarray], dict[str, dict]]:
-    """Returns report entries, raw latencies (ms) per artifact and each runner's info."""
+@dataclass
+class BenchResult:
+    entries: list[dict]
+    latencies: dict[str, BlockedSamples]
+    predictions: Predictions  # on the baseline's test split
+    infos: dict[str, dict]
+    unpaired: dict[str, str]  # artifact → why its accuracy could not be paired with the baseline's
+
+
+def _pool(test: TestSet, batch_size: int) -> np.ndarray:
+    return test.images[: max(batch_size * 64, 256)]
+
+
+def _measure(workers: dict[str, BenchWorker], settings: BenchSettings, progress) -> tuple[dict, list[dict]]:
+    """Every repeat's samples pooled per artifact (rounds kept distinct) and each repeat's percentiles."""
+    pooled: dict[str, BlockedSamples] = {}
+    walls = {name: [0.0, 0] for name in workers}
+    per_repeat: list[dict] = []
+    next_round = 0
+    for _ in range(settings.repeats):
+        measured = measure_interleaved(workers, settings.harness, progress, first_round=next_round)
+        next_round = 1 + max(max(m.blocked.rounds) for m in measured.values())
+        per_repeat.append({name: {k: float(np.percentile(m.latencies_ms, q)) for k, q in PERCENTILES.items()}
+                           for name, m in measured.items()})
+        for name, m in measured.items():
+            old = pooled.get(name)
+            pooled[name] = m.blocked if old is None else BlockedSamples(old.blocks + m.blocked.blocks,
+                                                                        old.rounds + m.blocked.rounds)
+            walls[name][0] += m.wall_s
+            walls[name][1] += m.requests
+    return {"blocked": pooled, "walls": walls}, per_repeat
+
+
+def _latency(blocked: BlockedSamples, settings: BenchSettings) -> dict:
+    flat = blocked.flat
+    summary = summarize(flat, settings.batch_size, settings.min_samples)
+    out = summary.as_dict()
+    out["p50_ci"] = [round(v, 6) for v in bootstrap_ci(flat, 50.0)]
+    out["p50_ci_blocks"] = [round(v, 6) for v in block_bootstrap_ci(blocked, 50.0)]
+    out["p99_ci_blocks"] = [round(v, 6) for v in block_bootstrap_ci(blocked, 99.0)]
+    out["blocks"] = len(blocked.blocks)
+    return out
+
+
+def _ratios(a: BlockedSamples, b: BlockedSamples) -> dict:
+    return {key: paired_ratio(a, b, PERCENTILES[key]).as_dict() for key in ("p50", "p99")}
+
+
+def _fp32_reference(spec: ArtifactSpec, specs: list[ArtifactSpec]) -> ArtifactSpec | None:
+    """The fp32 ONNX of the model an INT8 file was quantized from, on the same runtime."""
+    if spec.precision != "int8" or not spec.source_model:
+        return None
+    return next((r for r in specs if r.format == "onnx" and r.precision == "fp32" and r.backend == spec.backend
+                 and r.source_model == spec.source_model), None)
+
+
+def run_benchmark(specs: list[ArtifactSpec], baseline: str, test: TestSet, settings: BenchSettings,
+                  metric: str = "top1", max_drop: float | None = None, progress=None,
+                  own_tests: dict[str, TestSet] | None = None) -> BenchResult:
+    """``own_tests`` gives an artifact another test set than ``test`` (a compared run made on other data):
+    its accuracy is measured there, and not paired with the baseline's unless the digests match."""
     if baseline not in {s.name for s in specs}:
         raise ValueError(f"baseline {baseline!r} is not among the measured artifacts")
+    tests = {s.name: (own_tests or {}).get(s.name, test) for s in specs}
     with contextlib.ExitStack() as stack:
         workers = {}
         for spec in specs:
             options = {"threads": settings.threads, "device": "cuda" if spec.backend == "tensorrt" else settings.device,
                        **spec.options}
             workers[spec.name] = stack.enter_context(BenchWorker(
-                spec.name, spec.backend, spec.path, options, pool, settings.batch_size, settings.device_only))
-        measured = measure_interleaved(workers, settings.harness, progress)
-        accuracies = {}
+                spec.name, spec.backend, spec.path, options, _pool(tests[spec.name], settings.batch_size),
+                settings.batch_size, settings.device_only))
+        measured, per_repeat = _measure(workers, settings, progress)
+        logits = {}
         for spec in specs:
             eval_batch = min(settings.eval_batch, spec.max_batch or settings.eval_batch)
-            logits = workers[spec.name].call("predict", test_images, eval_batch)
-            accuracies[spec.name] = accuracy(logits, test_labels, settings.per_class)
+            logits[spec.name] = workers[spec.name].call("predict", tests[spec.name].images, eval_batch)
         infos = {name: worker.info for name, worker in workers.items()}
 
-    summaries = {name: summarize(m.latencies_ms, settings.batch_size, settings.min_samples) for name, m in measured.items()}
-    base_p99 = summaries[baseline].percentiles["p99"]
-    base_acc = accuracies[baseline][metric]
+    blocked = measured["blocked"]
+    base_test = tests[baseline]
+    predictions = Predictions(labels=base_test.labels, test_digest=base_test.digest)
+    unpaired = {}
+    for spec in specs:
+        if tests[spec.name].digest == base_test.digest:
+            predictions.add(spec.name, logits[spec.name])
+        else:
+            unpaired[spec.name] = (f"judged on another test split (digest {tests[spec.name].digest[:12]}… vs the "
+                                   f"baseline's {base_test.digest[:12]}…): its accuracy is its own, not paired")
+    base_hits = predictions.hits(baseline, metric)
+    latency = {name: _latency(b, settings) for name, b in blocked.items()}
+    base_acc = accuracy(logits[baseline], base_test.labels)[metric]
     entries = []
     for spec in specs:
-        s, m = summaries[spec.name], measured[spec.name]
-        entries.append({
+        acc = accuracy(logits[spec.name], tests[spec.name].labels, settings.per_class)
+        lat, wall = latency[spec.name], measured["walls"][spec.name]
+        entry = {
             "name": spec.name, "stage": spec.stage, "backend": spec.backend, "precision": spec.precision,
             "format": spec.format, "path": spec.path, "size_bytes": spec.size_bytes, "params": spec.params,
-            "macs": spec.macs, "accuracy": accuracies[spec.name],
-            "accuracy_drop": round(base_acc - accuracies[spec.name][metric], 4),
-            "latency_ms": s.as_dict(), "throughput": round(settings.batch_size * m.requests / m.wall_s, 2),
-            "speedup_p99": round(base_p99 / s.percentiles["p99"], 4), "runner": infos[spec.name],
-            "source_model": spec.source_model,
+            "macs": spec.macs, "accuracy": acc, "accuracy_ci": accuracy_intervals(acc),
+            "accuracy_drop": round(base_acc - acc[metric], 4) if spec.name not in unpaired else None,
+            "latency_ms": lat, "throughput": round(settings.batch_size * wall[1] / wall[0], 2),
+            "speedup_p99": round(latency[baseline]["p99"] / lat["p99"], 4), "runner": infos[spec.name],
+            "source_model": spec.source_model, **spec.extra,
             **({"refused": spec.refused} if spec.refused else {}),
             **({"quantization": spec.quantization} if spec.quantization else {}),
-        })
-    return entries, {name: m.latencies_ms for name, m in measured.items()}, infos
+        }
+        if spec.name in unpaired:
+            entry["accuracy_paired"] = {"unpaired": unpaired[spec.name]}
+        elif spec.name == baseline:
+            entry["accuracy_paired"] = {"reference": True, "n": len(base_hits), "baseline_only": 0, "artifact_only": 0,
+                                        "discordant": 0, "drop": 0.0, "drop_ci": [0.0, 0.0]}
+        else:
+            entry["accuracy_paired"] = paired_summary(paired_counts(base_hits, predictions.hits(spec.name, metric)),
+                                                      max_drop)
+        if spec.name == baseline:
+            entry["latency_ratio"], entry["speedup_p99_ci"] = None, [1.0, 1.0]
+        else:
+            ratio = _ratios(blocked[spec.name], blocked[baseline])
+            entry["latency_ratio"] = ratio
+            entry["speedup_p99_ci"] = [round(1 / ratio["p99"]["ci"][1], 4), round(1 / ratio["p99"]["ci"][0], 4)]
+        reference = _fp32_reference(spec, specs)
+        if reference is not None:
+            entry["int8_vs_fp32"] = {"reference": reference.name,
+                                     **_ratios(blocked[spec.name], blocked[reference.name])}
+        if settings.repeats > 1:
+            runs = [r[spec.name] for r in per_repeat]
+            entry["repeats"] = {"k": settings.repeats, "per_repeat": [{k: round(v, 6) for k, v in r.items()}
+                                                                      for r in runs],
+                                "spread": repeat_spread(runs)}
+        entries.append(entry)
+    return BenchResult(entries, blocked, predictions, infos, unpaired)

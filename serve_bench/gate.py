@@ -1,5 +1,22 @@
-"""The release gate: ship the fastest artifact that meets both the accuracy red line and the p99 budget."""
+"""The release gate: ship the fastest artifact that meets both the accuracy red line and the p99 budget.
+
+Two decision rules. ``point`` compares point estimates, as most tools do: on 1,000 test images
+one image is 0.1 point, so an artifact whose true drop is just past the red line passes about
+half the time. ``confident`` passes an artifact only when the upper bound of its paired 95%
+drop interval is within the red line and the upper bound of its p99's block-bootstrap interval
+is within the budget, so a release that passes is within both limits unless a 2.5% chance
+went against it. Under either rule the result says when the test set is too small to show
+an artifact within the red line, with the test-set size that would.
+"""
 from __future__ import annotations
+
+from typing import Literal
+
+from serve_bench.paired import (LEVEL, PairedCounts, counts_of, drop_interval, needed_test_images,
+                               smallest_certifiable_drop)
+
+Decision = Literal["point", "confident"]
+DECISIONS: tuple[str, ...] = ("point", "confident")
 
 
 def why_int8_not_faster(isa: dict | None) -> str:
@@ -15,12 +32,28 @@ def why_int8_not_faster(isa: dict | None) -> str:
             "INT8 to outweigh its quantize/dequantize steps, or the machine was noisy (compare the p99 intervals)")
 
 
+def _ratio_words(key: str, ratio: dict) -> str:
+    return f"{key} ×{ratio['ratio']:.2f} (95% CI {ratio['ci'][0]:.2f}–{ratio['ci'][1]:.2f}): {ratio['verdict']}"
+
+
 def quantized_not_faster(artifacts: list[dict], isa: dict | None = None) -> list[str]:
-    """INT8 artifacts that are not faster than the fp32 ONNX of the same model, measured in this run,
-    each with why (``isa``: the run's instruction-set facts)."""
+    """INT8 artifacts not shown faster than the fp32 ONNX of the same model, measured in this run, each with
+    why (``isa``: the run's instruction-set facts). Where the bench paired the two (``int8_vs_fp32``), the
+    verdict comes from the block-paired interval of their latency ratio: faster only when the whole
+    interval is below 1; otherwise from the point estimates."""
     flags = []
     for art in artifacts:
         if art.get("precision") != "int8" or not art.get("source_model"):
+            continue
+        paired = art.get("int8_vs_fp32")
+        if paired:
+            if all(paired[k]["verdict"] == "faster" for k in ("p50", "p99")):
+                continue
+            slower = any(paired[k]["verdict"] == "slower" for k in ("p50", "p99"))
+            flags.append(f"{art['name']} (int8) is {'slower than' if slower else 'not shown faster than'} "
+                         f"{paired['reference']} (fp32) of the same model, latency int8/fp32 "
+                         f"{_ratio_words('p50', paired['p50'])}, {_ratio_words('p99', paired['p99'])}; "
+                         f"{why_int8_not_faster(isa)}")
             continue
         for ref in artifacts:
             if (ref.get("format") == "onnx" and ref.get("precision") == "fp32"
@@ -37,37 +70,127 @@ LATENCY_ONLY = ("accuracy not gated: the test labels are random (synthetic data)
                 "noise; the gate decided on latency only")
 
 
+def _needed_words(paired: dict, max_drop: float) -> str:
+    counts = counts_of(paired)
+    needed = needed_test_images(counts, max_drop)
+    if needed is not None:
+        return (f"this test set of {paired['n']:,} images is too small to show it within the red line: at the "
+                f"observed disagreement ({paired['discordant']} of {paired['n']:,} images) that takes "
+                f"≥ {needed:,} test images")
+    if counts.drop * 100 >= max_drop:
+        return "its observed drop is itself at or past the red line, so no test set would show it within"
+    return "no test set under a billion images would show it within the red line at this disagreement rate"
+
+
+def _drop_bound(art: dict) -> tuple[float | None, str | None]:
+    """Upper bound of the paired drop interval (points), or why there is none."""
+    paired = art.get("accuracy_paired")
+    if paired is None:
+        return None, ("no paired accuracy in the report (written by an older version): re-run the bench stage, "
+                      "or decide with --decision point")
+    if "unpaired" in paired:
+        return None, f"accuracy not paired with the baseline ({paired['unpaired']})"
+    if paired.get("reference"):
+        return 0.0, None
+    return drop_interval(counts_of(paired))[1], None
+
+
+def _p99_bound(art: dict) -> tuple[float | None, str | None]:
+    interval = (art.get("latency_ms") or {}).get("p99_ci_blocks")
+    if not interval:
+        return None, ("no block interval of the p99 in the report (written by an older version): re-run the "
+                      "bench stage, or decide with --decision point")
+    return interval[1], None
+
+
+def _accuracy_problems(art: dict, max_drop: float, decision: str, notes: list[str]) -> list[str]:
+    drop, problems = art.get("accuracy_drop"), []
+    if art.get("refused"):
+        problems.append(art["refused"])
+    if drop is None:
+        paired = art.get("accuracy_paired") or {}
+        problems.append(f"accuracy not paired with the baseline ({paired['unpaired']})" if "unpaired" in paired
+                        else "no accuracy measured")
+        return problems
+    if drop > max_drop:
+        problems.append(f"accuracy drop {drop:.2f} points > red line {max_drop:g}")
+        return problems
+    upper, missing = _drop_bound(art)
+    if decision == "confident":
+        if missing:
+            problems.append(missing)
+        elif upper > max_drop:
+            problems.append(f"accuracy drop {drop:.2f} points, 95% upper bound {upper:.2f} > red line {max_drop:g}; "
+                            + _needed_words(art["accuracy_paired"], max_drop))
+    elif upper is not None and upper > max_drop:
+        notes.append(f"{art['name']} is within the red line on the point estimate ({drop:.2f} points) but not "
+                     f"shown within it at 95% (upper bound {upper:.2f}): " + _needed_words(art["accuracy_paired"],
+                                                                                         max_drop))
+    return problems
+
+
+def _latency_problems(art: dict, budget: float | None, decision: str) -> list[str]:
+    p99 = (art.get("latency_ms") or {}).get("p99")
+    if p99 is None:
+        return ["no p99 measured"]
+    if budget is None:
+        return []
+    if p99 > budget:
+        return [f"p99 {p99:.3f} ms > budget {budget:g} ms"]
+    if decision == "confident":
+        upper, missing = _p99_bound(art)
+        if missing:
+            return [missing]
+        if upper > budget:
+            return [f"p99 {p99:.3f} ms, 95% upper bound {upper:.3f} ms (block bootstrap) > budget {budget:g} ms"]
+    return []
+
+
+def _test_set_note(artifacts: list[dict], max_drop: float) -> str | None:
+    sizes = {(a.get("accuracy_paired") or {}).get("n") for a in artifacts} - {None}
+    if len(sizes) != 1:
+        return None
+    n = sizes.pop()
+    tightest = smallest_certifiable_drop(n)
+    if tightest <= max_drop:
+        return None
+    needed = needed_test_images(PairedCounts(n, 0, 0), max_drop)
+    return (f"the test set of {n:,} images cannot show any artifact but the baseline within a red line of "
+            f"{max_drop:g} points at 95%: even one that agrees with the baseline on every image has an upper "
+            f"bound of {tightest:.2f} points; "
+            + (f"that takes ≥ {needed:,} test images" if needed else "no test set can show a red line this tight"))
+
+
 def evaluate(artifacts: list[dict], p99_budget_ms: float | None, max_accuracy_drop: float,
-             accuracy_meaningful: bool = True) -> dict:
-    """``artifacts`` are report entries with ``accuracy_drop`` (points, positive = worse) and ``latency_ms.p99``.
+             accuracy_meaningful: bool = True, decision: str = "point") -> dict:
+    """``artifacts`` are report entries with ``accuracy_drop`` (points, positive = worse), ``latency_ms.p99``
+    and, for ``decision="confident"``, ``accuracy_paired`` (the per-image agreement counts) and
+    ``latency_ms.p99_ci_blocks``.
 
     ``accuracy_meaningful`` false (synthetic data): a drop of random labels says nothing about
     the artifact, so the red line is not applied and the result says the gate saw latency only.
     """
-    reasons, candidates = [], []
+    if decision not in DECISIONS:
+        raise ValueError(f"decision {decision!r}: choose one of {', '.join(DECISIONS)}")
+    reasons, candidates, notes = [], [], []
     for art in artifacts:
-        drop, p99 = art.get("accuracy_drop"), (art.get("latency_ms") or {}).get("p99")
-        problems = []
-        if accuracy_meaningful:
-            if art.get("refused"):
-                problems.append(art["refused"])
-            if drop is None:
-                problems.append("no accuracy measured")
-            elif drop > max_accuracy_drop:
-                problems.append(f"accuracy drop {drop:.2f} points > red line {max_accuracy_drop:g}")
-        if p99 is None:
-            problems.append("no p99 measured")
-        elif p99_budget_ms is not None and p99 > p99_budget_ms:
-            problems.append(f"p99 {p99:.3f} ms > budget {p99_budget_ms:g} ms")
+        problems = _accuracy_problems(art, max_accuracy_drop, decision, notes) if accuracy_meaningful else []
+        problems += _latency_problems(art, p99_budget_ms, decision)
         if problems:
             reasons.append(f"{art['name']}: " + "; ".join(problems))
         else:
             candidates.append(art)
     release = min(candidates, key=lambda a: a["latency_ms"]["p99"])["name"] if candidates else None
     if release is None:
-        reasons.insert(0, "no artifact meets both the accuracy red line and the p99 budget" if accuracy_meaningful
-                       else "no artifact meets the p99 budget")
+        what = "the accuracy red line and the p99 budget" if accuracy_meaningful else "the p99 budget"
+        reasons.insert(0, f"no artifact meets {'both ' if accuracy_meaningful else ''}{what}"
+                       + (" at 95% confidence" if decision == "confident" else ""))
+    if accuracy_meaningful:
+        small = _test_set_note(artifacts, max_accuracy_drop)
+        notes = ([small] if small else []) + notes
+    else:
+        notes = [LATENCY_ONLY]
     return {"p99_budget_ms": p99_budget_ms, "max_accuracy_drop": max_accuracy_drop, "passed": release is not None,
             "release": release, "reasons": reasons,
             "decided_on": "accuracy and latency" if accuracy_meaningful else "latency only",
-            "notes": [] if accuracy_meaningful else [LATENCY_ONLY]}
+            "notes": notes, "decision": decision, "confidence": LEVEL}

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
+from serve_bench.latency_intervals import BlockedSamples
 from serve_bench.worker import BenchWorker
 
 
@@ -22,7 +23,9 @@ class HarnessSettings(BaseModel):
     warmup_iters: int = Field(50, ge=0, description="warm-up requests before measuring...")
     warmup_s: float = Field(0.5, ge=0, description="...and at least this long")
     min_iters: int = Field(1000, ge=1, description="measured requests per artifact, at least...")
-    min_duration_s: float = Field(2.0, ge=0, description="...and at least this much measured time")
+    # 3 s of 0.25-s blocks: about 12 blocks per artifact, the least the block bootstrap of the p99
+    # (serve_bench.latency_intervals) should rest on; 2 s gave 8.
+    min_duration_s: float = Field(3.0, ge=0, description="...and at least this much measured time")
     block_iters: int = Field(100, ge=1, description="minimum requests per interleaved block")
     block_s: float = Field(0.25, ge=0, description="target duration of a block, so the settle pause stays a "
                            "small share of the run")
@@ -40,9 +43,13 @@ class Measurement:
     latencies_ms: np.ndarray
     wall_s: float  # wall time of the measured blocks (throughput under concurrency)
     requests: int
+    blocked: BlockedSamples  # the same samples as measured: per block, with its round
 
 
-def measure_interleaved(workers: dict[str, BenchWorker], settings: HarnessSettings, progress=None) -> dict[str, Measurement]:
+def measure_interleaved(workers: dict[str, BenchWorker], settings: HarnessSettings, progress=None,
+                        first_round: int = 0) -> dict[str, Measurement]:
+    """Round-robin blocks until every artifact has enough; rounds are numbered from ``first_round`` so a
+    repeated measurement's blocks never pair with another repeat's."""
     block = {}
     for name, worker in workers.items():
         done, seconds = worker.call("warmup", max(1, settings.warmup_iters), settings.warmup_s)
@@ -50,6 +57,8 @@ def measure_interleaved(workers: dict[str, BenchWorker], settings: HarnessSettin
     samples: dict[str, list[np.ndarray]] = {name: [] for name in workers}
     spent = {name: 0.0 for name in workers}  # measured wall time: the minimum-duration condition and throughput
     counts = {name: 0 for name in workers}
+    rounds: dict[str, list[int]] = {name: [] for name in workers}
+    current = first_round
 
     def done(name: str) -> bool:
         return counts[name] >= settings.max_iters or (
@@ -61,10 +70,13 @@ def measure_interleaved(workers: dict[str, BenchWorker], settings: HarnessSettin
                 continue
             time.sleep(settings.settle_s)
             latencies_ns, block_wall = worker.call("block", block[name], counts[name], settings.concurrency)
-            samples[name].append(latencies_ns)
+            samples[name].append(latencies_ns.astype(np.float64) / 1e6)
+            rounds[name].append(current)
             counts[name] += len(latencies_ns)
             spent[name] += block_wall
+        current += 1
         if progress is not None:
             progress(dict(counts))
-    return {name: Measurement(np.concatenate(samples[name]).astype(np.float64) / 1e6, spent[name], counts[name])
+    return {name: Measurement(np.concatenate(samples[name]), spent[name], counts[name],
+                              BlockedSamples(samples[name], rounds[name]))
             for name in workers}

@@ -1,8 +1,9 @@
 """report.json (parsed by other tools), report.md and a self-contained report.html with plots.
 
-The raw latency samples are kept beside the report (latencies.npz, plain arrays, no
-pickle) so the report can be re-rendered, or re-gated with other limits, without
-measuring again.
+The raw latency samples (latencies.npz: per artifact, each block with its round) and each
+artifact's per-image predictions (predictions.npz) are kept beside the report, as plain
+arrays read without pickle, so the report can be re-rendered, re-gated with other limits,
+or paired with another run's artifacts, without measuring again.
 """
 from __future__ import annotations
 
@@ -14,21 +15,49 @@ from pathlib import Path
 import numpy as np
 
 from serve_bench import plots
+from serve_bench import report_tables as tables
+from serve_bench.latency_intervals import BlockedSamples
+from serve_bench.paired import smallest_certifiable_drop
+from serve_bench.predictions import Predictions
 
 REPORT_JSON, SAMPLES_FILE = "report.json", "latencies.npz"
 
 
-def save_samples(folder: Path, latencies: dict[str, np.ndarray]) -> None:
-    np.savez_compressed(folder / SAMPLES_FILE, **{f"a{i}": v for i, v in enumerate(latencies.values())},
-                        names=np.array(list(latencies)))
+def save_samples(folder: Path, latencies: dict[str, BlockedSamples]) -> None:
+    """Flat samples per artifact (``a<i>``), with each block's length and round, so intervals can be redone."""
+    arrays = {}
+    for i, blocked in enumerate(latencies.values()):
+        arrays[f"a{i}"] = blocked.flat
+        arrays[f"blocklen{i}"] = np.array([len(b) for b in blocked.blocks], dtype=np.int64)
+        arrays[f"round{i}"] = np.array(blocked.rounds, dtype=np.int64)
+    np.savez_compressed(folder / SAMPLES_FILE, names=np.array(list(latencies)), **arrays)
 
 
-def load_samples(folder: Path) -> dict[str, np.ndarray]:
+def load_blocked(folder: Path) -> dict[str, BlockedSamples]:
+    """The saved samples as measured; a file from before blocks were kept reads as one block per artifact."""
     path = folder / SAMPLES_FILE
     if not path.is_file():
         return {}
+    out = {}
     with np.load(path, allow_pickle=False) as data:
-        return {str(name): data[f"a{i}"] for i, name in enumerate(data["names"])}
+        for i, name in enumerate(data["names"]):
+            flat = data[f"a{i}"]
+            if f"blocklen{i}" in data:
+                bounds = np.cumsum(data[f"blocklen{i}"])[:-1]
+                out[str(name)] = BlockedSamples(list(np.split(flat, bounds)), [int(r) for r in data[f"round{i}"]])
+            else:
+                out[str(name)] = BlockedSamples([flat], [0])
+    return out
+
+
+def load_samples(folder: Path) -> dict[str, np.ndarray]:
+    return {name: blocked.flat for name, blocked in load_blocked(folder).items()}
+
+
+def test_set_facts(name: str, test, meaningful_accuracy: bool) -> dict:
+    """What the report says about the test split: its size and digest, and the tightest red line it can certify."""
+    return {"name": name, "test_images": len(test.labels), "meaningful_accuracy": meaningful_accuracy,
+            "test_digest": test.digest, "smallest_certifiable_drop": round(smallest_certifiable_drop(len(test.labels)), 4)}
 
 
 def _budget(gate: dict) -> str:
@@ -48,92 +77,64 @@ def environment_line(env: dict) -> str:
             + f"; torch {env.get('packages', {}).get('torch', '?')}; {runtime}; GPU: {gpu}")
 
 
-def _fmt(value, digits: int = 3) -> str:
-    return "—" if value is None else f"{value:.{digits}f}"
+def _gate_line(gate: dict, metric: str, baseline: str) -> str:
+    rule = gate.get("decision", "point")
+    rule_words = ("95% upper bounds within the limits" if rule == "confident" else "point estimates")
+    return (f"release candidate: `{gate['release'] or 'none'}` ({_budget(gate)}, max {metric} drop "
+            f"{gate['max_accuracy_drop']} points vs `{baseline}`; decision: {rule}, on {rule_words})")
 
 
-def ladder_lines(report: dict) -> list[list[str]]:
-    """One row per INT8 rung tried: artifact, rung, verdict, validation accuracy and drop per flavour,
-    layers kept in float, file sizes, the in-stage latency of the CPU file against its fp32 ONNX,
-    and why the ladder climbed past the rung."""
-    metric, rows = report.get("metric", "top1"), []
-    for art in report["artifacts"]:
-        ladder = art.get("quantization")
-        if not ladder:
-            continue
-        climbed = ladder.get("climbed", [])
-        for i, rung in enumerate(ladder.get("rungs", [])):
-            flavours = ", ".join(f"{f} {r.get(f'val_{metric}', float('nan')):.2f}% ({r['drop']:+.2f})"
-                                 for f, r in rung["flavours"].items())
-            sizes = ", ".join(f"{f} {r['size_bytes'] / 1024:.0f}" for f, r in rung["flavours"].items())
-            lat = rung.get("latency") or {}
-            latency = f"{lat['int8_p50_ms']:.3f} / {lat['fp32_p50_ms']:.3f}" if lat else "—"
-            chosen = " ← shipped" if rung["rung"] == ladder["rung"] else ""
-            why = climbed[i].split(": ", 1)[-1] if i < len(climbed) else ""
-            rows.append([art["name"], rung["rung"] + chosen, "within" if rung["within_red_line"] else "over",
-                         flavours, str(rung["float_layers"]), sizes, latency, why])
-    return rows
-
-
-LADDER_HEAD = ["artifact", "rung", "red line (val)", "val accuracy (drop) per flavour", "float layers", "size KB",
-               "p50 ms int8 / fp32", "why it climbed"]
+def _md_table(table: tables.Table) -> list[str]:
+    head, rows = table
+    return (["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+            + ["| " + " | ".join(row) + " |" for row in rows])
 
 
 def render_markdown(report: dict) -> str:
     gate, metric = report["gate"], report.get("metric", "top1")
     lines = [f"# Release report: {report.get('pipeline', '')}", "",
-             f"**Gate: {'PASSED' if gate['passed'] else 'FAILED'}** — release candidate: "
-             f"`{gate['release'] or 'none'}` ({_budget(gate)}, "
-             f"max {metric} drop {gate['max_accuracy_drop']} points vs `{report['baseline']}`)", "",
-             f"Measured on: {environment_line(report.get('environment', {}))}", ""]
+             f"**Gate: {'PASSED' if gate['passed'] else 'FAILED'}** — {_gate_line(gate, metric, report['baseline'])}",
+             "", f"Measured on: {environment_line(report.get('environment', {}))}", ""]
     if gate.get("notes"):
         lines += [f"> note: {note}" for note in gate["notes"]] + [""]
     if gate["reasons"]:
         lines += [f"- {reason}" for reason in gate["reasons"]] + [""]
-    lines += [f"| artifact | backend | precision | {metric} % | drop (points) | p50 ms | p99 ms | p99 95% CI | "
-              "throughput /s | speed-up p99 | size MB |",
-              "|---|---|---|---|---|---|---|---|---|---|---|"]
-    for a in report["artifacts"]:
-        lat = a["latency_ms"]
-        lines.append(f"| {a['name']} | {a['backend']} | {a['precision']} | {_fmt(a['accuracy'].get(metric), 2)} | "
-                     f"{_fmt(a['accuracy_drop'], 2)} | {_fmt(lat['p50'])} | {_fmt(lat['p99'])} | "
-                     f"{_fmt(lat['p99_ci'][0])}–{_fmt(lat['p99_ci'][1])} | {a['throughput']:,.0f} | "
-                     f"{a['speedup_p99']:.2f}× | {a['size_bytes'] / 2**20:.2f} |")
+    lines += _md_table(tables.main_table(report))
     if report.get("flags"):
         lines += ["", "**Flags**", ""] + [f"- ⚠ {flag}" for flag in report["flags"]]
-    ladder = ladder_lines(report)
-    if ladder:
-        lines += ["", "## INT8 ladder", "", "| " + " | ".join(LADDER_HEAD) + " |",
-                  "|" + "---|" * len(LADDER_HEAD)] + ["| " + " | ".join(row) + " |" for row in ladder]
-    lines += ["", f"Settings: {json.dumps(report.get('settings', {}))}.", ""]
+    for title, table in tables.sections(report):
+        lines += ["", f"## {title}", ""] + _md_table(table)
+    lines += ["", INTERVALS_NOTE, "", f"Settings: {json.dumps(report.get('settings', {}))}.", ""]
     return "\n".join(lines)
+
+
+INTERVALS_NOTE = ("Intervals are 95%: accuracy Wilson; drop paired on the same images (Tango score interval, "
+                  "unconditional McNemar); p99 bootstrapped over single requests and over whole interleaved "
+                  "blocks; latency ratios over the rounds both artifacts were measured in.")
 
 
 def _img(png: bytes, alt: str) -> str:
     return f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{base64.b64encode(png).decode()}">'
 
 
+def _html_table(table: tables.Table, release: str | None = None) -> str:
+    head, rows = table
+    marked = ' class="release"'
+    body = "".join(f"<tr{marked if release and row[0] == release else ''}>"
+                   + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in rows)
+    return ("<table><thead><tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in head)
+            + f"</tr></thead><tbody>{body}</tbody></table>")
+
+
 def render_html(report: dict, figures: dict[str, bytes]) -> str:
     gate, metric = report["gate"], report.get("metric", "top1")
-    rows = []
-    for a in report["artifacts"]:
-        lat = a["latency_ms"]
-        mark = " class=\"release\"" if a["name"] == gate["release"] else ""
-        rows.append(f"<tr{mark}><td>{html.escape(a['name'])}</td><td>{a['backend']}</td><td>{a['precision']}</td>"
-                    f"<td>{_fmt(a['accuracy'].get(metric), 2)}</td><td>{_fmt(a['accuracy_drop'], 2)}</td>"
-                    f"<td>{_fmt(lat['p50'])}</td><td>{_fmt(lat['p99'])}</td>"
-                    f"<td>{_fmt(lat['p99_ci'][0])}–{_fmt(lat['p99_ci'][1])}</td><td>{a['throughput']:,.0f}</td>"
-                    f"<td>{a['speedup_p99']:.2f}×</td><td>{a['size_bytes'] / 2**20:.2f}</td></tr>")
     reasons = "".join(f"<li class=\"flag\">note: {html.escape(n)}</li>" for n in gate.get("notes", [])) + \
         "".join(f"<li>{html.escape(r)}</li>" for r in gate["reasons"])
     verdict = "passed" if gate["passed"] else "failed"
     figs = "".join(f"<figure>{_img(png, name)}</figure>" for name, png in figures.items())
     flags = "".join(f"<li class=\"flag\">⚠ {html.escape(f)}</li>" for f in report.get("flags", []))
-    ladder = ladder_lines(report)
-    ladder_html = "" if not ladder else (
-        "<h2>INT8 ladder</h2><table><thead><tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in LADDER_HEAD)
-        + "</tr></thead><tbody>" + "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>"
-                                           for row in ladder) + "</tbody></table>")
+    more = "".join(f"<h2>{html.escape(title)}</h2>{_html_table(table)}" for title, table in tables.sections(report))
+    gate_line = html.escape(_gate_line(gate, metric, report["baseline"]).replace("`", ""))
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>Release report: {html.escape(report.get('pipeline', ''))}</title>
 <style>
@@ -149,13 +150,11 @@ p.environment {{ color: #444; font-size: .9rem; }}
 </style></head><body>
 <h1>Release report: {html.escape(report.get('pipeline', ''))}</h1>
 <p class="environment">Measured on: {html.escape(environment_line(report.get('environment', {})))}</p>
-<div class="verdict {verdict}">Gate <b>{verdict.upper()}</b> — release candidate: <b>{html.escape(gate['release'] or 'none')}</b>
-({_budget(gate)}, max {metric} drop {gate['max_accuracy_drop']} points vs {html.escape(report['baseline'])})</div>
+<div class="verdict {verdict}">Gate <b>{verdict.upper()}</b> — {gate_line}</div>
 <ul>{reasons}{flags}</ul>
-<table><thead><tr><th>artifact</th><th>backend</th><th>precision</th><th>{metric} %</th><th>drop (points)</th><th>p50 ms</th>
-<th>p99 ms</th><th>p99 95% CI</th><th>throughput /s</th><th>speed-up p99</th><th>size MB</th></tr></thead>
-<tbody>{''.join(rows)}</tbody></table>
-{ladder_html}
+{_html_table(tables.main_table(report), gate['release'])}
+{more}
+<p class="environment">{html.escape(INTERVALS_NOTE)}</p>
 {figs}
 <footer>Environment: {html.escape(json.dumps(report.get('environment', {})))}<br>
 Settings: {html.escape(json.dumps(report.get('settings', {})))}</footer>
@@ -175,14 +174,15 @@ def figures(report: dict, latencies: dict[str, np.ndarray]) -> dict[str, bytes]:
     return out
 
 
-def write_report(folder: Path, report: dict, latencies: dict[str, np.ndarray] | None = None) -> None:
+def write_report(folder: Path, report: dict, latencies: dict[str, BlockedSamples] | None = None,
+                 predictions: Predictions | None = None) -> None:
     """Write every report file into ``folder`` (the caller makes the folder swap atomic)."""
     folder.mkdir(parents=True, exist_ok=True)
     if latencies is not None:
         save_samples(folder, latencies)
-    else:
-        latencies = load_samples(folder)
-    figs = figures(report, latencies)
+    if predictions is not None:
+        predictions.save(folder)
+    figs = figures(report, load_samples(folder))
     for name, png in figs.items():
         (folder / name).write_bytes(png)
     (folder / REPORT_JSON).write_text(json.dumps(report, indent=2) + "\n")

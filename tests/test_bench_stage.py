@@ -21,7 +21,7 @@ def bench_run(tmp_path_factory):
     config = copy.deepcopy(TINY)
     config["latency"] = {"p99_budget_ms": 1000.0, "batch_size": 1}
     config["red_line"] = {"metric": "top1", "max_drop": 0.5}
-    config["stages"] += [{"name": "export", "kind": "export", "parity": {"samples": 32}}, dict(FAST_BENCH)]
+    config["stages"] += [{"name": "export", "kind": "export", "parity": {"samples": 32}}, dict(FAST_BENCH, repeats=2)]
     path = folder / "pipeline.yaml"
     path.write_text(yaml.safe_dump(config))
     run_dir = folder / "run"
@@ -51,6 +51,102 @@ def test_report_json_has_the_documented_keys(bench_run):
     gate = report["gate"]
     assert {"p99_budget_ms", "max_accuracy_drop", "passed", "release", "reasons"} <= set(gate)
     assert gate["passed"] and gate["release"] in names
+
+
+def test_every_gated_number_carries_its_interval(bench_run):
+    _, _, run_dir = bench_run
+    folder = run_dir / "bench" / "report"
+    report = json.loads((folder / "report.json").read_text())
+    torch_entry, onnx_entry = report["artifacts"]
+    for art in report["artifacts"]:
+        lo, hi = art["accuracy_ci"]["top1"]
+        assert lo < art["accuracy"]["top1"] < hi and hi - lo > 2  # 359 images: several points wide
+        lat = art["latency_ms"]
+        assert lat["p99_ci_blocks"][0] <= lat["p99"] <= lat["p99_ci_blocks"][1] and lat["blocks"] >= 4
+        assert art["repeats"]["k"] == 2 and len(art["repeats"]["per_repeat"]) == 2
+        assert set(art["repeats"]["spread"]["p99"]) >= {"min", "max", "max_over_min"}
+    assert torch_entry["accuracy_paired"]["reference"] and torch_entry["latency_ratio"] is None
+    paired = onnx_entry["accuracy_paired"]
+    assert paired["n"] == 359 and paired["method"] == "tango-score"
+    assert paired["drop_ci"][0] <= paired["drop"] <= paired["drop_ci"][1]
+    ratio = onnx_entry["latency_ratio"]["p99"]
+    assert ratio["ci"][0] <= ratio["ratio"] <= ratio["ci"][1] and ratio["verdict"] in ("faster", "slower",
+                                                                                       "not distinguishable")
+    assert report["gate"]["decision"] == "confident" and report["data"]["smallest_certifiable_drop"] > 1.0
+    # The ONNX file of the same weights: (almost) no image differs, yet 359 images cannot show a 0.5-point red
+    # line, so the confident gate releases the baseline and says what it would take.
+    assert report["gate"]["release"] == "train.model"
+    assert any("export.onnx" in r and "test images" in r for r in report["gate"]["reasons"])
+    md = (folder / "report.md").read_text()
+    assert "p99 CI blocks" in md and "drop points [95% CI]" in md and "## Run-to-run spread" in md
+    assert "## Latency against the baseline (block-paired)" in md and "decision: confident" in md
+
+
+def test_predictions_are_kept_per_image_and_pair_with_the_report(bench_run):
+    from serve_bench.predictions import hits, load_predictions
+
+    _, _, run_dir = bench_run
+    folder = run_dir / "bench" / "report"
+    report = json.loads((folder / "report.json").read_text())
+    predictions = load_predictions(folder)  # numpy arrays only, read with allow_pickle=False
+    assert predictions.test_digest == report["data"]["test_digest"]
+    assert set(predictions.topk) == {"train.model", "export.onnx"} and predictions.topk["export.onnx"].shape == (359, 5)
+    for art in report["artifacts"]:
+        top1 = hits(predictions.topk[art["name"]], predictions.labels, "top1")
+        assert 100 * top1.mean() == pytest.approx(art["accuracy"]["top1"], abs=1e-3)
+    base = hits(predictions.topk["train.model"], predictions.labels, "top1")
+    onnx = hits(predictions.topk["export.onnx"], predictions.labels, "top1")
+    paired = report["artifacts"][1]["accuracy_paired"]
+    assert (int((base & ~onnx).sum()), int((~base & onnx).sum())) == (paired["baseline_only"], paired["artifact_only"])
+
+
+def test_gate_decision_can_be_chosen_at_the_command_line(bench_run, capsys):
+    _, _, run_dir = bench_run
+    assert main(["gate", str(run_dir), "--decision", "point", "--max-drop", "0.5"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "export.onnx is within the red line on the point estimate" in out  # said, though it passed
+    # Only the ONNX file may ship: on points it passes, at 95% the test set is too small (exit 1, with why).
+    report = run_dir / "bench" / "report" / "report.json"
+    data = json.loads(report.read_text())
+    data["artifacts"] = data["artifacts"][1:]
+    only_onnx = report.parent.parent / "only_onnx.json"
+    only_onnx.write_text(json.dumps(data))
+    assert main(["gate", str(only_onnx), "--decision", "point"]) == 0
+    assert main(["gate", str(only_onnx), "--decision", "confident"]) == 1
+    assert "test images" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        main(["gate", str(run_dir), "--decision", "maybe"])
+
+
+def test_compare_pairs_runs_on_the_same_test_split_and_refuses_others(bench_run, tmp_path, capsys):
+    _, path, run_dir = bench_run
+    other = copy.deepcopy(TINY)
+    other["data"] = {"name": "digits", "split_seed": 1}
+    other_path = tmp_path / "other.yaml"
+    other_path.write_text(yaml.safe_dump(other))
+    assert main(["run", str(other_path), "--run-dir", str(tmp_path / "other")]) == 0
+    out = tmp_path / "cmp"
+    assert main(["compare", str(run_dir), str(run_dir), "--artifact", "train.model", "--out", str(out)]) == 0
+    report = json.loads((out / "report.json").read_text())
+    first, second = report["artifacts"]
+    assert first["name"] == "run:train.model" and second["name"] == "run-2:train.model"
+    assert second["accuracy_paired"]["discordant"] == 0 and second["accuracy_drop"] == 0.0  # the same file
+    assert second["latency_ratio"]["p99"]["rounds"] >= 4
+    assert "## Comparison of runs" in (out / "report.md").read_text()
+    assert (out / "predictions.npz").is_file()
+    refused = tmp_path / "cmp2"
+    assert main(["compare", str(run_dir), str(tmp_path / "other"), "--artifact", "train.model",
+                 "--out", str(refused)]) == 0
+    report = json.loads((refused / "report.json").read_text())
+    assert report["artifacts"][1]["accuracy_drop"] is None
+    assert "another test split" in report["artifacts"][1]["accuracy_paired"]["unpaired"]
+    assert [r["paired"] for r in report["comparison"]["runs"]] == [True, False]
+    captured = capsys.readouterr()
+    assert "pairing refused" in " ".join((captured.out + captured.err).split())
+    assert main(["compare", str(run_dir), str(tmp_path / "other"), "--out", str(refused)]) == 2  # exists: never
+    assert "a comparison never overwrites one" in capsys.readouterr().err                    # overwritten
+    assert main(["compare", str(run_dir), str(tmp_path / "other"), "--out", str(tmp_path / "c3")]) == 2
+    assert "no bench report" in capsys.readouterr().err  # the other run released nothing: name an artifact
 
 
 def test_report_files_are_self_contained(bench_run):

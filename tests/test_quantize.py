@@ -410,3 +410,22 @@ def test_the_int8_engine_is_built_from_the_trt_flavour_file(tmp_path, monkeypatc
                                                        "tensorrt": {"precision": "int8"}})
     assert code == 0 and built["precision"] == "int8"
     assert built["onnx"] == tmp_path / "run" / "quantize" / "onnx_trt" / "model.onnx"
+
+
+def test_the_int8_flag_reads_the_block_paired_ratio_interval():
+    def ratio(lo, hi, verdict):
+        return {"ratio": (lo + hi) / 2, "ci": [lo, hi], "rounds": 12, "verdict": verdict}
+
+    fp32 = _entry("export.onnx", "fp32", 1.0, 2.0)
+    faster = _entry("q", "int8", 1.0, 2.0, int8_vs_fp32={"reference": "export.onnx", "p50": ratio(0.5, 0.7, "faster"),
+                                                            "p99": ratio(0.6, 0.9, "faster")})
+    assert quantized_not_faster([fp32, faster]) == []  # the interval decides, not the (equal) point estimates
+    unclear = _entry("q", "int8", 0.5, 1.0, int8_vs_fp32={"reference": "export.onnx",
+                                                          "p50": ratio(0.5, 0.7, "faster"),
+                                                          "p99": ratio(0.8, 1.2, "not distinguishable")})
+    flag = quantized_not_faster([fp32, unclear])[0]
+    assert flag.startswith("q (int8) is not shown faster than export.onnx (fp32)")
+    assert "p99 ×1.00 (95% CI 0.80–1.20): not distinguishable" in flag
+    slower = _entry("q", "int8", 0.5, 1.0, int8_vs_fp32={"reference": "export.onnx", "p50": ratio(1.1, 1.3, "slower"),
+                                                         "p99": ratio(0.8, 1.2, "not distinguishable")})
+    assert quantized_not_faster([fp32, slower])[0].startswith("q (int8) is slower than export.onnx")

@@ -10,7 +10,8 @@ from rich.table import Table
 
 from compress.errors import ArtifactError
 from compress.pipeline.manifest import Manifest
-from serve_bench.report import REPORT_JSON, load_samples, write_report
+from serve_bench.predictions import PREDICTIONS_FILE
+from serve_bench.report import REPORT_JSON, SAMPLES_FILE, write_report
 from train.atomic_io import atomic_dir
 from train.hardware import isa_differences, isa_facts, isa_words
 
@@ -69,11 +70,11 @@ def foreign_isa_note(report: dict, source: Path) -> str | None:
 def rerender(report: dict, path: Path) -> Path:
     """Re-write the report files beside ``path`` (a loaded report.json) from ``report``."""
     folder = path.parent
-    latencies = load_samples(folder)
     with atomic_dir(folder) as fresh:
-        if (folder / "latencies.npz").is_file():
-            shutil.copy2(folder / "latencies.npz", fresh / "latencies.npz")
-        write_report(fresh, report, latencies or None)
+        for kept in (SAMPLES_FILE, PREDICTIONS_FILE):  # the measurements themselves are never rewritten
+            if (folder / kept).is_file():
+                shutil.copy2(folder / kept, fresh / kept)
+        write_report(fresh, report)
     return folder
 
 
@@ -83,8 +84,9 @@ def print_gate(result: dict, source: Path, console: Console) -> None:
     table.add_column("release")
     table.add_column("p99 budget ms", justify="right")
     table.add_column("max drop", justify="right")
+    table.add_column("decision")
     table.add_row("[green]PASSED[/]" if result["passed"] else "[red]FAILED[/]", str(result["release"]),
-                  str(result["p99_budget_ms"]), str(result["max_accuracy_drop"]))
+                  str(result["p99_budget_ms"]), str(result["max_accuracy_drop"]), result.get("decision", "point"))
     console.print(table)
     for note in result.get("notes", []):
         console.print(f"note: {note}", style="yellow", highlight=False)

@@ -9,11 +9,13 @@ from rich.table import Table
 from compress.config import StageConfig
 from compress.errors import ArtifactError, ConfigError
 from compress.stages.base import InputArtifact, Output, Stage, StageContext, StageResult
-from serve_bench.bench import ArtifactSpec, BenchSettings, run_benchmark
+from serve_bench.bench import ArtifactSpec, BenchSettings, TestSet, run_benchmark
 from serve_bench.gate import evaluate, quantized_not_faster
 from serve_bench.harness import HarnessSettings
-from serve_bench.report import write_report
-from train.data import BatchStream
+from serve_bench.latency_intervals import too_few_blocks
+from serve_bench.report import test_set_facts, write_report
+from serve_bench.report_tables import main_table
+from train.data import BatchStream, DataBundle
 
 BACKENDS = {"torch-model": "torch", "onnx": "onnxruntime", "trt-engine": "tensorrt"}
 
@@ -31,6 +33,8 @@ class BenchConfig(StageConfig, HarnessSettings):
                                                  "output left there")
     min_samples: int = Field(1000, ge=1, description="a p99 from fewer samples is refused")
     per_class: bool = False
+    repeats: int = Field(1, ge=1, le=20, description="repeat the whole interleaved measurement this many times and "
+                                                      "report each percentile's spread across repeats")
 
     @model_validator(mode="after")
     def _floor(self) -> "BenchConfig":
@@ -45,13 +49,13 @@ class BenchStage(Stage):
     Config = BenchConfig
     collects_deployable = True
     produces = ("report",)
-    uses = ("seed", "data", "model", "red_line", "latency")
+    uses = ("seed", "data", "model", "red_line", "latency", "gate")
     keyed_on_environment = True
 
     def run(self, ctx: StageContext, inputs: dict[str, InputArtifact]) -> StageResult:
         cfg: BenchConfig = self.config  # type: ignore[assignment]
         data, pipeline = ctx.data, ctx.pipeline
-        specs = [_spec(a, cfg) for a in inputs.values()]
+        specs = [artifact_spec(a, cfg) for a in inputs.values()]
         if not specs:
             raise ArtifactError(f"stage {ctx.name!r} found no deployable artifact to measure; add a train stage first")
         baseline = cfg.baseline or next((s.name for s in specs if s.backend == "torch"), None)
@@ -59,29 +63,29 @@ class BenchStage(Stage):
             raise ArtifactError(f"stage {ctx.name!r}: baseline {baseline!r} is not among the measured artifacts "
                                 f"({', '.join(s.name for s in specs)})")
         batch = cfg.batch_size or pipeline.latency.batch_size
-        test = next(BatchStream(data.test, data, len(data.test), shuffle=False, drop_last=False).epoch(0))
-        images, labels = test[0].numpy(), test[1].numpy()
-        if len(images) < batch:
-            raise ConfigError(f"stages.{ctx.name}.batch_size: {batch} is more than the {len(images)} test images")
-        pool = images[: max(batch * 64, 256)]
+        test = test_set_of(data)
+        if len(test.labels) < batch:
+            raise ConfigError(f"stages.{ctx.name}.batch_size: {batch} is more than the {len(test.labels)} test images")
         harness = HarnessSettings(**cfg.model_dump(include=set(HarnessSettings.model_fields)))
         settings = BenchSettings(harness=harness, batch_size=batch, threads=cfg.threads, device=cfg.device,
-                                 device_only=cfg.device_only, min_samples=cfg.min_samples, per_class=cfg.per_class)
-        metric = pipeline.red_line.metric
+                                 device_only=cfg.device_only, min_samples=cfg.min_samples, per_class=cfg.per_class,
+                                 repeats=cfg.repeats)
+        metric, max_drop = pipeline.red_line.metric, pipeline.red_line.max_drop
         ctx.log(f"measuring {len(specs)} artifacts interleaved (batch {batch}, ≥{cfg.min_iters} requests and "
-                f"≥{cfg.min_duration_s:g}s each), baseline {baseline}")
-        entries, latencies, _ = run_benchmark(specs, baseline, pool, images, labels, settings, metric)
-        gate = evaluate(entries, pipeline.latency.p99_budget_ms, pipeline.red_line.max_drop,
-                        accuracy_meaningful=data.meaningful_accuracy)
+                f"≥{cfg.min_duration_s:g}s each{f', {cfg.repeats} repeats' if cfg.repeats > 1 else ''}), "
+                f"baseline {baseline}")
+        result = run_benchmark(specs, baseline, test, settings, metric, max_drop)
+        gate = evaluate(result.entries, pipeline.latency.p99_budget_ms, max_drop,
+                        accuracy_meaningful=data.meaningful_accuracy, decision=pipeline.gate.decision)
         env = ctx.environment  # the runner's fingerprint, the same one the stage record names
-        flags = quantized_not_faster(entries, env["isa"])
-        report = {"pipeline": pipeline.name, "baseline": baseline, "metric": metric, "artifacts": entries,
+        flags = quantized_not_faster(result.entries, env["isa"])
+        flags += [f for f in [too_few_blocks(result.entries)] if f]
+        report = {"pipeline": pipeline.name, "baseline": baseline, "metric": metric, "artifacts": result.entries,
                   "gate": gate, "flags": flags, "environment": env, "settings": {**cfg.model_dump(mode="json"),
                                                                            "batch_size": batch},
-                  "data": {"name": data.name, "test_images": len(labels),
-                           "meaningful_accuracy": data.meaningful_accuracy}}
+                  "data": test_set_facts(data.name, test, data.meaningful_accuracy)}
         with ctx.atomic_output_dir("report") as folder:
-            write_report(folder, report, latencies)
+            write_report(folder, report, result.latencies, result.predictions)
         ctx.console.print(summary_table(report))
         verdict = "passed" if gate["passed"] else "FAILED"
         ctx.log(f"gate {verdict}: release {gate['release']}" + "".join(f"\n  - {r}" for r in gate["reasons"]))
@@ -90,15 +94,20 @@ class BenchStage(Stage):
         for flag in flags:
             ctx.log(f"flag: {flag}", style="yellow")
         metrics = {"gate_passed": gate["passed"], "release": gate["release"], "gate_reasons": gate["reasons"],
-                   "gate_decided_on": gate["decided_on"],
-                   "flags": flags,
+                   "gate_decided_on": gate["decided_on"], "gate_decision": gate["decision"], "flags": flags,
                    "summary": f"gate {verdict}, release {gate['release']}"}
         return StageResult(outputs=[Output("report", "report", ctx.stage_dir / "report",
                                            meta={"passed": gate["passed"]})],
                            metrics=metrics)
 
 
-def _spec(artifact: InputArtifact, cfg: BenchConfig) -> ArtifactSpec:
+def test_set_of(data: DataBundle) -> TestSet:
+    """The test split as the arrays every artifact is judged on, in a fixed order (so results pair)."""
+    images, labels = next(BatchStream(data.test, data, len(data.test), shuffle=False, drop_last=False).epoch(0))
+    return TestSet(images.numpy(), labels.numpy())
+
+
+def artifact_spec(artifact: InputArtifact, cfg: BenchConfig) -> ArtifactSpec:
     backend = BACKENDS.get(artifact.kind)
     if backend is None:
         raise ArtifactError(f"{artifact.name} is a {artifact.kind!r}, which no benchmark runner can load "
@@ -133,16 +142,19 @@ def _refusal(meta: dict) -> str | None:
     return None
 
 
+CONSOLE_COLUMNS = ("artifact", "% [95% CI]", "drop points [95% CI]", "p50 ms", "p99 ms", "p99 CI blocks",
+                   "speed-up p99 [CI]")
+
+
 def summary_table(report: dict) -> Table:
-    metric = report.get("metric", "top1")
-    table = Table(title=f"benchmark — gate {'passed' if report['gate']['passed'] else 'FAILED'}, "
-                        f"release {report['gate']['release']}")
-    for col in ("artifact", "backend", f"{metric} %", "drop", "p50 ms", "p99 ms", "p99 95% CI", "speed-up"):
-        table.add_column(col, justify="left" if col in ("artifact", "backend") else "right")
-    for a in report["artifacts"]:
-        lat = a["latency_ms"]
-        style = "bold green" if a["name"] == report["gate"]["release"] else None
-        table.add_row(a["name"], a["backend"], f"{a['accuracy'][metric]:.2f}", f"{a['accuracy_drop']:+.2f}",
-                      f"{lat['p50']:.3f}", f"{lat['p99']:.3f}", f"{lat['p99_ci'][0]:.3f}–{lat['p99_ci'][1]:.3f}",
-                      f"{a['speedup_p99']:.2f}×", style=style)
+    """The report's main table, the columns the gate decides on."""
+    head, rows = main_table(report)
+    keep = [i for i, h in enumerate(head) if any(h.endswith(c) for c in CONSOLE_COLUMNS)]
+    gate = report["gate"]
+    table = Table(title=f"benchmark — gate {'passed' if gate['passed'] else 'FAILED'} "
+                        f"({gate.get('decision', 'point')}), release {gate['release']}")
+    for i in keep:
+        table.add_column(head[i], justify="left" if head[i] in ("artifact", "backend") else "right")
+    for row in rows:
+        table.add_row(*(row[i] for i in keep), style="bold green" if row[0] == gate["release"] else None)
     return table

@@ -1,0 +1,173 @@
+"""`compress compare`: the artifacts of several runs, measured against each other in one run.
+
+Latencies from two runs' reports were taken at different times on a machine whose p99 moves
+by 3× between runs, so they cannot be compared; their accuracies, though measured on the same
+images, lose the pairing once only the totals are kept. So compare measures the chosen
+artifact of every run again, interleaved in one measurement, and pairs their predictions
+image by image where the runs share the test split digest. Where they do not (another data
+set, another split), pairing would compare different images: it is refused with the reason,
+and each accuracy is reported on its own run's test split.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from compress.errors import ArtifactError, ConfigError, DataInputError
+from compress.pipeline.bench_report import find_report, load_report
+from compress.pipeline.fingerprint import environment
+from compress.pipeline.manifest import Manifest
+from compress.pipeline.pipeline_file import Pipeline, load_pipeline
+from compress.stages.base import InputArtifact
+from compress.stages.bench_stage import BenchConfig, artifact_spec, summary_table, test_set_of
+from serve_bench.bench import BenchSettings, TestSet, run_benchmark
+from serve_bench.gate import evaluate
+from serve_bench.harness import HarnessSettings
+from serve_bench.report import test_set_facts, write_report
+from serve_bench.report_tables import comparison_table
+from train.atomic_io import atomic_dir
+from train.data import DataError, DataSpec, load_data
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class ComparedRun:
+    run_dir: Path
+    label: str  # the run directory's name, made unique
+    pipeline: Pipeline
+    report: dict | None  # its last bench report, where it has one
+    artifact: InputArtifact
+    test: TestSet
+    meaningful_accuracy: bool
+
+
+def default_out() -> Path:
+    return Path("runs") / time.strftime("compare-%Y%m%d-%H%M%S")
+
+
+def _chosen(run_dir: Path, manifest: Manifest, report: dict | None, name: str | None) -> InputArtifact:
+    if name is None:
+        if report is None:
+            raise ConfigError(f"{run_dir}: it has no bench report, so no released artifact to compare; name one "
+                              "with --artifact (e.g. --artifact train.model)")
+        name = report["gate"].get("release")
+        if name is None:
+            raise ConfigError(f"{run_dir}: its gate released nothing, so there is no default artifact to compare; "
+                              f"name one with --artifact (e.g. --artifact {report['baseline']})")
+    record = manifest.artifacts.get(name)
+    if record is None:
+        raise ConfigError(f"{run_dir}: no artifact {name!r} in its manifest "
+                          f"(it has {', '.join(sorted(manifest.artifacts))}); fix --artifact")
+    problem = manifest.verify(run_dir, name)
+    if problem:
+        raise ArtifactError(f"{run_dir}: artifact {name}: {problem}; re-run that run's stage {record.stage!r}")
+    return InputArtifact(name, record.kind, manifest.resolve_path(run_dir, record), record.meta, record.size_bytes)
+
+
+def _test_set(run_dir: Path, pipeline: Pipeline, cache: dict[str, tuple]) -> tuple[TestSet, bool]:
+    """The run's test split, and whether its labels mean anything (not synthetic)."""
+    spec = DataSpec(**pipeline.config.data.model_dump(exclude={"independent_test"}))
+    key = repr(spec)
+    if key not in cache:
+        try:
+            data = load_data(spec)
+        except DataError as exc:
+            raise DataInputError(f"{run_dir / 'pipeline.resolved.yaml'}: data: {exc}") from exc
+        cache[key] = (test_set_of(data), data.meaningful_accuracy)
+    return cache[key]
+
+
+def load_runs(run_dirs: list[Path], artifact: str | None) -> list[ComparedRun]:
+    runs, labels, tests = [], set(), {}
+    for run_dir in run_dirs:
+        manifest = Manifest.load(run_dir)
+        resolved = run_dir / "pipeline.resolved.yaml"
+        if manifest is None or not resolved.is_file():
+            raise ConfigError(f"{run_dir}: not a run directory (needs manifest.json and pipeline.resolved.yaml); "
+                              "give the folder `compress run` wrote")
+        report = load_report(run_dir)[0] if find_report(run_dir).is_file() else None
+        pipeline = load_pipeline(resolved)
+        label, i = run_dir.resolve().name, 2
+        while label in labels:
+            label, i = f"{run_dir.resolve().name}-{i}", i + 1
+        labels.add(label)
+        runs.append(ComparedRun(run_dir, label, pipeline, report, _chosen(run_dir, manifest, report, artifact),
+                                *_test_set(run_dir, pipeline, tests)))
+    return runs
+
+
+def _settings(first: ComparedRun, repeats: int) -> tuple[BenchSettings, BenchConfig]:
+    """The reference run's measurement protocol (its bench settings), so the figures are comparable to its report."""
+    saved = {k: v for k, v in (first.report or {}).get("settings", {}).items() if k in BenchConfig.model_fields}
+    saved.update(name="compare", kind="bench", repeats=repeats)
+    try:
+        cfg = BenchConfig(**saved)
+    except ValueError as exc:
+        raise ArtifactError(f"{first.run_dir}: its report's bench settings no longer validate ({exc})") from exc
+    batch = cfg.batch_size or first.pipeline.config.latency.batch_size
+    harness = HarnessSettings(**cfg.model_dump(include=set(HarnessSettings.model_fields)))
+    return BenchSettings(harness=harness, batch_size=batch, threads=cfg.threads, device=cfg.device,
+                         device_only=cfg.device_only, min_samples=cfg.min_samples, repeats=repeats), cfg
+
+
+def compare_runs(run_dirs: list[Path], out: Path, console: Console, artifact: str | None = None,
+                 repeats: int = 1) -> dict:
+    if out.exists():
+        raise ConfigError(f"--out {out}: it exists; give a new folder (a comparison never overwrites one)")
+    runs = load_runs(run_dirs, artifact)
+    first = runs[0]
+    settings, cfg = _settings(first, repeats)
+    specs, own_tests = [], {}
+    for run in runs:
+        spec = artifact_spec(run.artifact, cfg)
+        spec.name = f"{run.label}:{run.artifact.name}"
+        spec.extra = {"run": str(run.run_dir), "run_artifact": run.artifact.name}
+        specs.append(spec)
+        own_tests[spec.name] = run.test
+    limits = first.pipeline.config
+    metric = limits.red_line.metric
+    console.print(f"comparing {', '.join(s.name for s in specs)}: one interleaved measurement, "
+                  f"reference {specs[0].name}", highlight=False)
+    result = run_benchmark(specs, specs[0].name, first.test, settings, metric, limits.red_line.max_drop,
+                           own_tests=own_tests)
+    meaningful = first.meaningful_accuracy
+    report = {"pipeline": "compare", "baseline": specs[0].name, "metric": metric, "artifacts": result.entries,
+              "gate": evaluate(result.entries, limits.latency.p99_budget_ms, limits.red_line.max_drop,
+                               accuracy_meaningful=meaningful, decision=limits.gate.decision),
+              "flags": [f"{name}: {why}" for name, why in result.unpaired.items()],
+              "environment": environment(), "settings": {**cfg.model_dump(mode="json"), "batch_size": settings.batch_size},
+              "data": test_set_facts(first.pipeline.config.data.name, first.test, meaningful),
+              "comparison": {"runs": [{"run": str(r.run_dir), "label": r.label, "artifact": r.artifact.name,
+                                       "test_digest": r.test.digest, "paired": s.name not in result.unpaired}
+                                      for r, s in zip(runs, specs)],
+                             "reference": specs[0].name}}
+    with atomic_dir(out) as folder:
+        write_report(folder, report, result.latencies, result.predictions)
+    console.print(summary_table(report))
+    console.print(_console_table(report))
+    for flag in report["flags"]:
+        console.print(f"pairing refused: {flag}", style="yellow", highlight=False)
+    console.print(f"comparison report in {out}", highlight=False)
+    return report
+
+
+CONSOLE_COLUMNS = ("run", "M MACs", "drop vs reference [95% CI]", "only reference / only this right",
+                   "p50 ratio [95% CI]", "p99 ratio [95% CI]")
+
+
+def _console_table(report: dict) -> Table:
+    """The comparison's deciding columns (report.md has them all)."""
+    head, rows = comparison_table(report)
+    keep = [head.index(c) for c in CONSOLE_COLUMNS]
+    table = Table(title="comparison against " + report["baseline"])
+    for i in keep:
+        table.add_column(head[i], justify="left" if head[i] == "run" else "right")
+    for row in rows:
+        table.add_row(*(row[i] for i in keep))
+    return table

@@ -1,0 +1,136 @@
+"""The report's tables as plain rows of text, rendered alike into report.md, report.html and the console.
+
+Every number the gate decides on is shown with its 95% interval beside it: accuracy (Wilson),
+the drop against the baseline (paired), the p99 (per request and over blocks) and the
+speed-up, so a reader sees at once which differences are real.
+"""
+from __future__ import annotations
+
+Table = tuple[list[str], list[list[str]]]
+
+
+def fmt(value, digits: int = 3) -> str:
+    return "—" if value is None else f"{value:.{digits}f}"
+
+
+def interval(pair, digits: int = 3) -> str:
+    return "—" if not pair else f"{pair[0]:.{digits}f}–{pair[1]:.{digits}f}"
+
+
+def _drop(art: dict) -> str:
+    paired = art.get("accuracy_paired") or {}
+    if paired.get("reference"):
+        return "0 (reference)"
+    if "unpaired" in paired:
+        return "not paired"
+    if "drop_ci" not in paired:
+        return fmt(art.get("accuracy_drop"), 2)
+    lo, hi = paired["drop_ci"]
+    return f"{art['accuracy_drop']:.2f} [{lo:.2f}, {hi:.2f}]"
+
+
+def _disagree(art: dict) -> str:
+    paired = art.get("accuracy_paired") or {}
+    if "baseline_only" not in paired or paired.get("reference"):
+        return "—"
+    return f"{paired['baseline_only']} / {paired['artifact_only']}"
+
+
+def _speedup(art: dict) -> str:
+    ci = art.get("speedup_p99_ci")
+    return f"{art['speedup_p99']:.2f}×" + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci and art.get("latency_ratio") else "")
+
+
+def main_table(report: dict) -> Table:
+    metric = report.get("metric", "top1")
+    head = ["artifact", "backend", "precision", f"{metric} % [95% CI]", "drop points [95% CI]",
+            "only baseline / only artifact right", "p50 ms", "p99 ms", "p99 CI per request", "p99 CI blocks",
+            "speed-up p99 [CI]", "throughput /s", "size MB"]
+    rows = []
+    for a in report["artifacts"]:
+        lat, acc_ci = a["latency_ms"], (a.get("accuracy_ci") or {}).get(metric)
+        accuracy = fmt(a["accuracy"].get(metric), 2) + (f" [{acc_ci[0]:.2f}, {acc_ci[1]:.2f}]" if acc_ci else "")
+        rows.append([a["name"], a["backend"], a["precision"], accuracy, _drop(a), _disagree(a), fmt(lat["p50"]),
+                     fmt(lat["p99"]), interval(lat.get("p99_ci")), interval(lat.get("p99_ci_blocks")), _speedup(a),
+                     f"{a['throughput']:,.0f}", f"{a['size_bytes'] / 2**20:.2f}"])
+    return head, rows
+
+
+def ratio_table(report: dict) -> Table:
+    """Each artifact's latency over the baseline's (below 1: faster), intervals from block pairing."""
+    head = ["artifact", "p50 ratio [95% CI]", "p50 verdict", "p99 ratio [95% CI]", "p99 verdict", "paired rounds"]
+    rows = []
+    for a in report["artifacts"]:
+        ratio = a.get("latency_ratio")
+        if not ratio:
+            continue
+        cells = [f"{ratio[k]['ratio']:.3f} [{ratio[k]['ci'][0]:.3f}, {ratio[k]['ci'][1]:.3f}]" for k in ("p50", "p99")]
+        rows.append([a["name"], cells[0], ratio["p50"]["verdict"], cells[1], ratio["p99"]["verdict"],
+                     str(ratio["p99"]["rounds"])])
+    return head, rows
+
+
+def repeat_table(report: dict) -> Table:
+    head = ["artifact", "repeats", "p50 min–max ms", "p99 min–max ms", "p99 max/min"]
+    rows = []
+    for a in report["artifacts"]:
+        rep = a.get("repeats")
+        if not rep:
+            continue
+        spread = rep["spread"]
+        rows.append([a["name"], str(rep["k"]), f"{spread['p50']['min']:.3f}–{spread['p50']['max']:.3f}",
+                     f"{spread['p99']['min']:.3f}–{spread['p99']['max']:.3f}",
+                     fmt(spread["p99"]["max_over_min"], 2)])
+    return head, rows
+
+
+def ladder_table(report: dict) -> Table:
+    """One row per INT8 rung tried: artifact, rung, verdict, validation accuracy and drop per flavour,
+    layers kept in float, file sizes, the in-stage latency of the CPU file against its fp32 ONNX,
+    and why the ladder climbed past the rung."""
+    metric, rows = report.get("metric", "top1"), []
+    head = ["artifact", "rung", "red line (val)", "val accuracy (drop) per flavour", "float layers", "size KB",
+            "p50 ms int8 / fp32", "why it climbed"]
+    for art in report["artifacts"]:
+        ladder = art.get("quantization")
+        if not ladder:
+            continue
+        climbed = ladder.get("climbed", [])
+        for i, rung in enumerate(ladder.get("rungs", [])):
+            flavours = ", ".join(f"{f} {r.get(f'val_{metric}', float('nan')):.2f}% ({r['drop']:+.2f})"
+                                 for f, r in rung["flavours"].items())
+            sizes = ", ".join(f"{f} {r['size_bytes'] / 1024:.0f}" for f, r in rung["flavours"].items())
+            lat = rung.get("latency") or {}
+            latency = f"{lat['int8_p50_ms']:.3f} / {lat['fp32_p50_ms']:.3f}" if lat else "—"
+            chosen = " ← shipped" if rung["rung"] == ladder["rung"] else ""
+            why = climbed[i].split(": ", 1)[-1] if i < len(climbed) else ""
+            rows.append([art["name"], rung["rung"] + chosen, "within" if rung["within_red_line"] else "over",
+                         flavours, str(rung["float_layers"]), sizes, latency, why])
+    return head, rows
+
+
+def comparison_table(report: dict) -> Table:
+    """`compress compare`: each run's artifact against the first run's, accuracy paired image by image
+    where the test splits match, latency as block-paired ratios."""
+    metric, runs = report.get("metric", "top1"), (report.get("comparison") or {}).get("runs", [])
+    head = ["run", "artifact", "M MACs", "params", f"{metric} % [95% CI]", "drop vs reference [95% CI]",
+            "only reference / only this right", "p99 ms [CI blocks]", "p50 ratio [95% CI]", "p99 ratio [95% CI]"]
+    rows = []
+    for run, a in zip(runs, report["artifacts"]):
+        ratio = a.get("latency_ratio") or {}
+        ratios = [f"{ratio[k]['ratio']:.3f} [{ratio[k]['ci'][0]:.3f}, {ratio[k]['ci'][1]:.3f}]" if k in ratio
+                  else "1 (reference)" for k in ("p50", "p99")]
+        acc_ci = (a.get("accuracy_ci") or {}).get(metric)
+        lat = a["latency_ms"]
+        rows.append([run["label"], run["artifact"], fmt(a["macs"] / 1e6 if a.get("macs") else None, 2),
+                     f"{a['params']:,}" if a.get("params") else "—",
+                     fmt(a["accuracy"].get(metric), 2) + (f" [{acc_ci[0]:.2f}, {acc_ci[1]:.2f}]" if acc_ci else ""),
+                     _drop(a), _disagree(a), f"{lat['p99']:.3f} [{interval(lat.get('p99_ci_blocks'))}]", *ratios])
+    return head, rows
+
+
+def sections(report: dict) -> list[tuple[str, Table]]:
+    """The tables after the main one, each with its heading; empty ones left out."""
+    out = [("Comparison of runs", comparison_table(report)),("Latency against the baseline (block-paired)", ratio_table(report)),
+           ("Run-to-run spread", repeat_table(report)), ("INT8 ladder", ladder_table(report))]
+    return [(title, table) for title, table in out if table[1]]
