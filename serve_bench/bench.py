@@ -158,10 +158,11 @@ def run_benchmark(specs: list[ArtifactSpec], baseline: str, test: TestSet, setti
                                    f"baseline's {base_test.digest[:12]}…): its accuracy is its own, not paired")
     base_hits = predictions.hits(baseline, metric)
     latency = {name: _latency(b, settings) for name, b in blocked.items()}
-    base_acc = accuracy(logits[baseline], base_test.labels)[metric]
+    accuracies = {s.name: accuracy(logits[s.name], tests[s.name].labels, settings.per_class) for s in specs}
+    base_acc = accuracies[baseline][metric]
     entries = []
     for spec in specs:
-        acc = accuracy(logits[spec.name], tests[spec.name].labels, settings.per_class)
+        acc = accuracies[spec.name]
         lat, wall = latency[spec.name], measured["walls"][spec.name]
         entry = {
             "name": spec.name, "stage": spec.stage, "backend": spec.backend, "precision": spec.precision,

@@ -182,7 +182,8 @@ def write_report(folder: Path, report: dict, latencies: dict[str, BlockedSamples
         save_samples(folder, latencies)
     if predictions is not None:
         predictions.save(folder)
-    figs = figures(report, load_samples(folder))
+    flat = {name: b.flat for name, b in latencies.items()} if latencies is not None else load_samples(folder)
+    figs = figures(report, flat)
     for name, png in figs.items():
         (folder / name).write_bytes(png)
     (folder / REPORT_JSON).write_text(json.dumps(report, indent=2) + "\n")

@@ -64,3 +64,16 @@ def test_spread_across_repeats():
     spread = repeat_spread([{"p50": 1.0, "p99": 2.0}, {"p50": 1.2, "p99": 6.0}, {"p50": 1.1, "p99": 3.0}])
     assert spread["p99"]["min"] == 2.0 and spread["p99"]["max"] == 6.0 and spread["p99"]["max_over_min"] == 3.0
     assert spread["p50"]["std"] == pytest.approx(0.1)
+
+
+def test_saved_samples_keep_their_blocks_and_old_files_still_read(tmp_path):
+    from serve_bench.report import SAMPLES_FILE, load_blocked, save_samples
+
+    blocked = BlockedSamples([np.arange(3.0), np.arange(5.0), np.arange(2.0)], [0, 1, 3])
+    save_samples(tmp_path, {"a": blocked})
+    again = load_blocked(tmp_path)["a"]
+    assert again.rounds == [0, 1, 3] and [len(b) for b in again.blocks] == [3, 5, 2]
+    old = tmp_path / "old"
+    old.mkdir()
+    np.savez_compressed(old / SAMPLES_FILE, a0=np.ones(7), names=np.array(["a"]))  # before blocks were kept
+    assert [len(b) for b in load_blocked(old)["a"].blocks] == [7]
