@@ -5,13 +5,14 @@ Exit codes: 0 success, 1 the release gate said no, 2 invalid input, 3 a stage fa
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import sys
 import traceback
 from pathlib import Path
 
 from compress import __version__
-from compress.errors import CompressError, ConfigError
+from compress.errors import CompressError, ConfigError, RunInterrupted
 
 
 def _console(stderr: bool = True):
@@ -27,11 +28,40 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
     pipeline = load_pipeline(args.pipeline, args.overrides)
     run_dir = Path(args.run_dir) if args.run_dir else default_run_dir(pipeline)
-    options = RunOptions(only=args.only, from_stage=args.from_stage, force=set(args.force or []))
+    options = RunOptions(only=args.only, from_stage=args.from_stage, force=set(args.force or []),
+                         reuse_run_dir=args.reuse_run_dir)
     runner = Runner(pipeline, run_dir, _console(), options)
-    manifest = runner.run()
+    manifest = _run_interruptible(runner, f"compress run {args.pipeline} --run-dir {run_dir}")
     render(run_dir, _console(stderr=False))
     return _gate_exit_code(manifest, runner.selected_names, run_dir)
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the program is, so every stage unwinds as on Ctrl-C: files are closed,
+    the failed attempt recorded, the lock released."""
+
+    exit_code = 143
+
+
+def _on_sigterm(signum, frame) -> None:
+    raise Terminated()
+
+
+def _run_interruptible(runner, resume: str):
+    """Run; on Ctrl-C or SIGTERM say in one line what was kept and how to resume, and exit 130 / 143."""
+    import signal
+
+    previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    try:
+        return runner.run()
+    except KeyboardInterrupt as exc:
+        from compress.pipeline.interruption import kept_line
+
+        code = getattr(exc, "exit_code", 130)
+        what = "terminated (SIGTERM)" if code == 143 else "interrupted (Ctrl-C)"
+        raise RunInterrupted(f"{what}: {kept_line(runner)}; resume with: {resume}", code) from None
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _gate_exit_code(manifest, selected: list[str], run_dir: Path) -> int:
@@ -48,8 +78,12 @@ def _gate_exit_code(manifest, selected: list[str], run_dir: Path) -> int:
 def _cmd_validate(args: argparse.Namespace) -> int:
     from compress.pipeline.pipeline_file import load_pipeline
 
+    from compress.pipeline.preflight import NOT_CHECKED, preflight
+
     pipeline = load_pipeline(args.pipeline, args.overrides)
-    print(f"{args.pipeline}: valid ({len(pipeline.stages)} stages: {', '.join(s.name for s in pipeline.stages)})")
+    preflight(pipeline)
+    print(f"{args.pipeline}: valid ({len(pipeline.stages)} stages: {', '.join(s.name for s in pipeline.stages)}); "
+          f"not checked without running: {NOT_CHECKED}")
     return 0
 
 
@@ -149,9 +183,10 @@ def _cmd_stage(args: argparse.Namespace) -> int:
         apply_override(raw, scoped)
     pipeline = build_pipeline(raw, f"compress stage {args.kind}")
     run_dir = Path(args.run_dir or Path("runs") / f"{args.kind}-alone")
-    options = RunOptions(force={args.kind} if args.force else set(), external_inputs=_parse_inputs(args.input))
+    options = RunOptions(force={args.kind} if args.force else set(), external_inputs=_parse_inputs(args.input),
+                         reuse_run_dir=args.reuse_run_dir)
     runner = Runner(pipeline, run_dir, _console(), options)
-    manifest = runner.run()
+    manifest = _run_interruptible(runner, "the same compress stage command")
     render(run_dir, _console(stderr=False))
     return _gate_exit_code(manifest, runner.selected_names, run_dir)
 
@@ -169,11 +204,19 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--only", metavar="STAGE", help="run only this stage, its inputs taken from the manifest")
     run.add_argument("--from", dest="from_stage", metavar="STAGE", help="re-run this stage and every later one")
     run.add_argument("--force", metavar="STAGE", action="append", help="re-run this stage even if cached (repeatable)")
+    run.add_argument("--reuse-run-dir", action="store_true",
+                     help="run into a run directory that holds another pipeline's run (refused otherwise)")
     run.add_argument("overrides", nargs="*", metavar="key=value", default=[],
                      help="e.g. stages.train.epochs=3 seed=1")
     run.set_defaults(func=_cmd_run)
 
-    validate = sub.add_parser("validate", help="check a pipeline file without running it")
+    validate = sub.add_parser(
+        "validate", help="check a pipeline file without running it",
+        description="Checks the schema of every field, stage references, and what the file names: the data source "
+                    "(folder, class folders, images found, without decoding them), every model name or "
+                    "'package.module:callable', 3-channel input for torchvision models, weights files. Not checked "
+                    "(only running tells): whether every image decodes, whether a user model accepts its "
+                    "arguments and the data's shape, whether training converges, whether a TensorRT engine builds.")
     validate.add_argument("pipeline")
     validate.add_argument("overrides", nargs="*", metavar="key=value", default=[])
     validate.set_defaults(func=_cmd_validate)
@@ -215,6 +258,8 @@ def build_parser() -> argparse.ArgumentParser:
     stage.add_argument("--input", action="append", default=[], metavar="ROLE=PATH", help="an input artifact")
     stage.add_argument("--run-dir", help="default: runs/<kind>-alone")
     stage.add_argument("--force", action="store_true", help="re-run even if cached")
+    stage.add_argument("--reuse-run-dir", action="store_true",
+                       help="run into a run directory that holds another pipeline's run (refused otherwise)")
     stage.add_argument("overrides", nargs="*", metavar="key=value", default=[],
                        help="stage settings, or data./model. keys")
     stage.set_defaults(func=_cmd_stage)
@@ -234,11 +279,20 @@ def main(argv: list[str] | None = None) -> int:
     except CompressError as exc:
         if args.debug:
             traceback.print_exc()
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"{'' if isinstance(exc, RunInterrupted) else 'error: '}{exc}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         print("interrupted; completed stages are kept and a re-run resumes from the last checkpoint", file=sys.stderr)
         return 130
+    except OSError as exc:
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        if args.debug:
+            traceback.print_exc()
+        print(f"error: the disk is full (writing {exc.filename or 'a file'}): nothing half-written was kept or "
+              "recorded, and the files from before are intact; free space and run the same command again",
+              file=sys.stderr)
+        return 3
 
 
 if __name__ == "__main__":

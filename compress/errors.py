@@ -5,6 +5,8 @@ the CLI prints it as the whole story (no traceback unless --debug).
 """
 from __future__ import annotations
 
+import errno
+
 
 class CompressError(Exception):
     exit_code = 3
@@ -46,9 +48,21 @@ class StageInputError(CompressError):
     exit_code = 2
 
 
+class RunInterrupted(CompressError):
+    """Ctrl-C (exit 130) or SIGTERM (exit 143) stopped a run; the message says what was kept."""
+
+    def __init__(self, message: str, exit_code: int) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
 def from_library(exc: Exception, stage: str, kind: str) -> CompressError:
     """The one place a library error becomes an exit code: each library package marks its errors
     ``bad_input`` (the caller gave something unusable: exit 2) or not (the run failed: exit 3)."""
+    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return StageError(f"stage {stage!r} ({kind}): the disk is full (writing {exc.filename or 'a file'}); "
+                          "nothing half-written was kept or registered, its last checkpoint and the files from "
+                          "before are intact; free space and run the same command again")
     if getattr(exc, "bad_input", False):
         return StageInputError(f"stage {stage!r} ({kind}): {exc}")
     return StageError(f"stage {stage!r} ({kind}) failed: {type(exc).__name__}: {exc} "

@@ -16,6 +16,7 @@ import numpy as np
 
 from serve_bench.accuracy import accuracy, accuracy_intervals
 from serve_bench.harness import HarnessSettings, measure_interleaved
+from serve_bench.machine_load import load_summary
 from serve_bench.latency_intervals import BlockedSamples, block_bootstrap_ci, paired_ratio, repeat_spread
 from serve_bench.paired import paired_counts, paired_summary
 from serve_bench.predictions import Predictions, digest_of_test_split
@@ -84,6 +85,7 @@ def _measure(workers: dict[str, BenchWorker], settings: BenchSettings, progress)
     """Every repeat's samples pooled per artifact (rounds kept distinct) and each repeat's percentiles."""
     pooled: dict[str, BlockedSamples] = {}
     walls = {name: [0.0, 0] for name in workers}
+    loads: dict[str, list] = {name: [] for name in workers}
     per_repeat: list[dict] = []
     next_round = 0
     for _ in range(settings.repeats):
@@ -97,7 +99,8 @@ def _measure(workers: dict[str, BenchWorker], settings: BenchSettings, progress)
                                                                         old.rounds + m.blocked.rounds)
             walls[name][0] += m.wall_s
             walls[name][1] += m.requests
-    return {"blocked": pooled, "walls": walls}, per_repeat
+            loads[name] += m.other_load
+    return {"blocked": pooled, "walls": walls, "loads": loads}, per_repeat
 
 
 def _latency(blocked: BlockedSamples, settings: BenchSettings) -> dict:
@@ -171,7 +174,8 @@ def run_benchmark(specs: list[ArtifactSpec], baseline: str, test: TestSet, setti
             "accuracy_drop": round(base_acc - acc[metric], 4) if spec.name not in unpaired else None,
             "latency_ms": lat, "throughput": round(settings.batch_size * wall[1] / wall[0], 2),
             "speedup_p99": round(latency[baseline]["p99"] / lat["p99"], 4), "runner": infos[spec.name],
-            "source_model": spec.source_model, **spec.extra,
+            "source_model": spec.source_model, "machine_load": load_summary(measured["loads"][spec.name]),
+            **spec.extra,
             **({"refused": spec.refused} if spec.refused else {}),
             **({"quantization": spec.quantization} if spec.quantization else {}),
         }

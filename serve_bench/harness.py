@@ -7,12 +7,14 @@ Inputs are real images, rotated so no cache sees the same input twice in a row.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, field
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from serve_bench.latency_intervals import BlockedSamples
+from serve_bench.machine_load import LoadSampler
 from serve_bench.worker import BenchWorker
 
 
@@ -44,6 +46,7 @@ class Measurement:
     wall_s: float  # wall time of the measured blocks (throughput under concurrency)
     requests: int
     blocked: BlockedSamples  # the same samples as measured: per block, with its round
+    other_load: list[float | None] = field(default_factory=list)  # other processes' share of the cores, per block
 
 
 def measure_interleaved(workers: dict[str, BenchWorker], settings: HarnessSettings, progress=None,
@@ -58,6 +61,8 @@ def measure_interleaved(workers: dict[str, BenchWorker], settings: HarnessSettin
     spent = {name: 0.0 for name in workers}  # measured wall time: the minimum-duration condition and throughput
     counts = {name: 0 for name in workers}
     rounds: dict[str, list[int]] = {name: [] for name in workers}
+    loads: dict[str, list[float | None]] = {name: [] for name in workers}
+    sampler = LoadSampler([os.getpid(), *(w.process.pid for w in workers.values())])
     current = first_round
 
     def done(name: str) -> bool:
@@ -69,7 +74,9 @@ def measure_interleaved(workers: dict[str, BenchWorker], settings: HarnessSettin
             if done(name):
                 continue
             time.sleep(settings.settle_s)
+            before = sampler.snapshot()
             latencies_ns, block_wall = worker.call("block", block[name], counts[name], settings.concurrency)
+            loads[name].append(sampler.other_share(before))
             samples[name].append(latencies_ns.astype(np.float64) / 1e6)
             rounds[name].append(current)
             counts[name] += len(latencies_ns)
@@ -78,5 +85,5 @@ def measure_interleaved(workers: dict[str, BenchWorker], settings: HarnessSettin
         if progress is not None:
             progress(dict(counts))
     return {name: Measurement(np.concatenate(samples[name]), spent[name], counts[name],
-                              BlockedSamples(samples[name], rounds[name]))
+                              BlockedSamples(samples[name], rounds[name]), loads[name])
             for name in workers}

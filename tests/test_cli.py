@@ -25,7 +25,7 @@ def test_exit_codes_and_clean_messages(tmp_path, tiny_config, write_pipeline):
     bad = dict(tiny_config, data={"name": "imagefolder", "path": str(tmp_path / "no-such-folder")})
     result = run_cli("run", str(write_pipeline(bad, "bad_data.yaml")), "--run-dir", str(tmp_path / "a"))
     assert result.returncode == 2
-    assert "data: imagefolder:" in result.stderr and "is not a folder" in result.stderr
+    assert "data.path: imagefolder:" in result.stderr and "is not a folder" in result.stderr
     assert "Traceback" not in result.stderr
 
     exploding = dict(tiny_config, model={"name": "tests.user_models:ExplodingNet"})

@@ -29,6 +29,18 @@ def _fsync_dir(directory: Path) -> None:
 
 
 @contextlib.contextmanager
+def _naming(final: Path) -> Iterator[None]:
+    """An OS error without a file name (a failed fsync: the disk is full) gets the destination's, so the
+    message says what could not be written."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.filename is None and exc.errno is not None:
+            raise OSError(exc.errno, exc.strerror, str(final)) from exc
+        raise
+
+
+@contextlib.contextmanager
 def atomic_path(final: str | os.PathLike) -> Iterator[Path]:
     """Yield a temporary path beside ``final``; rename it into place only on success."""
     final = Path(final)
@@ -37,10 +49,11 @@ def atomic_path(final: str | os.PathLike) -> Iterator[Path]:
     os.close(fd)
     tmp = Path(tmp_name)
     try:
-        yield tmp
-        with open(tmp, "rb+") as fh:
-            os.fsync(fh.fileno())
-        os.replace(tmp, final)
+        with _naming(final):
+            yield tmp
+            with open(tmp, "rb+") as fh:
+                os.fsync(fh.fileno())
+            os.replace(tmp, final)
         _fsync_dir(final.parent)
     finally:
         if tmp.exists():
@@ -68,11 +81,12 @@ def atomic_dir(final: str | os.PathLike) -> Iterator[Path]:
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent))
     try:
-        yield tmp
-        for child in tmp.rglob("*"):
-            if child.is_file():
-                with open(child, "rb+") as fh:
-                    os.fsync(fh.fileno())
+        with _naming(final):
+            yield tmp
+            for child in tmp.rglob("*"):
+                if child.is_file():
+                    with open(child, "rb+") as fh:
+                        os.fsync(fh.fileno())
         old = None
         if final.exists():
             old = final.with_name(f".{final.name}.old-{os.getpid()}")

@@ -81,10 +81,8 @@ def class_count(name: str, path: str | None = None, synthetic_classes: int = 10)
     return None
 
 
-def load_imagefolder(root: str | Path, image_size: int | None, channels: int | None) -> RawDataset:
-    """Read a class-per-folder tree; every image is resized once to a common square size."""
-    from PIL import Image
-
+def imagefolder_files(root: str | Path) -> tuple[list[str], list[tuple[Path, int]]]:
+    """Class folders and image files of a class-per-folder tree, found without decoding an image."""
     root = Path(root)
     if not root.is_dir():
         raise DataError(f"imagefolder: {root} is not a folder; set data.path to a folder with one sub-folder per class")
@@ -98,6 +96,15 @@ def load_imagefolder(root: str | Path, image_size: int | None, channels: int | N
                 files.append((path, label))
     if not files:
         raise DataError(f"imagefolder: no images ({', '.join(sorted(_IMAGE_SUFFIXES))}) under {root}")
+    return classes, files
+
+
+def load_imagefolder(root: str | Path, image_size: int | None, channels: int | None) -> RawDataset:
+    """Read a class-per-folder tree; every image is resized once to a common square size."""
+    from PIL import Image
+
+    root = Path(root)
+    classes, files = imagefolder_files(root)
     mode = "L" if channels == 1 else "RGB"
     size = image_size
     arrays = []
@@ -157,16 +164,36 @@ def _read_cifar_binary(path: Path) -> tuple[np.ndarray, np.ndarray]:
     return records[:, 1:].reshape(-1, 3, 32, 32), records[:, 0].astype(np.int64)
 
 
-def load_cifar10(root: str | Path) -> RawDataset:
-    """Read CIFAR-10 from disk in either the python or the binary distribution; never download."""
-    root = Path(root)
-    layouts = [
+def _cifar_layouts(root: Path) -> list[tuple]:
+    return [
         (root, "data_batch_{}", "test_batch", _read_cifar_python),
         (root / "cifar-10-batches-py", "data_batch_{}", "test_batch", _read_cifar_python),
         (root, "data_batch_{}.bin", "test_batch.bin", _read_cifar_binary),
         (root / "cifar-10-batches-bin", "data_batch_{}.bin", "test_batch.bin", _read_cifar_binary),
     ]
-    for folder, train_name, test_name, reader in layouts:
+
+
+def check_source(name: str, path: str | None) -> None:
+    """What can be known about a data source without decoding it: the folder or files are there.
+    Raises DataError with the fix; the built-in sets ship inside packages and always pass."""
+    if name == "imagefolder":
+        if not path:
+            raise DataError("imagefolder needs data.path: a folder with one sub-folder per class")
+        imagefolder_files(path)
+    elif name == "cifar10":
+        if not path:
+            raise DataError("cifar10 needs data.path: the folder holding the CIFAR-10 batches (never downloaded)")
+        root = Path(path)
+        if not any(all((folder / train.format(i)).is_file() for i in range(1, 6)) and (folder / test).is_file()
+                   for folder, train, test, _ in _cifar_layouts(root)):
+            raise DataError(f"cifar10: {root} holds no CIFAR-10 batches (data_batch_1..5 and test_batch, python or "
+                            "binary distribution); point data.path at the extracted folder")
+
+
+def load_cifar10(root: str | Path) -> RawDataset:
+    """Read CIFAR-10 from disk in either the python or the binary distribution; never download."""
+    root = Path(root)
+    for folder, train_name, test_name, reader in _cifar_layouts(root):
         train_files = [folder / train_name.format(i) for i in range(1, 6)]
         if all(f.is_file() for f in train_files) and (folder / test_name).is_file():
             parts = [reader(f) for f in train_files + [folder / test_name]]

@@ -80,6 +80,23 @@ def _accepts(fn: Callable, name: str) -> bool:
     return name in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
 
 
+def check_model(name: str, in_channels: int | None, weights: str | None = None) -> None:
+    """What can be known about a model section without building it: the name resolves (a registry
+    model, or a user callable that imports), a torchvision model gets 3-channel input, the weights
+    file exists. Raises ModelError with the fix."""
+    if ":" in name:
+        _resolve_callable(name)
+    elif name not in _CIFAR:
+        if name not in _torchvision_builders():
+            raise ModelError(f"model.name {name!r} is not known; use one of {', '.join(known_models())} or "
+                             "'package.module:callable'")
+        if in_channels is not None and in_channels != 3:
+            raise ModelError(f"model.name {name!r} is a torchvision model and expects 3-channel input, the data has "
+                             f"{in_channels}; set data.channels: 3")
+    if weights and not Path(weights).is_file():
+        raise ModelError(f"model.weights: {weights} does not exist; give a local .safetensors or .pt state dict")
+
+
 def build_model(name: str, num_classes: int, in_channels: int, args: dict | None = None) -> nn.Module:
     """Construct a freshly initialised model; raises ModelError with the fix on bad input."""
     args = dict(args or {})
@@ -119,9 +136,14 @@ def load_state_dict_file(path: str | Path) -> dict[str, torch.Tensor]:
     if not path.is_file():
         raise ModelError(f"model.weights: {path} does not exist")
     if path.suffix == ".safetensors":
+        from safetensors import SafetensorError
         from safetensors.torch import load_file
 
-        return load_file(str(path))
+        try:
+            return load_file(str(path))
+        except (SafetensorError, OSError) as exc:
+            raise ModelError(f"model.weights: {path} is not a readable safetensors file ({exc}); re-export it with "
+                             "safetensors.torch.save_file") from exc
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # torch raises UnpicklingError, RuntimeError, EOFError... for bad files

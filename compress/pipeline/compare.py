@@ -28,6 +28,7 @@ from compress.stages.bench_stage import BenchConfig, artifact_spec, summary_tabl
 from serve_bench.bench import BenchSettings, TestSet, run_benchmark
 from serve_bench.gate import evaluate
 from serve_bench.harness import HarnessSettings
+from serve_bench.machine_load import busy_machine_flag
 from serve_bench.report import test_set_facts, write_report
 from serve_bench.report_tables import comparison_table
 from train.atomic_io import atomic_dir
@@ -140,7 +141,8 @@ def compare_runs(run_dirs: list[Path], out: Path, console: Console, artifact: st
     report = {"pipeline": "compare", "baseline": specs[0].name, "metric": metric, "artifacts": result.entries,
               "gate": evaluate(result.entries, limits.latency.p99_budget_ms, limits.red_line.max_drop,
                                accuracy_meaningful=meaningful, decision=limits.gate.decision),
-              "flags": [f"{name}: {why}" for name, why in result.unpaired.items()],
+              "flags": [f"{name}: {why}" for name, why in result.unpaired.items()]
+              + [f for f in [busy_machine_flag(result.entries)] if f],
               "environment": environment(), "settings": {**cfg.model_dump(mode="json"), "batch_size": settings.batch_size},
               "data": test_set_facts(first.pipeline.config.data.name, first.test, meaningful),
               "comparison": {"runs": [{"run": str(r.run_dir), "label": r.label, "artifact": r.artifact.name,
@@ -151,8 +153,8 @@ def compare_runs(run_dirs: list[Path], out: Path, console: Console, artifact: st
         write_report(folder, report, result.latencies, result.predictions)
     console.print(summary_table(report))
     console.print(_console_table(report))
-    for flag in report["flags"]:
-        console.print(f"pairing refused: {flag}", style="yellow", highlight=False)
+    for name, why in result.unpaired.items():
+        console.print(f"pairing refused: {name}: {why}", style="yellow", highlight=False)
     console.print(f"comparison report in {out}", highlight=False)
     return report
 

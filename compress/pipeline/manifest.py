@@ -26,6 +26,12 @@ def now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
 
 
+def content_digest(content: dict) -> str:
+    """sha256 of a manifest's content in canonical JSON (its own digest field left out)."""
+    body = {k: v for k, v in content.items() if k != "content_sha256"}
+    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
 def digest_path(path: Path) -> tuple[str, int]:
     """sha256 and size of a file, or of a folder (its relative file names and their digests)."""
     if path.is_file():
@@ -70,6 +76,10 @@ class StageRecord(BaseModel):
     last_attempt: dict[str, Any] | None = None
     # Key into Manifest.environments: the machine and software this record's results came from.
     environment: str | None = None
+    # What the cache key was made of (settings, pipeline sections, input digests...), so a re-run can say why.
+    key_material: dict[str, Any] | None = None
+    # The resolved pipeline configuration this record was made with (a file under configs/).
+    resolved_config: str | None = None
 
 
 class Manifest(BaseModel):
@@ -82,22 +92,40 @@ class Manifest(BaseModel):
     data: dict[str, Any] = Field(default_factory=dict)
     artifacts: dict[str, ArtifactRecord] = Field(default_factory=dict)
     stages: dict[str, StageRecord] = Field(default_factory=dict)
+    # Every resolved configuration a stage of this run directory started with, oldest first; none is replaced.
+    resolved_configs: list[dict[str, str]] = Field(default_factory=list)
 
     @classmethod
     def load(cls, run_dir: Path) -> "Manifest | None":
+        """The run's manifest, or None where there is none; a truncated, hand-edited or otherwise
+        inconsistent one is refused, never repaired by guessing."""
         path = run_dir / MANIFEST_FILE
         if not path.exists():
             return None
+        recover = (f"nothing is guessed: move it away (mv {path} {path.with_suffix('.broken.json')}) to run every "
+                   "stage again into this folder, or pass a new --run-dir")
         try:
-            return cls.model_validate(json.loads(path.read_text()))
-        except (json.JSONDecodeError, ValidationError) as exc:
-            raise ArtifactError(
-                f"{path} is not a readable manifest ({type(exc).__name__}); move it away or use another --run-dir"
-            ) from exc
+            raw = json.loads(path.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise ArtifactError(f"{path} is not readable JSON, so it was truncated or written partly ({exc}); "
+                                f"{recover}") from exc
+        recorded = raw.pop("content_sha256", None) if isinstance(raw, dict) else None
+        if recorded is not None and recorded != content_digest(raw):
+            raise ArtifactError(f"{path} does not match the digest of its own content: it was edited by hand or "
+                                f"written partly; {recover}")
+        try:
+            return cls.model_validate(raw)
+        except ValidationError as exc:
+            raise ArtifactError(f"{path} is not a compress manifest ({exc.error_count()} schema problems, e.g. "
+                                f"{exc.errors()[0]['msg']} at {'.'.join(map(str, exc.errors()[0]['loc']))}); "
+                                f"{recover}") from exc
 
     def save(self, run_dir: Path) -> None:
+        """Written atomically, with the digest of its own content so a later edit or a torn write is seen."""
         self.updated = now()
-        atomic_write_text(run_dir / MANIFEST_FILE, self.model_dump_json(indent=2) + "\n")
+        content = self.model_dump(mode="json")
+        content["content_sha256"] = content_digest(content)
+        atomic_write_text(run_dir / MANIFEST_FILE, json.dumps(content, indent=2) + "\n")
 
     def resolve_path(self, run_dir: Path, record: ArtifactRecord) -> Path:
         path = Path(record.path)

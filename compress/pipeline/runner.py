@@ -24,6 +24,8 @@ from compress.pipeline.console_log import to_console
 from compress.pipeline.fingerprint import environment, environment_key
 from compress.pipeline.manifest import ArtifactRecord, Manifest, StageRecord, digest_path, now
 from compress.pipeline.pipeline_file import Pipeline
+from compress.pipeline.preflight import preflight
+from compress.pipeline.rerun_reason import why_rerun
 from compress.pipeline.run_lock import RunLock
 from compress.stages import registry
 from compress.stages.base import InputArtifact, Output, StageContext
@@ -42,6 +44,7 @@ class RunOptions:
     from_stage: str | None = None
     force: set[str] = field(default_factory=set)
     external_inputs: dict[str, Path] = field(default_factory=dict)  # role -> path, for `compress stage`
+    reuse_run_dir: bool = False  # let a pipeline of another name run into a run directory
 
 
 def _hash(obj: object) -> str:
@@ -118,6 +121,8 @@ class Runner:
         self.manifest: Manifest | None = None
         self._environment_digest: str | None = None
         self.selected_names: list[str] = []
+        self.current_stage: str | None = None  # the stage running now (what an interruption stopped)
+        self._config_file: str | None = None
 
     def _load_data(self) -> DataBundle:
         if self._data is None:
@@ -150,10 +155,14 @@ class Runner:
     def run(self) -> Manifest:
         selected = self._selected()
         self.selected_names = [self.pipeline.stages[i].name for i in selected]
+        preflight(self.pipeline)  # what the file names exists: checked before anything is written
         self.run_dir.mkdir(parents=True, exist_ok=True)
         with RunLock(self.run_dir), to_console(self.console):
-            self.manifest = Manifest.load(self.run_dir) or Manifest(pipeline=self.pipeline.config.name)
-            atomic_write_text(self.run_dir / "pipeline.resolved.yaml", self.pipeline.resolved_yaml())
+            self.manifest = Manifest.load(self.run_dir)
+            self._check_owner(self.manifest)
+            if self.manifest is None:
+                self.manifest = Manifest(pipeline=self.pipeline.config.name)
+            self.manifest.pipeline = self.pipeline.config.name
             self.manifest.environment = environment()
             self._environment_digest = _hash(environment_key(self.manifest.environment))
             self.manifest.environments[self._environment_digest] = self.manifest.environment
@@ -162,9 +171,37 @@ class Runner:
             for stage_refs in refs.values():
                 stage_refs.update({role: f"external.{role}" for role in self.options.external_inputs})
             for index in selected:
-                self._run_stage(index, refs[self.pipeline.stages[index].name])
-            self.manifest.save(self.run_dir)
+                self.current_stage = self.pipeline.stages[index].name
+                self._run_stage(index, refs[self.current_stage])
+            self.current_stage = None
+            if self._config_file is not None:  # nothing is written for a run whose every stage was cached
+                self.manifest.save(self.run_dir)
         return self.manifest
+
+    def _check_owner(self, manifest: Manifest | None) -> None:
+        """A run directory belongs to the pipeline that made it: another one would overwrite its records."""
+        name = self.pipeline.config.name
+        if manifest is None or manifest.pipeline == name or self.options.reuse_run_dir:
+            return
+        raise ConfigError(f"{self.run_dir} holds a run of pipeline {manifest.pipeline!r}, and {self.pipeline.source} "
+                          f"is pipeline {name!r}: running it there would overwrite that run's records; pass another "
+                          f"--run-dir (default runs/{name}), or --reuse-run-dir to run into it knowingly")
+
+    def _record_config(self) -> str:
+        """The resolved configuration, written once the first stage actually starts: under configs/ by
+        content (so an earlier run's configuration is never replaced) and as pipeline.resolved.yaml."""
+        if self._config_file is None:
+            assert self.manifest is not None
+            text = self.pipeline.resolved_yaml()
+            name = f"configs/{hashlib.sha256(text.encode()).hexdigest()[:16]}.yaml"
+            if not (self.run_dir / name).is_file():
+                atomic_write_text(self.run_dir / name, text)
+            atomic_write_text(self.run_dir / "pipeline.resolved.yaml", text)
+            if name not in [c["file"] for c in self.manifest.resolved_configs]:
+                self.manifest.resolved_configs.append({"file": name, "pipeline": self.pipeline.config.name,
+                                                       "source": self.pipeline.source, "first_used": now()})
+            self._config_file = name
+        return self._config_file
 
     def _register_external_inputs(self) -> None:
         assert self.manifest is not None
@@ -207,28 +244,28 @@ class Runner:
                                          record.size_bytes)
         return inputs
 
-    def _cache_key(self, cfg: StageConfig, cls: type, input_digests: dict[str, str]) -> str:
+    def _key_material(self, cfg: StageConfig, cls: type, inputs: dict[str, InputArtifact]) -> dict:
+        """Everything a stage's cache key is made of; kept in its record so a re-run can say what changed."""
         uses = cls.uses
         global_cfg = self.pipeline.config.model_dump(mode="json")
         data_digest = None
         if "data" in uses:
             self._load_data()
             data_digest = self._data_digest
-        # Weights files and user model code by content, wherever a model section appears.
-        sources = model_sources(cfg, self.pipeline.config.model if "model" in uses else None)
-        return _hash({"kind": cfg.kind, "settings": cfg.model_dump(mode="json"),
-                      "uses": {key: global_cfg[key] for key in uses}, "data": data_digest,
-                      "sources": sources, "inputs": input_digests, "version": __version__,
-                      "environment": self._environment_digest if cls.keyed_on_environment else None})
+        assert self.manifest is not None
+        return {"kind": cfg.kind, "settings": cfg.model_dump(mode="json"),
+                "uses": {key: global_cfg[key] for key in uses}, "data": data_digest,
+                # Weights files and user model code by content, wherever a model section appears.
+                "sources": model_sources(cfg, self.pipeline.config.model if "model" in uses else None),
+                "inputs": {role: self.manifest.artifacts[art.name].sha256 for role, art in inputs.items()},
+                "input_names": {role: art.name for role, art in inputs.items()}, "version": __version__,
+                "environment": self._environment_digest if cls.keyed_on_environment else None}
 
-    def _is_cached(self, name: str, key: str) -> bool:
-        manifest = self.manifest
-        assert manifest is not None
-        previous = manifest.stages.get(name)
-        if name in self.options.force or name == self.options.from_stage:
-            return False
-        return (previous is not None and previous.status == "completed" and previous.cache_key == key
-                and all(manifest.verify(self.run_dir, o) is None for o in previous.outputs))
+    def _output_problems(self, previous: StageRecord | None) -> list[str]:
+        assert self.manifest is not None
+        if previous is None or previous.status != "completed":
+            return []
+        return [p for p in (self.manifest.verify(self.run_dir, o) for o in previous.outputs) if p]
 
     def _run_stage(self, index: int, refs: dict[str, str]) -> None:
         manifest = self.manifest
@@ -237,12 +274,18 @@ class Runner:
         cls = registry.get(cfg.kind)
         assert cls is not None
         inputs = self._inputs(cfg.name, refs)
-        input_digests = {role: manifest.artifacts[art.name].sha256 for role, art in inputs.items()}
-        key = self._cache_key(cfg, cls, input_digests)
-        if self._is_cached(cfg.name, key):
+        material = self._key_material(cfg, cls, inputs)
+        input_digests = material["inputs"]
+        key = _hash({k: v for k, v in material.items() if k != "input_names"})
+        previous = manifest.stages.get(cfg.name)
+        forced = cfg.name in self.options.force or cfg.name == self.options.from_stage
+        problems = self._output_problems(previous)
+        if (not forced and previous is not None and previous.status == "completed" and previous.cache_key == key
+                and not problems):
             hint = f" (--force {cfg.name} re-runs it)" if self.options.only else ""
             logger.info(f"cached, skipped{hint}", extra={"stage": cfg.name})
             return
+        reason = why_rerun(cfg.name, previous, material, problems, forced)
 
         if cls.judges_on_data:
             for artifact in inputs.values():
@@ -250,11 +293,11 @@ class Runner:
                                 independent=self.pipeline.config.data.independent_test)
 
         # A completed record stays while a new attempt runs: its outputs are only replaced on success.
-        previous = manifest.stages.get(cfg.name)
         kept = previous if previous is not None and previous.status == "completed" else None
         record = StageRecord(name=cfg.name, kind=cfg.kind, status="running", config_hash=_hash(cfg.model_dump(mode="json")),
                              cache_key=key, input_digests=input_digests, package_version=__version__, started=now(),
-                             environment=self._environment_digest)
+                             environment=self._environment_digest, key_material=material,
+                             resolved_config=self._record_config())
         if kept is not None:
             kept.last_attempt = {"status": "running", "started": record.started, "cache_key": key,
                                  "environment": self._environment_digest}
@@ -264,7 +307,7 @@ class Runner:
         ctx = StageContext(run_dir=self.run_dir, stage_dir=self.run_dir / cfg.name, name=cfg.name,
                            pipeline=self.pipeline.config, cache_key=key, console=self.console, load_data=self._load_data,
                            environment=manifest.environment)
-        logger.info(f"running ({cfg.kind})", extra={"stage": cfg.name})
+        logger.info(f"running ({cfg.kind}): {reason}", extra={"stage": cfg.name})
         try:
             result, duration = cls(cfg).execute(ctx, inputs)
         except BaseException as exc:
@@ -273,7 +316,11 @@ class Runner:
                 kept.last_attempt.update(failure)
             else:
                 record.status, record.ended, record.error = "failed", failure["ended"], failure["error"]
-            manifest.save(self.run_dir)
+            try:
+                manifest.save(self.run_dir)
+            except OSError as save_error:  # e.g. the disk is full: the stage's own error is the one to report
+                logger.warning(f"could not record the failed attempt ({save_error}); the manifest on disk is the "
+                               "one from before this attempt", extra={"stage": cfg.name})
             if isinstance(exc, CompressError) or not isinstance(exc, Exception):
                 raise
             raise from_library(exc, cfg.name, cfg.kind) from exc

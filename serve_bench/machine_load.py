@@ -1,0 +1,77 @@
+"""How busy the machine was with other work while a block was measured.
+
+Latency measured beside another CPU-bound process is the neighbour's as much as the
+artifact's. The kernel's counters say how much CPU time the whole machine spent busy during
+a block (/proc/stat) and how much of it was ours (the bench process and its workers,
+/proc/<pid>/stat); the rest was other processes. Linux only; elsewhere nothing is sampled
+and the report says so.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+BUSY_SHARE = 0.25  # other processes' share of all cores above which a measurement is flagged
+
+
+def _machine_jiffies() -> tuple[int, int] | None:
+    """(busy, total) CPU time of all cores since boot, in clock ticks."""
+    try:
+        fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+    except OSError:
+        return None
+    values = [int(v) for v in fields[:8]]  # user nice system idle iowait irq softirq steal
+    idle = values[3] + values[4]
+    return sum(values) - idle, sum(values)
+
+
+def _process_jiffies(pid: int) -> int:
+    """User + system time of one process (all its threads), in clock ticks; 0 once it is gone."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return 0
+    after_name = text.rsplit(")", 1)[1].split()
+    return int(after_name[11]) + int(after_name[12])  # fields 14 and 15 of proc(5): utime, stime
+
+
+class LoadSampler:
+    """Snapshot before a block, share after it: other processes' fraction of all cores meanwhile."""
+
+    def __init__(self, pids: list[int]) -> None:
+        self.pids = pids
+        self.available = _machine_jiffies() is not None
+
+    def snapshot(self) -> tuple[int, int, int] | None:
+        machine = _machine_jiffies()
+        if machine is None:
+            return None
+        return (*machine, sum(_process_jiffies(p) for p in self.pids))
+
+    def other_share(self, before: tuple[int, int, int] | None) -> float | None:
+        after = self.snapshot()
+        if before is None or after is None or after[1] <= before[1]:
+            return None
+        busy, total, own = (a - b for a, b in zip(after, before))
+        return min(1.0, max(0.0, (busy - own) / total))
+
+
+def load_summary(shares: list[float | None]) -> dict | None:
+    known = [s for s in shares if s is not None]
+    if not known:
+        return None
+    return {"other_share_mean": round(sum(known) / len(known), 4), "other_share_max": round(max(known), 4),
+            "blocks": len(known), "blocks_busy": sum(s > BUSY_SHARE for s in known)}
+
+
+def busy_machine_flag(entries: list[dict]) -> str | None:
+    """A flag for the report when other processes used a substantial share of the cores while measuring."""
+    loads = {e["name"]: e.get("machine_load") for e in entries if e.get("machine_load")}
+    busy = {n: l for n, l in loads.items() if l["other_share_mean"] > BUSY_SHARE}
+    if not busy:
+        return None
+    worst = max(busy.values(), key=lambda l: l["other_share_mean"])
+    return (f"the machine was busy with other work while measuring: other processes used "
+            f"{100 * worst['other_share_mean']:.0f}% of all cores on average during the blocks of "
+            f"{', '.join(busy)} (up to {100 * worst['other_share_max']:.0f}% in one block); their latencies include "
+            "that interference (ratios measured interleaved are less affected); re-measure on a quiet machine "
+            "before trusting the absolute figures")
