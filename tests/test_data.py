@@ -51,6 +51,22 @@ def test_imagefolder_reads_class_folders(tmp_path):
     assert len(bundle.train) + len(bundle.val) + len(bundle.test) == 20
 
 
+def test_a_greyscale_image_folder_stays_one_channel_unless_asked(tmp_path):
+    rng = np.random.default_rng(1)
+    for label in ("a", "b"):
+        (tmp_path / label).mkdir()
+        for i in range(10):
+            Image.fromarray(rng.integers(0, 255, (16, 16), dtype=np.uint8), mode="L").save(tmp_path / label / f"{i}.png")
+    grey = load_data(DataSpec(name="imagefolder", path=str(tmp_path)))
+    assert grey.input_shape == (1, 16, 16) and len(grey.mean) == 1
+    assert load_data(DataSpec(name="imagefolder", path=str(tmp_path), channels=3)).input_shape == (3, 16, 16)
+    Image.fromarray(rng.integers(0, 255, (16, 16, 3), dtype=np.uint8)).save(tmp_path / "a" / "colour.png")
+    mixed = load_data(DataSpec(name="imagefolder", path=str(tmp_path)))  # one colour image: the set is RGB
+    assert mixed.input_shape == (3, 16, 16)
+    greys = mixed.train.images[(mixed.train.images[:, 0] == mixed.train.images[:, 1]).flatten(1).all(1)]
+    assert len(greys) >= len(mixed.train) - 1  # the grey ones copied into all three channels, unchanged
+
+
 def test_imagefolder_errors_name_the_folder(tmp_path):
     with pytest.raises(DataError, match=r"is not a folder"):
         load_data(DataSpec(name="imagefolder", path=str(tmp_path / "missing")))

@@ -99,25 +99,44 @@ def imagefolder_files(root: str | Path) -> tuple[list[str], list[tuple[Path, int
     return classes, files
 
 
+_GREY_MODES = {"1", "L", "LA", "I", "I;16", "I;16B", "I;16L", "F"}
+
+
+def _is_grey(img) -> bool:
+    """A palette image counts as grey only where every palette entry is (a GIF of a scan often is)."""
+    if img.mode == "P":
+        palette = img.getpalette() or []
+        return all(palette[i] == palette[i + 1] == palette[i + 2] for i in range(0, len(palette) - 2, 3))
+    return img.mode in _GREY_MODES
+
+
 def load_imagefolder(root: str | Path, image_size: int | None, channels: int | None) -> RawDataset:
-    """Read a class-per-folder tree; every image is resized once to a common square size."""
+    """Read a class-per-folder tree; every image is resized once to a common square size.
+
+    Without ``channels`` the images decide: a folder of greyscale images stays 1-channel
+    (tripling it would triple memory and the first convolution's work for nothing); one
+    colour image among them makes the set RGB.
+    """
     from PIL import Image
 
     root = Path(root)
     classes, files = imagefolder_files(root)
-    mode = "L" if channels == 1 else "RGB"
     size = image_size
-    arrays = []
+    decoded = []
     for path, _ in files:
         try:
             with Image.open(path) as img:
+                grey = _is_grey(img)
+                mode = {1: "L", 3: "RGB"}.get(channels or 0) or ("L" if grey else "RGB")
                 img = img.convert(mode)
                 if size is None:
                     size = min(img.size)
-                arrays.append(np.asarray(img.resize((size, size), Image.BILINEAR), dtype=np.uint8))
+                decoded.append(np.asarray(img.resize((size, size), Image.BILINEAR), dtype=np.uint8))
         except OSError as exc:
             raise DataError(f"imagefolder: cannot read image {path}: {exc}; remove or replace the file") from exc
-    stacked = np.stack(arrays)
+    if channels is None and any(a.ndim == 3 for a in decoded):  # mixed: the grey ones become RGB too
+        decoded = [np.repeat(a[:, :, None], 3, axis=2) if a.ndim == 2 else a for a in decoded]
+    stacked = np.stack(decoded)
     stacked = stacked[:, None] if stacked.ndim == 3 else stacked.transpose(0, 3, 1, 2)
     return RawDataset(
         images=torch.from_numpy(np.ascontiguousarray(stacked)),

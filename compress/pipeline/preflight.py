@@ -21,7 +21,7 @@ from train.models import ModelError, check_model
 
 NOT_CHECKED = ("whether every image decodes, whether a user model accepts its arguments and the data's shape, "
                "whether training converges, whether a TensorRT engine builds")
-_NATIVE_CHANNELS = {"digits": 1, "mnist5k": 1, "cifar10": 3, "imagefolder": 3}
+_NATIVE_CHANNELS = {"digits": 1, "mnist5k": 1, "cifar10": 3}  # an image folder's depends on its images
 
 
 def _model_sections(value, path: tuple) -> list[tuple[tuple, ModelConfig]]:
