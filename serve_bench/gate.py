@@ -10,12 +10,9 @@ an artifact within the red line, with the test-set size that would.
 """
 from __future__ import annotations
 
-from typing import Literal
-
 from serve_bench.paired import (LEVEL, PairedCounts, counts_of, drop_interval, needed_test_images,
                                smallest_certifiable_drop)
 
-Decision = Literal["point", "confident"]
 DECISIONS: tuple[str, ...] = ("point", "confident")
 
 
@@ -83,13 +80,12 @@ def _needed_words(paired: dict, max_drop: float) -> str:
 
 
 def _drop_bound(art: dict) -> tuple[float | None, str | None]:
-    """Upper bound of the paired drop interval (points), or why there is none."""
+    """Upper bound of the paired drop interval (points), or why there is none (an unpaired artifact has no
+    drop at all and is refused before this is asked)."""
     paired = art.get("accuracy_paired")
     if paired is None:
         return None, ("no paired accuracy in the report (written by an older version): re-run the bench stage, "
                       "or decide with --decision point")
-    if "unpaired" in paired:
-        return None, f"accuracy not paired with the baseline ({paired['unpaired']})"
     if paired.get("reference"):
         return 0.0, None
     return drop_interval(counts_of(paired))[1], None

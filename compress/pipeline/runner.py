@@ -279,9 +279,11 @@ class Runner:
         key = _hash({k: v for k, v in material.items() if k != "input_names"})
         previous = manifest.stages.get(cfg.name)
         forced = cfg.name in self.options.force or cfg.name == self.options.from_stage
-        problems = self._output_problems(previous)
-        if (not forced and previous is not None and previous.status == "completed" and previous.cache_key == key
-                and not problems):
+        # Outputs are re-hashed only where they could still let the stage be skipped: with another key it
+        # re-runs anyway, and the changed key material is the reason.
+        same_key = not forced and previous is not None and previous.cache_key == key
+        problems = self._output_problems(previous) if same_key else []
+        if same_key and previous.status == "completed" and not problems:
             hint = f" (--force {cfg.name} re-runs it)" if self.options.only else ""
             logger.info(f"cached, skipped{hint}", extra={"stage": cfg.name})
             return
