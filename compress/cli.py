@@ -191,6 +191,21 @@ def _cmd_stage(args: argparse.Namespace) -> int:
     return _gate_exit_code(manifest, runner.selected_names, run_dir)
 
 
+def _cmd_join(args: argparse.Namespace) -> int:
+    from compress.pipeline.console_log import to_console
+    from compress.pipeline.distributed_launch import join_stage
+    from compress.pipeline.pipeline_file import load_pipeline
+    from compress.pipeline.runner import default_run_dir
+    from compress.pipeline.pipeline_data import load_section
+
+    pipeline = load_pipeline(args.pipeline, args.overrides)
+    pipeline.stage(args.stage)  # a stage of this pipeline, or a clear error
+    run_dir = Path(args.run_dir) if args.run_dir else default_run_dir(pipeline)
+    with to_console(_console()):
+        join_stage(run_dir, args.stage, args.node_rank, args.wait, lambda: load_section(pipeline.config.data, pipeline.source))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="compress", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -248,6 +263,18 @@ def build_parser() -> argparse.ArgumentParser:
     report = sub.add_parser("report", help="re-render a run's report and plots without measuring again")
     report.add_argument("run_dir")
     report.set_defaults(func=_cmd_report)
+
+    join = sub.add_parser("join", help="take part, from another machine, in a stage node 0 runs on several machines",
+                          description="Run on every machine but node 0 of a `distributed: {nnodes: N}` stage, with "
+                                      "the run directory shared (same --run-dir): waits for node 0's `compress run` "
+                                      "to launch the stage, then starts this machine's processes with torchrun.")
+    join.add_argument("pipeline")
+    join.add_argument("--stage", required=True, help="the stage to join")
+    join.add_argument("--node-rank", type=int, required=True, help="this machine's place, 1…nnodes-1")
+    join.add_argument("--run-dir", help="the shared run directory (default: as `compress run` would choose)")
+    join.add_argument("--wait", type=float, default=3600.0, help="seconds to wait for node 0's launch")
+    join.add_argument("overrides", nargs="*", metavar="key=value", default=[])
+    join.set_defaults(func=_cmd_join)
 
     stage = sub.add_parser("stage", help="run one stage alone, inputs given as paths")
     stage.add_argument("kind")

@@ -30,6 +30,12 @@ class DataConfig(Strict):
                             "runs with different seeds are measured on the same test images")
     synthetic_samples: int = Field(1024, gt=0)
     synthetic_classes: int = Field(10, ge=2)
+    decode_cache: Literal["auto", "on", "off"] = Field(
+        "auto", description="imagefolder: decode once into an on-disk uint8 cache read through a memory map "
+                            "(auto: when the decoded images would exceed 2 GiB; off: always decode into memory)")
+    cache_dir: str | None = Field(None, description="where decoded caches live; default $COMPRESS_CACHE_DIR, "
+                                  "else ~/.cache/compress/decoded")
+    decode_workers: int | None = Field(None, ge=1, description="processes decoding into the cache; default: one per CPU")
     independent_test: bool = Field(False, description="the test split shares no image with the data the input "
                                    "models were trained on, although its split digest differs from theirs: "
                                    "measure them anyway (default: refuse)")
@@ -72,6 +78,44 @@ class GateRule(Strict):
                                  "limits; point: the estimates themselves")
 
 
+class DistributedSettings(Strict):
+    """How many processes a training stage runs on, launched with torchrun (``python -m torch.distributed.run``).
+
+    More than one process (``nproc_per_node × nnodes``) runs the stage under DistributedDataParallel;
+    ``batch_size`` is then per process, so the global batch is ``batch_size × processes × grad_accum``.
+    """
+
+    nproc_per_node: int = Field(1, ge=1, description="processes on this machine (one per GPU on a GPU machine)")
+    nnodes: int = Field(1, ge=1, description="machines taking part; each runs `compress join` with its node_rank")
+    node_rank: int = Field(0, ge=0, description="this machine's place; 0 runs `compress run` and writes records")
+    rdzv_endpoint: str = Field("localhost:29400", description="host:port of node 0's rendezvous (nnodes > 1)")
+    rdzv_id: str | None = Field(None, description="rendezvous id; default: derived from the run and the stage")
+    backend: Literal["auto", "nccl", "gloo"] = Field("auto", description="auto: nccl with GPUs, gloo on CPU")
+    max_restarts: int = Field(0, ge=0, description="torchrun restarts of the whole group after a failure")
+    sync_batchnorm: bool | None = Field(
+        None, description="BatchNorm statistics over the global batch (torch's SyncBatchNorm: GPUs only); "
+                          "default: on with GPUs, off on CPU, where each process normalises over its own batch")
+    lr_scaling: Literal["none", "linear", "sqrt"] = Field(
+        "none", description="learning rate × processes (linear, for SGD), × √processes (sqrt), or as given (none)")
+    join_timeout_s: float = Field(600.0, gt=0, description="how long the rendezvous waits for every node")
+
+    @model_validator(mode="after")
+    def _check(self) -> "DistributedSettings":
+        if self.node_rank >= self.nnodes:
+            raise ValueError(f"node_rank {self.node_rank} must be below nnodes {self.nnodes}")
+        if ":" not in self.rdzv_endpoint:
+            raise ValueError(f"rdzv_endpoint {self.rdzv_endpoint!r} must be host:port")
+        return self
+
+    @property
+    def processes(self) -> int:
+        return self.nproc_per_node * self.nnodes
+
+    def result_settings(self) -> dict:
+        """What changes the trained weights (a cache key part); where the processes run does not."""
+        return {"processes": self.processes, "sync_batchnorm": self.sync_batchnorm, "lr_scaling": self.lr_scaling}
+
+
 class PipelineConfig(Strict):
     name: str = Field(..., pattern=NAME_PATTERN)
     seed: int = Field(0, ge=0)
@@ -81,6 +125,8 @@ class PipelineConfig(Strict):
     red_line: RedLine = Field(default_factory=RedLine)
     latency: Latency = Field(default_factory=Latency)
     gate: GateRule = Field(default_factory=GateRule)
+    distributed: DistributedSettings = Field(default_factory=DistributedSettings,
+                                             description="processes of the training stages (a stage may override)")
     stages: list[dict[str, Any]] = Field(..., min_length=1)
 
 

@@ -75,10 +75,8 @@ def _timed(run) -> float:
 
 
 def _truncated(stream: BatchStream, steps: int) -> BatchStream:
-    from train.data import Split
-
     n = steps * stream.batch_size  # one epoch of exactly `steps` batches
-    split = Split(stream.split.images[:n], stream.split.labels[:n])
+    split = stream.split.head(n)
     return BatchStream(split, stream.bundle, stream.batch_size, shuffle=True, drop_last=True)
 
 

@@ -8,7 +8,9 @@ subset of the train split (they are only used to collect activation ranges).
 from __future__ import annotations
 
 import hashlib
+import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Iterator
 
 import torch
@@ -16,6 +18,7 @@ import torch.nn.functional as F
 
 from train import datasets
 from train.datasets import DataError, RawDataset
+from train.decode_cache import DiskImages, default_cache_dir, open_or_build
 
 DATASETS = ("digits", "mnist5k", "imagefolder", "cifar10", "synthetic")
 
@@ -34,15 +37,36 @@ class DataSpec:
     split_seed: int = 0
     synthetic_samples: int = 1024
     synthetic_classes: int = 10
+    decode_cache: str = "auto"  # auto | on | off: an image folder decoded to disk (train.decode_cache)
+    cache_dir: str | None = None
+    decode_workers: int | None = None
+
+
+# An image folder larger than this decoded goes through the on-disk cache under decode_cache: auto.
+AUTO_CACHE_BYTES = 2 * 2**30
+# Mean and std of a disk-backed train split are measured on this many of its images (seeded).
+STATS_SAMPLE = 10_000
 
 
 @dataclass
 class Split:
-    images: torch.Tensor  # uint8 N×C×H×W
+    """Images and labels of one split. ``rows`` set: the split is a view on the rows of a larger
+    (disk-backed) source, so nothing is copied into memory until a batch asks for it."""
+
+    images: "torch.Tensor | DiskImages"  # uint8 N×C×H×W (all rows of the source when `rows` is set)
     labels: torch.Tensor
+    rows: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return len(self.labels)
+
+    def take(self, idx: torch.Tensor) -> torch.Tensor:
+        return self.images[self.rows[idx] if self.rows is not None else idx]
+
+    def head(self, n: int) -> "Split":
+        if self.rows is not None:
+            return Split(self.images, self.labels[:n], self.rows[:n])
+        return Split(self.images[:n], self.labels[:n])
 
 
 @dataclass
@@ -74,10 +98,16 @@ class DataBundle:
         if cached is not None:
             return cached
         h = hashlib.sha256()
+        cache = self.source.get("decode_cache")
+        if cache:  # the cache key covers every file's content and the decoding: rows name pixels exactly
+            h.update(f"decode-cache:{cache['key']}".encode())
         for split_name in ("train", "val", "calib", "test"):
             split: Split = getattr(self, split_name)
             h.update(split_name.encode())
-            h.update(split.images.contiguous().numpy().tobytes())
+            if split.rows is not None:
+                h.update(split.rows.contiguous().numpy().tobytes())
+            else:
+                h.update(split.images.contiguous().numpy().tobytes())
             h.update(split.labels.contiguous().numpy().tobytes())
         self.__dict__["_digest"] = h.hexdigest()
         return self.__dict__["_digest"]
@@ -141,9 +171,30 @@ def _reshape(images: torch.Tensor, size: int | None, channels: int | None) -> to
     return images
 
 
-def load_data(spec: DataSpec) -> DataBundle:
-    raw = _load_raw(spec)
-    images = _reshape(raw.images, spec.image_size, spec.channels)
+def _use_cache(spec: DataSpec) -> bool:
+    if spec.name != "imagefolder" or spec.decode_cache == "off":
+        return False
+    if spec.decode_cache == "on":
+        return True
+    _, files = datasets.imagefolder_files(spec.path or "")
+    size = spec.image_size or datasets.first_image_size(files)
+    return len(files) * (spec.channels or 3) * size * size > AUTO_CACHE_BYTES
+
+
+def _cached_folder(spec: DataSpec) -> RawDataset:
+    """An image folder through the on-disk decode cache: the images stay on disk (``DiskImages``)."""
+    classes, files = datasets.imagefolder_files(spec.path or "")
+    size = spec.image_size or datasets.first_image_size(files)
+    cache_dir = Path(spec.cache_dir) if spec.cache_dir else default_cache_dir()
+    workers = spec.decode_workers or max(1, os.cpu_count() or 1)
+    cached = open_or_build(files, size, spec.channels, cache_dir, workers)
+    key = Path(cached.info["path"]).name
+    return RawDataset(images=cached.images, labels=cached.labels, num_classes=len(classes), class_names=classes,  # type: ignore[arg-type]
+                      source={"path": str(spec.path), "files": len(files),
+                              "decode_cache": {**{k: v for k, v in cached.info.items() if k != "version"}, "key": key}})
+
+
+def _split_indices(spec: DataSpec, raw: RawDataset) -> dict[str, torch.Tensor]:
     n = len(raw.labels)
     gen = torch.Generator().manual_seed(spec.split_seed)
     if raw.official_test is not None:
@@ -162,14 +213,46 @@ def load_data(spec: DataSpec) -> DataBundle:
             f"(val_fraction={spec.val_fraction}, test_fraction={spec.test_fraction})"
         )
     calib_idx = train_idx[torch.randperm(len(train_idx), generator=gen)[: min(spec.calib_size, len(train_idx))]]
-    indices = {"train": train_idx, "val": val_idx, "calib": calib_idx, "test": test_idx}
-    splits = {k: Split(images[v].contiguous(), raw.labels[v].contiguous()) for k, v in indices.items()}
+    return {"train": train_idx, "val": val_idx, "calib": calib_idx, "test": test_idx}
+
+
+def _train_stats(train: Split, seed: int) -> tuple[list[float], list[float]]:
+    """Per-channel mean and std of the train split; of a seeded sample of it where it is on disk."""
+    if train.rows is None:
+        pixels = train.images.float().div(255.0)
+        return pixels.mean(dim=(0, 2, 3)).tolist(), pixels.std(dim=(0, 2, 3)).clamp_min(1e-3).tolist()
+    n = min(len(train), STATS_SAMPLE)
+    # sorted: read in file order; chunks of 128 keep the float64 copies small (~150 MB at 224×224)
+    pick = torch.randperm(len(train), generator=torch.Generator().manual_seed(seed))[:n].sort().values
+    total = total_sq = None
+    count = 0
+    for chunk in pick.split(128):
+        x = train.take(chunk).double().div(255.0)
+        sums, sq = x.sum(dim=(0, 2, 3)), x.pow(2).sum(dim=(0, 2, 3))
+        total = sums if total is None else total + sums
+        total_sq = sq if total_sq is None else total_sq + sq
+        count += x.shape[0] * x.shape[2] * x.shape[3]
+    mean = total / count
+    std = ((total_sq / count - mean.pow(2)) * count / max(count - 1, 1)).clamp_min(0).sqrt().clamp_min(1e-3)
+    return mean.tolist(), std.tolist()
+
+
+def load_data(spec: DataSpec) -> DataBundle:
+    if _use_cache(spec):
+        raw = _cached_folder(spec)
+        images = raw.images
+    else:
+        raw = _load_raw(spec)
+        images = _reshape(raw.images, spec.image_size, spec.channels)
+    indices = _split_indices(spec, raw)
+    if isinstance(images, DiskImages):
+        splits = {k: Split(images, raw.labels[v].contiguous(), v.contiguous()) for k, v in indices.items()}
+    else:
+        splits = {k: Split(images[v].contiguous(), raw.labels[v].contiguous()) for k, v in indices.items()}
     if spec.mean is not None and spec.std is not None:
         mean, std = list(spec.mean), list(spec.std)
     else:
-        pixels = splits["train"].images.float().div(255.0)
-        mean = pixels.mean(dim=(0, 2, 3)).tolist()
-        std = pixels.std(dim=(0, 2, 3)).clamp_min(1e-3).tolist()
+        mean, std = _train_stats(splits["train"], spec.split_seed)
     if len(mean) != images.shape[1] or len(std) != images.shape[1]:
         raise DataError(f"data.mean/std have {len(mean)}/{len(std)} values but the images have {images.shape[1]} channels")
     return DataBundle(
@@ -196,19 +279,24 @@ class Augment:
     def enabled(self) -> bool:
         return self.pad > 0 or self.hflip
 
-    def __call__(self, images: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    def __call__(self, images: torch.Tensor, gen: torch.Generator, offset: int = 0, total: int | None = None) -> torch.Tensor:
+        """Augment ``images``, which are rows ``offset…`` of a batch of ``total``: the random draws are made
+        for the whole batch, so a process holding one shard of it applies exactly what one process
+        holding all of it would."""
         n, _, h, w = images.shape
+        total = n if total is None else total
+        picked = slice(offset, offset + n)
         if self.pad > 0:
             padded = F.pad(images, (self.pad,) * 4)
-            dy = torch.randint(0, 2 * self.pad + 1, (n,), generator=gen)
-            dx = torch.randint(0, 2 * self.pad + 1, (n,), generator=gen)
+            dy = torch.randint(0, 2 * self.pad + 1, (total,), generator=gen)[picked]
+            dx = torch.randint(0, 2 * self.pad + 1, (total,), generator=gen)[picked]
             rows = (dy.view(n, 1) + torch.arange(h).view(1, h)).view(n, 1, h, 1)
             cols = (dx.view(n, 1) + torch.arange(w).view(1, w)).view(n, 1, 1, w)
             batch_idx = torch.arange(n).view(n, 1, 1, 1)
             chan_idx = torch.arange(images.shape[1]).view(1, -1, 1, 1)
             images = padded[batch_idx, chan_idx, rows, cols]
         if self.hflip:
-            flip = torch.rand(n, generator=gen) < 0.5
+            flip = (torch.rand(total, generator=gen) < 0.5)[picked]
             images = torch.where(flip.view(n, 1, 1, 1), images.flip(3), images)
         return images
 
@@ -219,35 +307,52 @@ class BatchStream:
     The order and the augmentation of every batch are derived from the seed, the epoch and
     the batch number, not from a running RNG, so a run resumed at batch k of epoch e sees
     exactly the batches an uninterrupted run would have seen.
+
+    ``shard=(rank, world)``: one of ``world`` processes. A shuffled (training) stream draws
+    global batches of ``batch_size × world`` images from the one seeded order and gives each
+    rank its contiguous slice, so the images of every optimizer step, and their augmentation,
+    are those of a single process with the global batch. An ordered (evaluation) stream gives
+    rank r every world-th image, so the ranks together see each image once.
     """
 
     def __init__(self, split: Split, bundle: DataBundle, batch_size: int, *, shuffle: bool, drop_last: bool,
                  augment: Augment | None = None, seed: int = 0, device: torch.device | str = "cpu",
-                 channels_last: bool = False) -> None:
+                 channels_last: bool = False, shard: tuple[int, int] = (0, 1)) -> None:
         self.split, self.bundle, self.batch_size = split, bundle, batch_size
         self.shuffle, self.drop_last, self.augment, self.seed = shuffle, drop_last, augment, seed
+        self.rank, self.world = shard
         self.device = torch.device(device)
         self.channels_last = channels_last
         self._mean = torch.tensor(bundle.mean, device=self.device).view(1, -1, 1, 1)
         self._std = torch.tensor(bundle.std, device=self.device).view(1, -1, 1, 1)
 
+    def _layout(self) -> tuple[int, int]:
+        """(images this stream draws batches from, images per drawn batch)."""
+        if self.shuffle:
+            return len(self.split), self.batch_size * self.world
+        return len(range(self.rank, len(self.split), self.world)), self.batch_size
+
     def __len__(self) -> int:
-        n = len(self.split)
-        return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
+        n, per = self._layout()
+        return n // per if self.drop_last else -(-n // per)
 
     def epoch(self, epoch: int, start: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         n = len(self.split)
         if self.shuffle:
             order = torch.randperm(n, generator=torch.Generator().manual_seed(self.seed * 100_003 + epoch))
+            offset = self.rank * self.batch_size
         else:
-            order = torch.arange(n)
+            order = torch.arange(self.rank, n, self.world)
+            offset = 0
+        per = self._layout()[1]
         pin = self.device.type == "cuda"
         for b in range(start, len(self)):
-            idx = order[b * self.batch_size:(b + 1) * self.batch_size]
-            images, labels = self.split.images[idx], self.split.labels[idx]
+            drawn = order[b * per:(b + 1) * per]
+            idx = drawn[offset:offset + self.batch_size]
+            images, labels = self.split.take(idx), self.split.labels[idx]
             if self.augment is not None and self.augment.enabled:
                 gen = torch.Generator().manual_seed((self.seed * 100_003 + epoch) * 1_000_003 + b)
-                images = self.augment(images, gen)
+                images = self.augment(images, gen, offset, len(drawn))
             if pin:
                 images, labels = images.pin_memory(), labels.pin_memory()
             images = images.to(self.device, non_blocking=True)

@@ -102,7 +102,7 @@ def imagefolder_files(root: str | Path) -> tuple[list[str], list[tuple[Path, int
 _GREY_MODES = {"1", "L", "LA", "I", "I;16", "I;16B", "I;16L", "F"}
 
 
-def _is_grey(img) -> bool:
+def is_grey(img) -> bool:
     """A palette image counts as grey only where every palette entry is (a GIF of a scan often is)."""
     if img.mode == "P":
         palette = img.getpalette() or []
@@ -110,30 +110,45 @@ def _is_grey(img) -> bool:
     return img.mode in _GREY_MODES
 
 
+def decode_image(path: Path, size: int | None, mode: str | None) -> np.ndarray:
+    """One image as uint8 H×W (mode L) or H×W×3 (RGB), resized to ``size``×``size`` (default: its shorter
+    side). ``mode`` None: greyscale images stay L, others become RGB. The in-memory loader and the
+    decode cache both decode through here, so the two give the same pixels."""
+    from PIL import Image
+
+    try:
+        with Image.open(path) as img:
+            img = img.convert(mode or ("L" if is_grey(img) else "RGB"))
+            side = size or min(img.size)
+            return np.asarray(img.resize((side, side), Image.BILINEAR), dtype=np.uint8)
+    except OSError as exc:
+        raise DataError(f"imagefolder: cannot read image {path}: {exc}; remove or replace the file") from exc
+
+
+def first_image_size(files: list[tuple[Path, int]]) -> int:
+    """The square size a folder is resized to when ``image_size`` is unset: the first image's shorter side."""
+    from PIL import Image
+
+    path = files[0][0]
+    try:
+        with Image.open(path) as img:
+            return min(img.size)
+    except OSError as exc:
+        raise DataError(f"imagefolder: cannot read image {path}: {exc}; remove or replace the file") from exc
+
+
 def load_imagefolder(root: str | Path, image_size: int | None, channels: int | None) -> RawDataset:
-    """Read a class-per-folder tree; every image is resized once to a common square size.
+    """Read a class-per-folder tree into memory; every image is resized once to a common square size.
 
     Without ``channels`` the images decide: a folder of greyscale images stays 1-channel
     (tripling it would triple memory and the first convolution's work for nothing); one
     colour image among them makes the set RGB.
     """
-    from PIL import Image
-
     root = Path(root)
     classes, files = imagefolder_files(root)
-    size = image_size
-    decoded = []
-    for path, _ in files:
-        try:
-            with Image.open(path) as img:
-                grey = _is_grey(img)
-                mode = {1: "L", 3: "RGB"}.get(channels or 0) or ("L" if grey else "RGB")
-                img = img.convert(mode)
-                if size is None:
-                    size = min(img.size)
-                decoded.append(np.asarray(img.resize((size, size), Image.BILINEAR), dtype=np.uint8))
-        except OSError as exc:
-            raise DataError(f"imagefolder: cannot read image {path}: {exc}; remove or replace the file") from exc
+    size = image_size or first_image_size(files)
+    mode = {1: "L", 3: "RGB"}.get(channels or 0)
+    decoded = [decode_image(path, size, mode) for path, _ in files]
     if channels is None and any(a.ndim == 3 for a in decoded):  # mixed: the grey ones become RGB too
         decoded = [np.repeat(a[:, :, None], 3, axis=2) if a.ndim == 2 else a for a in decoded]
     stacked = np.stack(decoded)

@@ -15,6 +15,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from train.data import BatchStream
+from train.distributed import SINGLE, ProcessGroupInfo
 
 TOP_K = {"top1": 1, "top5": 5}
 
@@ -34,7 +35,10 @@ def topk_hits(logits: torch.Tensor, labels: torch.Tensor) -> dict[str, torch.Ten
 
 @torch.no_grad()
 def evaluate(model: nn.Module, stream: BatchStream,
-             autocast: Callable[[], ContextManager] = contextlib.nullcontext) -> dict[str, float]:
+             autocast: Callable[[], ContextManager] = contextlib.nullcontext,
+             group: ProcessGroupInfo = SINGLE) -> dict[str, float]:
+    """Accuracy and mean loss over ``stream``; with several processes, each evaluates its shard and the
+    counts are summed over all of them, so every rank returns the figures of the whole split."""
     was_training = model.training
     model.eval()
     correct: dict[str, int] = {}
@@ -51,5 +55,9 @@ def evaluate(model: nn.Module, stream: BatchStream,
             seen += len(y)
     finally:
         model.train(was_training)
+    names = list(correct) if not group.active else meaningful_metrics(stream.bundle.num_classes)
+    totals = group.sum([loss_sum, seen, *(correct.get(n, 0) for n in names)])
+    loss_sum, seen = totals[0], int(totals[1])
+    correct = {n: int(v) for n, v in zip(names, totals[2:])}
     seen = max(seen, 1)
     return {**{name: 100.0 * count / seen for name, count in correct.items()}, "loss": loss_sum / seen, "n": seen}

@@ -21,6 +21,7 @@ from torch.nn import functional as F
 
 from train.checkpoint import load_checkpoint, restore_rng, rng_state, save_checkpoint
 from train.data import BatchStream
+from train.distributed import SINGLE, ProcessGroupInfo, from_sync_batchnorm, to_sync_batchnorm
 from train.errors import TrainError
 from train.evaluate import evaluate
 from train.memory import PeakMemory
@@ -44,6 +45,8 @@ class LoopSettings:
     label: str = "train"
     heartbeat_s: float = 30.0
     run_key: str = ""  # a checkpoint written under another key (other settings) is not resumed
+    # Several processes: BatchNorm statistics over the global batch, as one process would compute them.
+    sync_batchnorm: bool = True
 
 
 @dataclass
@@ -83,8 +86,10 @@ class _Loop:
 
     def __init__(self, train_model: nn.Module, forward_model: nn.Module, optimizer: torch.optim.Optimizer,
                  scheduler: torch.optim.lr_scheduler.LRScheduler, precision: Precision, settings: LoopSettings,
-                 hooks: Hooks, total_steps: int) -> None:
+                 hooks: Hooks, total_steps: int, group: ProcessGroupInfo = SINGLE,
+                 ddp: nn.Module | None = None) -> None:
         self.train_model, self.forward_model = train_model, forward_model
+        self.group, self.ddp = group, ddp
         self.optimizer, self.scheduler, self.precision = optimizer, scheduler, precision
         self.settings, self.hooks, self.total_steps = settings, hooks, total_steps
         self.state = {"step": 0, "skipped": 0, "history": [], "best_val_top1": -1.0, "best_epoch": -1}
@@ -101,26 +106,34 @@ class _Loop:
                 terms = {"loss": F.cross_entropy(logits.float(), y, label_smoothing=self.settings.label_smoothing)}
         return terms
 
+    def _micro_step(self, x: torch.Tensor, y: torch.Tensor, accum: int) -> tuple[dict[str, torch.Tensor], float]:
+        terms = self._loss_terms(x, y)
+        value = terms["loss"].item()
+        if not math.isfinite(value):
+            raise NonFiniteLoss(
+                f"{self.settings.label}: loss became {value} at step {self.state['step'] + 1}/{self.total_steps} "
+                f"(precision {self.precision.name}). Try a lower lr, gradient clipping (clip_grad_norm: 1.0), "
+                "or amp: off; the last good checkpoint was kept and no model was registered")
+        self.precision.scaler.scale(terms["loss"] / accum).backward()
+        return terms, value
+
     def step(self, batches) -> float:
         """One optimizer step over ``grad_accum`` micro-batches; returns the step's mean loss."""
         t0 = time.perf_counter()
         accum, scaler = self.settings.grad_accum, self.precision.scaler
         step_loss = 0.0
-        for _ in range(accum):
+        for micro in range(accum):
             x, y = next(batches)
-            terms = self._loss_terms(x, y)
-            value = terms["loss"].item()
-            if not math.isfinite(value):
-                raise NonFiniteLoss(
-                    f"{self.settings.label}: loss became {value} at step {self.state['step'] + 1}/{self.total_steps} "
-                    f"(precision {self.precision.name}). Try a lower lr, gradient clipping (clip_grad_norm: 1.0), "
-                    "or amp: off; the last good checkpoint was kept and no model was registered")
-            scaler.scale(terms["loss"] / accum).backward()
+            # Gradients are averaged across processes once per optimizer step, not per micro-batch.
+            syncing = self.ddp is None or micro == accum - 1
+            with (contextlib.nullcontext() if syncing else self.ddp.no_sync()):
+                terms, value = self._micro_step(x, y, accum)
             step_loss += value / accum
             for name, term in terms.items():
                 self.epoch_sums[name] = self.epoch_sums.get(name, 0.0) + float(term.detach()) / accum
             self.images_seen += len(y)
         scaler.unscale_(self.optimizer)
+
         if self.hooks.after_backward:
             self.hooks.after_backward(self.train_model)
         if self.settings.clip_grad_norm:
@@ -139,12 +152,15 @@ class _Loop:
 
     def end_epoch(self, epoch: int, val: BatchStream | None, progress: StepProgress) -> None:
         steps = max(1, self.epoch_steps)
+        names = sorted(self.epoch_sums)  # the mean over every process's images, not rank 0's alone
+        sums = dict(zip(names, self.group.sum([self.epoch_sums[k] for k in names])))
         record = {"epoch": epoch + 1, "step": self.state["step"],
-                  **{("train_loss" if k == "loss" else f"train_{k}"): v / steps for k, v in self.epoch_sums.items()}}
+                  **{("train_loss" if k == "loss" else f"train_{k}"): v / steps / self.group.world
+                     for k, v in sums.items()}}
         self.epoch_sums, self.epoch_steps = {}, 0
         if val is not None:
             with (self.hooks.evaluation or contextlib.nullcontext)():
-                metrics = evaluate(self.train_model, val, self.precision.autocast)
+                metrics = evaluate(self.train_model, val, self.precision.autocast, self.group)
             record.update(val_top1=metrics["top1"], val_loss=metrics["loss"])
             if metrics["top1"] > self.state["best_val_top1"]:
                 self.state["best_val_top1"], self.state["best_epoch"] = metrics["top1"], epoch + 1
@@ -170,16 +186,26 @@ class _Loop:
 
 def fit(model: nn.Module, train: BatchStream, val: BatchStream | None, optimizer: torch.optim.Optimizer,
         scheduler: torch.optim.lr_scheduler.LRScheduler, precision: Precision, settings: LoopSettings,
-        hooks: Hooks | None = None, checkpoint_dir: Path | None = None, compile_model: bool = False) -> FitResult:
+        hooks: Hooks | None = None, checkpoint_dir: Path | None = None, compile_model: bool = False,
+        group: ProcessGroupInfo = SINGLE) -> FitResult:
+    """Train ``model`` in place. Under a group of several processes (torchrun) every rank calls this
+    with its shard of the data (``BatchStream(shard=...)``); rank 0 alone writes checkpoints, and
+    every rank resumes from the same one."""
     hooks = hooks or Hooks()
-    forward_model = torch.compile(model) if compile_model else model
+    ddp = None
+    if group.active:
+        if settings.sync_batchnorm:
+            to_sync_batchnorm(model)
+        device = next(model.parameters()).device
+        ddp = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+    forward_model = torch.compile(ddp or model) if compile_model else (ddp or model)
     accum = settings.grad_accum
     steps_per_epoch = len(train) // accum
     if steps_per_epoch == 0:
         raise ValueError(f"{settings.label}: {len(train)} batches per epoch is fewer than grad_accum={accum}; "
                          "lower batch_size or grad_accum")
     total_steps = steps_per_epoch * settings.epochs
-    loop = _Loop(model, forward_model, optimizer, scheduler, precision, settings, hooks, total_steps)
+    loop = _Loop(model, forward_model, optimizer, scheduler, precision, settings, hooks, total_steps, group, ddp)
     state = loop.state
 
     checkpoint = load_checkpoint(checkpoint_dir) if checkpoint_dir else None
@@ -212,18 +238,23 @@ def fit(model: nn.Module, train: BatchStream, val: BatchStream | None, optimizer
                 if at_epoch_end:
                     loop.end_epoch(epoch, val, progress)
                 due = settings.checkpoint_every and state["step"] % settings.checkpoint_every == 0
-                if checkpoint_dir is not None and (at_epoch_end or due) and _params_finite(model):
+                if checkpoint_dir is not None and (at_epoch_end or due) and group.is_main and _params_finite(model):
                     save_checkpoint(checkpoint_dir, loop.checkpoint_state(precision.scaler))
     finally:
         progress.close()
 
-    if checkpoint_dir is not None:
+    group.barrier()  # no rank still reads the checkpoint when rank 0 removes it
+    if group.active:
+        from_sync_batchnorm(model)
+    if checkpoint_dir is not None and group.is_main:
         shutil.rmtree(checkpoint_dir, ignore_errors=True)
     peak, kind = memory.peak()
+    images, seconds = group.sum([loop.images_seen, loop.train_time])
     return FitResult(
         steps=state["step"], epochs=settings.epochs, history=state["history"],
         best_val_top1=state["best_val_top1"], best_epoch=state["best_epoch"],
-        images_per_s=loop.images_seen / max(loop.train_time, 1e-9), train_time_s=loop.train_time,
+        # every image of every process, over the mean time a process trained
+        images_per_s=images / max(seconds / group.world, 1e-9), train_time_s=loop.train_time,
         skipped_steps=state["skipped"], resumed_from_step=resumed_from, peak_memory_bytes=peak,
-        peak_memory_kind=kind, effective_batch=train.batch_size * accum, final_loss=last_loss, model=model,
+        peak_memory_kind=kind, effective_batch=train.batch_size * accum * group.world, final_loss=last_loss, model=model,
     )

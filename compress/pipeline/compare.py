@@ -18,10 +18,11 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from compress.errors import ArtifactError, ConfigError, DataInputError
+from compress.errors import ArtifactError, ConfigError
 from compress.pipeline.bench_report import find_report, load_report
 from compress.pipeline.fingerprint import environment
 from compress.pipeline.manifest import Manifest
+from compress.pipeline.pipeline_data import load_section
 from compress.pipeline.pipeline_file import Pipeline, load_pipeline
 from compress.stages.base import InputArtifact
 from compress.stages.bench_stage import BenchConfig, artifact_spec, summary_table, test_set_of
@@ -32,7 +33,6 @@ from serve_bench.machine_load import busy_machine_flag
 from serve_bench.report import test_set_facts, write_report
 from serve_bench.report_tables import comparison_table
 from train.atomic_io import atomic_dir
-from train.data import DataError, DataSpec, load_data
 
 logger = logging.getLogger(__name__)
 
@@ -73,13 +73,9 @@ def _chosen(run_dir: Path, manifest: Manifest, report: dict | None, name: str | 
 
 def _test_set(run_dir: Path, pipeline: Pipeline, cache: dict[str, tuple]) -> tuple[TestSet, bool]:
     """The run's test split, and whether its labels mean anything (not synthetic)."""
-    spec = DataSpec(**pipeline.config.data.model_dump(exclude={"independent_test"}))
-    key = repr(spec)
+    key = pipeline.config.data.model_dump_json()
     if key not in cache:
-        try:
-            data = load_data(spec)
-        except DataError as exc:
-            raise DataInputError(f"{run_dir / 'pipeline.resolved.yaml'}: data: {exc}") from exc
+        data = load_section(pipeline.config.data, str(run_dir / "pipeline.resolved.yaml"))
         cache[key] = (test_set_of(data), data.meaningful_accuracy)
     return cache[key]
 

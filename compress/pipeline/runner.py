@@ -18,11 +18,13 @@ from pathlib import Path
 from rich.console import Console
 
 from compress import __version__
-from compress.config import StageConfig, check_metric_has_meaning
-from compress.errors import ArtifactError, CompressError, ConfigError, DataInputError, from_library
+from compress.config import DistributedSettings, StageConfig, check_metric_has_meaning
+from compress.errors import ArtifactError, CompressError, ConfigError, from_library
 from compress.pipeline.console_log import to_console
+from compress.pipeline.distributed_launch import launch_stage
 from compress.pipeline.fingerprint import environment, environment_key
 from compress.pipeline.manifest import ArtifactRecord, Manifest, StageRecord, digest_path, now
+from compress.pipeline.pipeline_data import load_section
 from compress.pipeline.pipeline_file import Pipeline
 from compress.pipeline.preflight import preflight
 from compress.pipeline.rerun_reason import why_rerun
@@ -32,8 +34,7 @@ from compress.stages.base import InputArtifact, Output, StageContext
 from compress.stages.data_match import check_same_data
 from compress.stages.model_source import model_sources
 from train.atomic_io import atomic_write_text
-from train.data import DataBundle, DataSpec, load_data
-from train.datasets import DataError
+from train.data import DataBundle
 
 logger = logging.getLogger(__name__)
 
@@ -49,6 +50,16 @@ class RunOptions:
 
 def _hash(obj: object) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()
+
+
+# Where and how data is decoded, not which pixels: the split digest covers the pixels.
+_DATA_LOCATION_FIELDS = ("decode_cache", "cache_dir", "decode_workers")
+
+
+def _without_locations(section: str, value: object) -> object:
+    if section == "data" and isinstance(value, dict):
+        return {k: v for k, v in value.items() if k not in _DATA_LOCATION_FIELDS}
+    return value
 
 
 def default_run_dir(pipeline: Pipeline) -> Path:
@@ -126,13 +137,9 @@ class Runner:
 
     def _load_data(self) -> DataBundle:
         if self._data is None:
-            cfg = self.pipeline.config.data
-            spec = DataSpec(**cfg.model_dump(exclude={"independent_test"}))
+            self._data = load_section(self.pipeline.config.data, self.pipeline.source)
             try:
-                self._data = load_data(spec)
                 check_metric_has_meaning(self.pipeline.config.red_line.metric, self._data.num_classes)
-            except DataError as exc:
-                raise DataInputError(f"{self.pipeline.source}: data: {exc}") from exc
             except ValueError as exc:
                 raise ConfigError(f"{self.pipeline.source}: red_line.metric: {exc}") from exc
             self._data_digest = self._data.digest()
@@ -156,6 +163,7 @@ class Runner:
         selected = self._selected()
         self.selected_names = [self.pipeline.stages[i].name for i in selected]
         preflight(self.pipeline)  # what the file names exists: checked before anything is written
+        self._check_node_rank()
         self.run_dir.mkdir(parents=True, exist_ok=True)
         with RunLock(self.run_dir), to_console(self.console):
             self.manifest = Manifest.load(self.run_dir)
@@ -177,6 +185,16 @@ class Runner:
             if self._config_file is not None:  # nothing is written for a run whose every stage was cached
                 self.manifest.save(self.run_dir)
         return self.manifest
+
+    def _check_node_rank(self) -> None:
+        """`compress run` is node 0; another machine's share of a stage is `compress join`."""
+        for cfg in self.pipeline.stages:
+            spread = self._distributed(cfg, registry.get(cfg.kind))
+            if spread is not None and spread.node_rank != 0:
+                raise ConfigError(
+                    f"{self.pipeline.source}: stage {cfg.name!r} has distributed.node_rank {spread.node_rank}: "
+                    f"`compress run` runs on node 0; on this machine run `compress join {self.pipeline.source} "
+                    f"--stage {cfg.name} --node-rank {spread.node_rank} --run-dir <the shared run directory>`")
 
     def _check_owner(self, manifest: Manifest | None) -> None:
         """A run directory belongs to the pipeline that made it: another one would overwrite its records."""
@@ -253,13 +271,24 @@ class Runner:
             self._load_data()
             data_digest = self._data_digest
         assert self.manifest is not None
-        return {"kind": cfg.kind, "settings": cfg.model_dump(mode="json"),
-                "uses": {key: global_cfg[key] for key in uses}, "data": data_digest,
+        material = {"kind": cfg.kind, "settings": cfg.model_dump(mode="json", exclude={"distributed"}),
+                "uses": {key: _without_locations(key, global_cfg[key]) for key in uses}, "data": data_digest,
                 # Weights files and user model code by content, wherever a model section appears.
                 "sources": model_sources(cfg, self.pipeline.config.model if "model" in uses else None),
                 "inputs": {role: self.manifest.artifacts[art.name].sha256 for role, art in inputs.items()},
                 "input_names": {role: art.name for role, art in inputs.items()}, "version": __version__,
                 "environment": self._environment_digest if cls.keyed_on_environment else None}
+        spread = self._distributed(cfg, cls)
+        if spread is not None:  # how many processes changes the weights; where they run does not
+            material["distributed"] = spread.result_settings()
+        return material
+
+    def _distributed(self, cfg: StageConfig, cls: type) -> DistributedSettings | None:
+        """The stage's distributed settings where it runs on more than one process, else None."""
+        chosen = getattr(cfg, "distributed", None) or self.pipeline.config.distributed
+        if chosen.processes <= 1 or not cls.distributable:
+            return None
+        return chosen
 
     def _output_problems(self, previous: StageRecord | None) -> list[str]:
         assert self.manifest is not None
@@ -310,8 +339,19 @@ class Runner:
                            pipeline=self.pipeline.config, cache_key=key, console=self.console, load_data=self._load_data,
                            environment=manifest.environment)
         logger.info(f"running ({cfg.kind}): {reason}", extra={"stage": cfg.name})
+        spread = self._distributed(cfg, cls)
+        if spread is None and self.pipeline.config.distributed.processes > 1:
+            logger.info(f"runs in this one process: a {cfg.kind} stage does not train on several",
+                        extra={"stage": cfg.name})
         try:
-            result, duration = cls(cfg).execute(ctx, inputs)
+            if spread is not None:
+                cls(cfg).check_inputs(ctx, inputs)
+                ctx.stage_dir.mkdir(parents=True, exist_ok=True)
+                result, duration = launch_stage(
+                    ctx, stage_index=index, kind=cfg.kind, pipeline=self.pipeline.resolved(),
+                    source=self.pipeline.source, inputs=inputs, settings=spread, data_digest=self._load_data().digest())
+            else:
+                result, duration = cls(cfg).execute(ctx, inputs)
         except BaseException as exc:
             failure = {"status": "failed", "ended": now(), "error": f"{type(exc).__name__}: {exc}"}
             if kept is not None:

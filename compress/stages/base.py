@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,9 +16,10 @@ from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterator
 
 from rich.console import Console
 
-from compress.config import PipelineConfig, StageConfig
+from compress.config import DistributedSettings, PipelineConfig, StageConfig
 from compress.errors import ArtifactError, StageError
 from train.atomic_io import atomic_dir
+from train.distributed import SINGLE, ProcessGroupInfo
 
 if TYPE_CHECKING:
     from train.data import DataBundle
@@ -59,10 +61,16 @@ class StageContext:
     console: Console
     load_data: Callable[[], "DataBundle"]
     environment: dict[str, Any] = field(default_factory=dict)  # the machine and software this run is on
+    group: ProcessGroupInfo = SINGLE  # this process's rank when the stage runs under torchrun
+    distributed: DistributedSettings | None = None  # the stage's settings when it runs on several processes
 
     @property
     def data(self) -> "DataBundle":
         return self.load_data()
+
+    @property
+    def is_main(self) -> bool:
+        return self.group.is_main
 
     def log(self, message: str, style: str | None = None) -> None:
         """A progress line of this stage, through ``logging`` (the run shows it on its console)."""
@@ -70,7 +78,14 @@ class StageContext:
 
     @contextlib.contextmanager
     def atomic_output_dir(self, relative: str) -> Iterator[Path]:
-        """A folder artifact that appears under its final name only once complete."""
+        """A folder artifact that appears under its final name only once complete.
+
+        On ranks other than 0 the folder is scratch, removed afterwards: every rank runs the same
+        stage code, and only rank 0's files become the artifact."""
+        if not self.is_main:
+            with tempfile.TemporaryDirectory(prefix=f"rank{self.group.rank}-") as scratch:
+                yield Path(scratch)
+            return
         with atomic_dir(self.stage_dir / relative) as tmp:
             yield tmp
 
@@ -94,6 +109,8 @@ class Stage:
     # Trains or measures accuracy on the data, so an input made on another split is refused
     # (compress.stages.data_match); a stage that only converts passes the input's record on instead.
     judges_on_data: ClassVar[bool] = True
+    # Trains: may run on several processes under torchrun (the pipeline's or its own `distributed:`).
+    distributable: ClassVar[bool] = False
 
     def __init__(self, config: StageConfig) -> None:
         self.config = config
@@ -103,18 +120,21 @@ class Stage:
         """References to earlier artifacts made by settings (a distillation teacher); resolved like inputs."""
         return {}
 
-    def execute(self, ctx: StageContext, inputs: dict[str, InputArtifact]) -> tuple[StageResult, float]:
+    def check_inputs(self, ctx: StageContext, inputs: dict[str, InputArtifact]) -> None:
         missing = [role for role in self.required_inputs if role not in inputs]
         if missing:
             raise ArtifactError(
                 f"stage {ctx.name!r} ({self.kind}) needs input {', '.join(missing)}; "
                 f"set stages.{ctx.name}.inputs or add an earlier stage that makes one"
             )
+
+    def execute(self, ctx: StageContext, inputs: dict[str, InputArtifact]) -> tuple[StageResult, float]:
+        self.check_inputs(ctx, inputs)
         ctx.stage_dir.mkdir(parents=True, exist_ok=True)
         start = time.perf_counter()
         result = self.run(ctx, inputs)
         duration = time.perf_counter() - start
-        for out in result.outputs:
+        for out in result.outputs if ctx.is_main else ():
             if not out.path.exists():
                 raise StageError(f"stage {ctx.name!r} declared output {out.role} at {out.path}, which was not written")
         return result, duration

@@ -13,7 +13,8 @@ from compress.distillation.loss import LossSettings, check_pair
 from compress.errors import ConfigError
 from compress.stages.base import InputArtifact, Output, Stage, StageContext, StageResult
 from compress.stages.model_source import model_from_artifact, model_from_config, model_meta, trained_on
-from compress.stages.training_run import TrainingSettings, run_training, teacher_loss, test_accuracy, test_metrics
+from compress.stages.training_run import (Distributable, TrainingSettings, run_training, teacher_loss, test_accuracy,
+                                          test_metrics)
 from train.loop import Hooks
 from train.model_io import save_model
 from train.models import ModelError, build_model, count_macs, count_params, load_weights
@@ -26,7 +27,7 @@ class ExternalTeacher(ModelConfig):
     weights: str = Field(..., description="local state dict, read with weights_only=True or as safetensors")
 
 
-class DistillConfig(StageConfig, TrainingSettings, LossSettings):
+class DistillConfig(StageConfig, TrainingSettings, LossSettings, Distributable):
     kind: Literal["distill"] = "distill"
     teacher: str | None = Field(None, description="an earlier stage or artifact; default: the trained baseline")
     external_teacher: ExternalTeacher | None = None
@@ -40,6 +41,7 @@ class DistillStage(Stage):
     produces = ("model", "history")
     deployable = ("model",)
     default_teacher = True
+    distributable = True
 
     @classmethod
     def config_refs(cls, config: DistillConfig) -> dict[str, str]:  # type: ignore[override]

@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
+import shutil
 from typing import Literal
 
 import torch
@@ -12,15 +14,16 @@ from torch import nn
 from compress.config import StageConfig
 from compress.distillation.loss import DistillSettings, check_pair
 from compress.errors import ConfigError
-from compress.pruning.channel_pruning import (PruneTarget, SurgerySettings, bn_l1_hook,
+from compress.pruning.channel_pruning import (PruneResult, PruneTarget, SurgerySettings, bn_l1_hook,
                                               gamma_histogram, latency_ratio, prune, unprunable_batchnorms)
 from compress.stages.base import InputArtifact, Output, Stage, StageContext, StageResult
 from compress.stages.model_source import model_from_artifact, model_meta, trained_on
-from compress.stages.training_run import (TrainingRun, TrainingSettings, eval_stream, resolve_device, run_training,
-                                          teacher_loss, test_accuracy, test_metrics)
+from compress.stages.training_run import (Distributable, TrainingRun, TrainingSettings, eval_stream, resolve_device,
+                                          run_training, teacher_loss, test_accuracy, test_metrics)
+from train.atomic_io import atomic_dir
 from train.evaluate import evaluate
 from train.loop import Hooks
-from train.model_io import save_model
+from train.model_io import load_model, save_model
 
 
 class SparsityConfig(TrainingSettings):
@@ -35,7 +38,7 @@ class FinetuneConfig(TrainingSettings):
     distill: DistillSettings | None = Field(None, description="distil from a teacher, e.g. {teacher: train}")
 
 
-class PruneConfig(StageConfig, SurgerySettings):
+class PruneConfig(StageConfig, SurgerySettings, Distributable):
     kind: Literal["prune"] = "prune"
     sparsity: SparsityConfig = Field(default_factory=SparsityConfig)
     target: PruneTarget = Field(default_factory=lambda: PruneTarget(macs=0.45))
@@ -52,6 +55,31 @@ def _protected(model: nn.Module, names: list[str], field: str) -> list[nn.Module
     return [modules[n] for n in names] + linears[-1:]  # the classifier keeps its class count
 
 
+def _surgery_once(ctx: StageContext, model: nn.Module, example: torch.Tensor, target: PruneTarget,
+                  protected: list[nn.Module], surgery: SurgerySettings, description: dict) -> tuple[nn.Module, PruneResult]:
+    """Channel surgery on rank 0 alone; the other ranks load its result from the stage folder.
+
+    Through a file, not a broadcast, so ranks on other machines sharing the run directory get the
+    same model the same way; the pruned model is rebuilt from its pruning history, never unpickled.
+    """
+    folder = ctx.stage_dir / "surgery"
+    if ctx.is_main:
+        result = prune(model, example, target, protected, surgery)
+        pruned = {**description, "pruning": {"history": (description.get("pruning") or {}).get("history", [])
+                                             + result.history, "input_shape": list(example.shape[1:])}}
+        with atomic_dir(folder) as tmp:
+            save_model(model, tmp, pruned)
+            (tmp / "surgery.json").write_text(json.dumps(dataclasses.asdict(result)))
+    ctx.group.barrier()
+    if not ctx.is_main:
+        model, _ = load_model(folder)
+        result = PruneResult(**json.loads((folder / "surgery.json").read_text()))
+    ctx.group.barrier()  # every rank has read it: rank 0 may remove it
+    if ctx.is_main:
+        shutil.rmtree(folder, ignore_errors=True)
+    return model.eval(), result
+
+
 class PruneStage(Stage):
     kind = "prune"
     Config = PruneConfig
@@ -59,6 +87,7 @@ class PruneStage(Stage):
     required_inputs = ("model",)
     produces = ("model", "report")
     deployable = ("model",)
+    distributable = True
 
     @classmethod
     def config_refs(cls, config: PruneConfig) -> dict[str, str]:  # type: ignore[override]
@@ -87,10 +116,16 @@ class PruneStage(Stage):
                                             checkpoint_dir=ctx.stage_dir / "checkpoints-sparsity")
             report["gamma_after_sparsity"] = gamma_histogram(model)
         model.cpu().eval()
-        result = prune(model, example, cfg.target, protected,
-                       SurgerySettings(**cfg.model_dump(include=set(SurgerySettings.model_fields))))
+        surgery = SurgerySettings(**cfg.model_dump(include=set(SurgerySettings.model_fields)))
+        if ctx.group.active:
+            model, result = _surgery_once(ctx, model, example, cfg.target, protected, surgery, description)
+        else:
+            result = prune(model, example, cfg.target, protected, surgery)
         device = resolve_device(cfg.finetune.device)
-        after_surgery = evaluate(model.to(device), eval_stream(data, "val", cfg.finetune, device))["top1"]
+        if device.type == "cuda" and ctx.group.active:
+            device = torch.device("cuda", torch.cuda.current_device())
+        after_surgery = evaluate(model.to(device), eval_stream(data, "val", cfg.finetune, device, ctx.group),
+                                 group=ctx.group)["top1"]
         ctx.log(f"pruned to {result.macs_after / result.macs_before:.1%} of the MACs "
                 f"({result.params_after:,} of {result.params_before:,} params); val top1 right after surgery "
                 f"{after_surgery:.2f}%")
@@ -108,7 +143,8 @@ class PruneStage(Stage):
                                                   checkpoint_dir=ctx.stage_dir / "checkpoints-finetune")
         test = test_accuracy(ctx.data, model, cfg.finetune, run)
         model.cpu().eval()
-        ratio = latency_ratio(original, model, example)
+        # Timed on rank 0 alone: other ranks timing at once would share its cores and skew it.
+        ratio = latency_ratio(original, model, example) if ctx.is_main else float("nan")
         ctx.log(f"test top1 {test['top1']:.2f}% after finetune; CPU latency pruned/unpruned {ratio:.2f}")
 
         history = (description.get("pruning") or {}).get("history", []) + result.history

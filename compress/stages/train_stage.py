@@ -11,13 +11,13 @@ from compress.config import StageConfig
 from compress.errors import ConfigError
 from compress.stages.base import InputArtifact, Output, Stage, StageContext, StageResult
 from compress.stages.model_source import model_from_artifact, model_from_config, model_meta, trained_on
-from compress.stages.training_run import TrainingSettings, run_training, test_accuracy, test_metrics
+from compress.stages.training_run import Distributable, TrainingSettings, run_training, test_accuracy, test_metrics
 from train.loop import Hooks
 from train.model_io import save_model
 from train.models import count_macs, count_params
 
 
-class TrainConfig(StageConfig, TrainingSettings):
+class TrainConfig(StageConfig, TrainingSettings, Distributable):
     kind: Literal["train"] = "train"
     tensorboard: bool = Field(False, description="write TensorBoard scalars to the stage folder")
 
@@ -28,6 +28,7 @@ class TrainStage(Stage):
     input_roles = ("model",)
     produces = ("model", "history")
     deployable = ("model",)
+    distributable = True
 
     def run(self, ctx: StageContext, inputs: dict[str, InputArtifact]) -> StageResult:
         cfg: TrainConfig = self.config  # type: ignore[assignment]
@@ -36,7 +37,7 @@ class TrainStage(Stage):
         model, description = (model_from_artifact(inputs["model"], data) if "model" in inputs
                               else model_from_config(ctx.pipeline.model, data))
         ctx.log(f"{type(model).__name__} ({count_params(model):,} params), {len(data.train)} train images")
-        hooks = Hooks(on_epoch=_tensorboard_logger(ctx) if cfg.tensorboard else None)
+        hooks = Hooks(on_epoch=_tensorboard_logger(ctx) if cfg.tensorboard and ctx.is_main else None)
         run = run_training(ctx, model, cfg, field=f"stages.{ctx.name}", label=ctx.name, hooks=hooks,
                            checkpoint_dir=ctx.stage_dir / "checkpoints")
         test = test_accuracy(ctx.data, model, cfg, run)

@@ -14,12 +14,13 @@ import torch
 from pydantic import Field, field_validator
 from torch import nn
 
-from compress.config import Strict
+from compress.config import DistributedSettings, Strict
 from compress.distillation.loss import DistillationLoss, LossSettings
 from compress.errors import ConfigError, StageError
 from compress.stages.base import StageContext
 from train.activation_checkpointing import checkpoint_blocks
-from train.data import Augment, BatchStream, DataBundle, Split
+from train.data import Augment, BatchStream, DataBundle
+from train.distributed import SINGLE, ProcessGroupInfo
 from train.evaluate import evaluate
 from train.loop import FitResult, Hooks, LoopSettings, NonFiniteLoss, fit
 from train.optim import lr_factor, make_optimizer, make_scheduler
@@ -65,12 +66,23 @@ class TrainingSettings(Strict):
         return "off" if value is False else value
 
 
+class Distributable(Strict):
+    """The per-stage override of the pipeline's ``distributed:`` section (stages that train)."""
+
+    distributed: DistributedSettings | None = Field(
+        None, description="processes this stage trains on (torchrun); default: the pipeline's distributed section")
+
+
 @dataclass
 class TrainingRun:
     result: FitResult
     precision: Precision
     device: torch.device
     metrics: dict
+    group: ProcessGroupInfo = SINGLE
+
+
+LR_SCALING = {"none": lambda world: 1.0, "linear": lambda world: float(world), "sqrt": lambda world: world ** 0.5}
 
 
 def resolve_device(choice: str) -> torch.device:
@@ -81,48 +93,68 @@ def resolve_device(choice: str) -> torch.device:
     return torch.device(choice)
 
 
-def eval_stream(data: DataBundle, split: str, cfg: TrainingSettings, device: torch.device) -> BatchStream:
+def eval_stream(data: DataBundle, split: str, cfg: TrainingSettings, device: torch.device,
+                group: ProcessGroupInfo = SINGLE) -> BatchStream:
     return BatchStream(getattr(data, split), data, cfg.eval_batch_size, shuffle=False, drop_last=False,
-                       seed=0, device=device, channels_last=cfg.channels_last)
+                       seed=0, device=device, channels_last=cfg.channels_last, shard=group.shard)
+
+
+def _sync_batchnorm(settings: DistributedSettings | None, device: torch.device, field: str) -> bool:
+    """SyncBatchNorm where torch supports it under DDP (CUDA); asked for on CPU, a clear refusal."""
+    if settings is None or settings.sync_batchnorm is None:
+        return device.type == "cuda"
+    if settings.sync_batchnorm and device.type != "cuda":
+        raise ConfigError(f"{field}: distributed.sync_batchnorm: true needs GPUs (torch's SyncBatchNorm runs only "
+                          "on CUDA); set it false or leave it unset (then each CPU process normalises over its batch)")
+    return settings.sync_batchnorm
 
 
 def run_training(ctx: StageContext, model: nn.Module, cfg: TrainingSettings, *, field: str, label: str,
                  hooks: Hooks | None = None, checkpoint_dir: Path | None = None) -> TrainingRun:
     """Train ``model`` in place; ``field`` names the settings in error messages (e.g. stages.prune.finetune)."""
     device = resolve_device(cfg.device)
-    data = ctx.data
+    data, group = ctx.data, ctx.group
     if device.type == "cuda":
         torch.backends.cudnn.benchmark = True
+        if group.active:  # this rank's GPU, chosen when it joined the group
+            device = torch.device("cuda", torch.cuda.current_device())
     model.to(device, memory_format=torch.channels_last if cfg.channels_last else torch.preserve_format)
     if cfg.checkpoint_blocks:
         try:
             checkpoint_blocks(model, cfg.checkpoint_blocks)
         except ValueError as exc:
             raise ConfigError(f"{field}.{exc}") from exc
-    split = data.train if cfg.train_images is None else Split(data.train.images[:cfg.train_images],
-                                                               data.train.labels[:cfg.train_images])
+    split = data.train if cfg.train_images is None else data.train.head(cfg.train_images)
     train = BatchStream(split, data, cfg.batch_size, shuffle=True, drop_last=True,
                         augment=Augment(cfg.augment.pad, cfg.augment.hflip), seed=ctx.pipeline.seed, device=device,
-                        channels_last=cfg.channels_last)
+                        channels_last=cfg.channels_last, shard=group.shard)
     steps_per_epoch = len(train) // cfg.grad_accum
     if steps_per_epoch == 0:
-        raise ConfigError(f"{field}.batch_size: {cfg.batch_size} × grad_accum {cfg.grad_accum} is more "
+        processes = f" × {group.world} processes" if group.active else ""
+        raise ConfigError(f"{field}.batch_size: {cfg.batch_size}{processes} × grad_accum {cfg.grad_accum} is more "
                           f"than the {len(split)} training images; lower it")
+    scaling = ctx.distributed.lr_scaling if ctx.distributed is not None else "none"
+    lr = cfg.lr * LR_SCALING[scaling](group.world)
     total = steps_per_epoch * cfg.epochs
     precision = make_precision(cfg.amp, device)
-    optimizer = make_optimizer(model, cfg.optimizer, cfg.lr, cfg.weight_decay, cfg.momentum)
+    optimizer = make_optimizer(model, cfg.optimizer, lr, cfg.weight_decay, cfg.momentum)
     scheduler = make_scheduler(optimizer, lr_factor(
         cfg.schedule, total, int(cfg.warmup_epochs * steps_per_epoch), cfg.decay_fraction, tuple(cfg.milestones), cfg.gamma))
     settings = LoopSettings(epochs=cfg.epochs, grad_accum=cfg.grad_accum, clip_grad_norm=cfg.clip_grad_norm,
                             label_smoothing=cfg.label_smoothing, checkpoint_every=cfg.checkpoint_every,
-                            label=label, heartbeat_s=cfg.heartbeat_s, run_key=f"{ctx.cache_key}:{label}")
-    ctx.log(f"{label}: {cfg.epochs} epochs × {steps_per_epoch} steps on {device}, {precision.name} "
+                            label=label, heartbeat_s=cfg.heartbeat_s, run_key=f"{ctx.cache_key}:{label}",
+                            sync_batchnorm=_sync_batchnorm(ctx.distributed, device, field))
+    bn = "SyncBatchNorm" if settings.sync_batchnorm else "BatchNorm statistics per process"
+    where = (f"{group.world} processes ({train.batch_size} images each, global batch "
+             f"{train.batch_size * group.world * cfg.grad_accum}, lr {lr:g} by lr_scaling {scaling}, {bn})"
+             if group.active else str(device))
+    ctx.log(f"{label}: {cfg.epochs} epochs × {steps_per_epoch} steps on {where}, {precision.name} "
             f"({precision.reason})")
     if precision.warning:
         ctx.log(f"warning: {field}.{precision.warning}", style="yellow")
     try:
-        result = fit(model, train, eval_stream(data, "val", cfg, device), optimizer, scheduler, precision, settings,
-                     hooks, checkpoint_dir=checkpoint_dir, compile_model=cfg.compile)
+        result = fit(model, train, eval_stream(data, "val", cfg, device, group), optimizer, scheduler, precision,
+                     settings, hooks, checkpoint_dir=checkpoint_dir, compile_model=cfg.compile, group=group)
     except NonFiniteLoss as exc:
         raise StageError(str(exc)) from exc
     metrics = {
@@ -133,9 +165,9 @@ def run_training(ctx: StageContext, model: nn.Module, cfg: TrainingSettings, *, 
         "val_precision": precision.name, "test_precision": "fp32",
         "epochs": cfg.epochs, "steps": result.steps,
         "effective_batch": result.effective_batch, "amp_skipped_steps": result.skipped_steps,
-        "resumed_from_step": result.resumed_from_step,
+        "resumed_from_step": result.resumed_from_step, "processes": group.world,
     }
-    return TrainingRun(result, precision, device, metrics)
+    return TrainingRun(result, precision, device, metrics, group)
 
 
 def test_accuracy(data: DataBundle, model: nn.Module, cfg: TrainingSettings, run: TrainingRun | None = None) -> dict:
@@ -146,8 +178,9 @@ def test_accuracy(data: DataBundle, model: nn.Module, cfg: TrainingSettings, run
     the training precision, and the record names it).
     """
     device = run.device if run else resolve_device(cfg.device)
+    group = run.group if run else SINGLE
     model.to(device)
-    return evaluate(model, eval_stream(data, "test", cfg, device))
+    return evaluate(model, eval_stream(data, "test", cfg, device, group), group=group)
 
 
 def test_metrics(test: dict) -> dict:
