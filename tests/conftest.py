@@ -4,6 +4,7 @@ import copy
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -44,3 +45,17 @@ def run_cli(*args: str, cwd: Path | None = None, timeout: float = 300) -> subpro
     env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     return subprocess.run([sys.executable, "-m", "compress", *args], cwd=cwd or ROOT, env=env,
                           capture_output=True, text=True, timeout=timeout)
+
+
+def start_run(pipeline: Path, run_dir: Path) -> subprocess.Popen:
+    """``compress run`` in the background (stderr captured), for tests that stop it part-way."""
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    return subprocess.Popen([sys.executable, "-m", "compress", "run", str(pipeline), "--run-dir", str(run_dir)],
+                            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+
+def wait_for_file(path: Path, proc: subprocess.Popen, timeout: float = 120) -> None:
+    """Until ``path`` exists (a first checkpoint, say), the run ends, or ``timeout`` passes."""
+    deadline = time.monotonic() + timeout
+    while not path.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)

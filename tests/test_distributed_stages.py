@@ -8,14 +8,13 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch.distributed as dist
 import yaml
 
-from tests.conftest import ROOT, run_cli
+from tests.conftest import ROOT, run_cli, start_run, wait_for_file
 from train.data import BatchStream, DataSpec, load_data
 from train.evaluate import evaluate
 from train.model_io import load_model
@@ -94,13 +93,9 @@ def test_a_killed_rank_fails_the_stage_naming_it_and_the_rerun_resumes(write_pip
     config = _config(16, 2, epochs=12, checkpoint_every=10)
     pipeline = write_pipeline(config)
     run_dir = tmp_path / "run"
-    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    proc = subprocess.Popen([sys.executable, "-m", "compress", "run", str(pipeline), "--run-dir", str(run_dir)],
-                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = start_run(pipeline, run_dir)
     checkpoint = run_dir / "train" / "checkpoints" / "last.pt"
-    deadline = time.monotonic() + 120
-    while not checkpoint.exists() and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_for_file(checkpoint, proc)
     pid = _rank_pid(1, str(run_dir))
     assert pid is not None and proc.poll() is None, "the stage ended before a rank could be killed"
     os.kill(pid, signal.SIGKILL)

@@ -45,8 +45,9 @@ class LoopSettings:
     label: str = "train"
     heartbeat_s: float = 30.0
     run_key: str = ""  # a checkpoint written under another key (other settings) is not resumed
-    # Several processes: BatchNorm statistics over the global batch, as one process would compute them.
-    sync_batchnorm: bool = True
+    # Several processes: BatchNorm statistics over the global batch, as one process would compute them
+    # (torch's SyncBatchNorm, which DDP accepts only on CUDA).
+    sync_batchnorm: bool = False
 
 
 @dataclass

@@ -73,7 +73,7 @@ def run_rank(spec_path: Path) -> None:
     _log_to_stderr(spec["name"], rank)
     try:
         settings = DistributedSettings.model_validate(spec["distributed"])
-        group = join_from_environment(settings.backend, timeout_s=spec.get("collective_timeout_s", 1800.0))
+        group = join_from_environment(settings.backend)
         pipeline = PipelineConfig.model_validate(spec["pipeline"])
         stage_cfg = pipeline.stages[spec["stage_index"]]
         cls = registry.get(stage_cfg["kind"])

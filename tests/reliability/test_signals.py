@@ -2,17 +2,13 @@
 143 / 130 with one line saying what was kept and how to resume; the resumed run completes."""
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
-import sys
-import time
 
 import pytest
 
 from compress.pipeline.manifest import Manifest
 from compress.pipeline.run_lock import RunLock
-from tests.conftest import ROOT, run_cli
+from tests.conftest import run_cli, start_run, wait_for_file
 
 
 @pytest.mark.parametrize("sig,code,words", [(signal.SIGTERM, 143, "terminated (SIGTERM)"),
@@ -22,13 +18,9 @@ def test_a_signal_during_training_keeps_the_checkpoint_and_says_how_to_resume(tm
     tiny_config["model"] = {"name": "tests.user_models:SlowNet", "args": {"delay_s": 0.04}}
     tiny_config["stages"][0].update(epochs=2, checkpoint_every=4)
     path, run_dir = write_pipeline(tiny_config), tmp_path / "run"
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen([sys.executable, "-m", "compress", "run", str(path), "--run-dir", str(run_dir)],
-                            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = start_run(path, run_dir)
     checkpoint = run_dir / "train" / "checkpoints" / "last.pt"
-    deadline = time.monotonic() + 120
-    while not checkpoint.exists() and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.02)
+    wait_for_file(checkpoint, proc)
     proc.send_signal(sig)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == code, err
