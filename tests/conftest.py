@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import copy
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -50,8 +51,11 @@ def run_cli(*args: str, cwd: Path | None = None, timeout: float = 300) -> subpro
 def start_run(pipeline: Path, run_dir: Path) -> subprocess.Popen:
     """``compress run`` in the background (stderr captured), for tests that stop it part-way."""
     env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    # A shell starting pytest in the background leaves SIGINT ignored, and the child would inherit
+    # that (Python then installs no Ctrl-C handler): give it the default a terminal user has.
     return subprocess.Popen([sys.executable, "-m", "compress", "run", str(pipeline), "--run-dir", str(run_dir)],
-                            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
 def wait_for_file(path: Path, proc: subprocess.Popen, timeout: float = 120) -> None:
