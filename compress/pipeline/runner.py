@@ -272,12 +272,12 @@ class Runner:
             data_digest = self._data_digest
         assert self.manifest is not None
         material = {"kind": cfg.kind, "settings": cfg.model_dump(mode="json", exclude={"distributed"}),
-                "uses": {key: _without_locations(key, global_cfg[key]) for key in uses}, "data": data_digest,
-                # Weights files and user model code by content, wherever a model section appears.
-                "sources": model_sources(cfg, self.pipeline.config.model if "model" in uses else None),
-                "inputs": {role: self.manifest.artifacts[art.name].sha256 for role, art in inputs.items()},
-                "input_names": {role: art.name for role, art in inputs.items()}, "version": __version__,
-                "environment": self._environment_digest if cls.keyed_on_environment else None}
+                    "uses": {key: _without_locations(key, global_cfg[key]) for key in uses}, "data": data_digest,
+                    # Weights files and user model code by content, wherever a model section appears.
+                    "sources": model_sources(cfg, self.pipeline.config.model if "model" in uses else None),
+                    "inputs": {role: self.manifest.artifacts[art.name].sha256 for role, art in inputs.items()},
+                    "input_names": {role: art.name for role, art in inputs.items()}, "version": __version__,
+                    "environment": self._environment_digest if cls.keyed_on_environment else None}
         spread = self._distributed(cfg, cls)
         if spread is not None:  # how many processes changes the weights; where they run does not
             material["distributed"] = spread.result_settings()
