@@ -1,4 +1,4 @@
-"""The `distributed:` section: validation, which stages it reaches, what joins the cache key."""
+"""The `distributed:` section: validation, which stages it reaches, what joins the cache key, who writes."""
 from __future__ import annotations
 
 import json
@@ -118,3 +118,25 @@ def test_without_torchrun_summary_the_earliest_rank_error_is_the_cause(tmp_path)
     assert _root_cause(["something else"], tmp_path, 4)[0] == "rank 3 of 4 on n1: StageError: first"
     assert _root_cause(["rendezvous timed out"], tmp_path / "none", 4)[0] == (
         "torchrun failed before any rank reported (rendezvous timed out)")
+
+
+def test_only_rank_0_writes_artifacts_the_others_write_to_scratch(tmp_path):
+    from rich.console import Console
+
+    from compress.config import PipelineConfig
+    from compress.stages.base import StageContext
+    from train.distributed import ProcessGroupInfo
+
+    pipeline = PipelineConfig(name="p", data={"name": "digits"}, model={"name": "resnet20"},
+                              stages=[{"name": "train", "kind": "train"}])
+    written = {}
+    for rank in (1, 0):
+        ctx = StageContext(run_dir=tmp_path, stage_dir=tmp_path / "train", name="train", pipeline=pipeline,
+                           cache_key="k", console=Console(), load_data=lambda: None,
+                           group=ProcessGroupInfo(rank=rank, world=2))
+        with ctx.atomic_output_dir("model") as folder:
+            (folder / "weights").write_text(f"rank {rank}")
+            written[rank] = folder
+        if rank == 1:
+            assert not (tmp_path / "train" / "model").exists() and not written[1].exists()
+    assert (tmp_path / "train" / "model" / "weights").read_text() == "rank 0"

@@ -171,20 +171,15 @@ def _reshape(images: torch.Tensor, size: int | None, channels: int | None) -> to
     return images
 
 
-def _use_cache(spec: DataSpec) -> bool:
+def _cached_folder(spec: DataSpec) -> RawDataset | None:
+    """An image folder through the on-disk decode cache (the images stay on disk, ``DiskImages``), or
+    None where ``decode_cache`` says to decode into memory. The folder is listed once for both."""
     if spec.name != "imagefolder" or spec.decode_cache == "off":
-        return False
-    if spec.decode_cache == "on":
-        return True
-    _, files = datasets.imagefolder_files(spec.path or "")
-    size = spec.image_size or datasets.first_image_size(files)
-    return len(files) * (spec.channels or 3) * size * size > AUTO_CACHE_BYTES
-
-
-def _cached_folder(spec: DataSpec) -> RawDataset:
-    """An image folder through the on-disk decode cache: the images stay on disk (``DiskImages``)."""
+        return None
     classes, files = datasets.imagefolder_files(spec.path or "")
     size = spec.image_size or datasets.first_image_size(files)
+    if spec.decode_cache == "auto" and len(files) * (spec.channels or 3) * size * size <= AUTO_CACHE_BYTES:
+        return None
     cache_dir = Path(spec.cache_dir) if spec.cache_dir else default_cache_dir()
     workers = spec.decode_workers or max(1, os.cpu_count() or 1)
     cached = open_or_build(files, size, spec.channels, cache_dir, workers)
@@ -238,8 +233,9 @@ def _train_stats(train: Split, seed: int) -> tuple[list[float], list[float]]:
 
 
 def load_data(spec: DataSpec) -> DataBundle:
-    if _use_cache(spec):
-        raw = _cached_folder(spec)
+    cached = _cached_folder(spec)
+    if cached is not None:
+        raw = cached
         images = raw.images
     else:
         raw = _load_raw(spec)

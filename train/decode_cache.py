@@ -15,6 +15,7 @@ temporary folder, renamed), so a killed decode leaves nothing a later run could 
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import logging
 import mmap
@@ -107,8 +108,6 @@ def _file_facts(args: tuple[list[str], bool]) -> list[tuple[str, bool]]:
         data = Path(path).read_bytes()
         grey = False
         if want_mode:
-            import io
-
             with Image.open(io.BytesIO(data)) as img:
                 grey = is_grey(img)
         facts.append((hashlib.sha256(data).hexdigest(), grey))

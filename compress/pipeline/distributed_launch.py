@@ -116,7 +116,7 @@ def launch_stage(ctx: StageContext, *, stage_index: int, kind: str, pipeline: di
         stale.unlink(missing_ok=True)
     attempt = time.strftime("%Y%m%dT%H%M%S")
     rdzv = rendezvous_id(settings, ctx.pipeline.name, ctx.name, attempt)
-    spec = {"attempt": attempt, "rdzv_id": rdzv, "name": ctx.name, "kind": kind, "stage_index": stage_index,
+    spec = {"attempt": attempt, "rdzv_id": rdzv, "name": ctx.name, "stage_index": stage_index,
             "source": source, "pipeline": pipeline, "cache_key": ctx.cache_key, "environment": ctx.environment,
             "data_digest": data_digest, "distributed": settings.model_dump(mode="json"),
             "inputs": {role: {"name": a.name, "kind": a.kind, "path": _relative(a.path, ctx.run_dir), "meta": a.meta,

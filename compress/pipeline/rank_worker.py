@@ -85,18 +85,18 @@ def run_rank(spec_path: Path) -> None:
                                  f"{pipeline.data.path or 'built in'}) differs from node 0's (split digest "
                                  f"{data.digest()[:12]}… ≠ {spec['data_digest'][:12]}…); every node needs the same "
                                  "data at the same path")
-        inputs = {role: InputArtifact(a["name"], a["kind"], run_dir / a["path"] if not Path(a["path"]).is_absolute()
-                                      else Path(a["path"]), a["meta"], a["size_bytes"])
+        # relative to the run directory as this machine mounts it (an absolute path stays as it is)
+        inputs = {role: InputArtifact(a["name"], a["kind"], run_dir / a["path"], a["meta"], a["size_bytes"])
                   for role, a in spec["inputs"].items()}
         ctx = StageContext(run_dir=run_dir, stage_dir=stage_dir, name=spec["name"], pipeline=pipeline,
                            cache_key=spec["cache_key"], console=Console(stderr=True), load_data=lambda: data,
                            environment=spec["environment"], group=group, distributed=settings)
-        result, duration = cls(cfg).execute(ctx, inputs)
+        result, _ = cls(cfg).execute(ctx, inputs)
         if group.is_main:
             outputs = [{"role": o.role, "kind": o.kind, "path": o.path.relative_to(run_dir).as_posix(),
                         "meta": o.meta, "made_from": o.made_from} for o in result.outputs]
             atomic_write_text(launch_dir / RESULT_FILE, json.dumps(
-                {"attempt": spec["attempt"], "outputs": outputs, "metrics": result.metrics, "duration_s": duration},
+                {"attempt": spec["attempt"], "outputs": outputs, "metrics": result.metrics},
                 default=str))
         group.barrier()
     except BaseException as exc:
