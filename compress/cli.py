@@ -191,6 +191,34 @@ def _cmd_stage(args: argparse.Namespace) -> int:
     return _gate_exit_code(manifest, runner.selected_names, run_dir)
 
 
+def _cmd_search(args: argparse.Namespace) -> int:
+    import signal
+
+    from compress.search.driver import JOURNAL, Search
+    from compress.search.settings import load_search
+
+    plan = load_search(args.search, args.overrides)
+    search = Search(plan, _console(), Path(args.run_dir) if args.run_dir else None)
+    previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    try:
+        result = search.run()
+    except KeyboardInterrupt as exc:
+        code = getattr(exc, "exit_code", 130)
+        what = "terminated (SIGTERM)" if code == 143 else "interrupted (Ctrl-C)"
+        raise RunInterrupted(f"{what}: the finished trials are kept in {search.dir / JOURNAL} and the trials' "
+                             f"folders; continue with: compress search {args.search}"
+                             + (f" --run-dir {args.run_dir}" if args.run_dir else ""), code) from None
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    out = _console(stderr=False)
+    report_dir = search.dir / "report"
+    from compress.search.search_report import summary_line
+
+    out.print(summary_line(result.report), highlight=False)
+    out.print(f"search report: {report_dir / 'search.md'} (and search.html, search.json, pareto.png)", highlight=False)
+    return 0 if result.chosen else 1
+
+
 def _cmd_join(args: argparse.Namespace) -> int:
     from compress.pipeline.console_log import to_console
     from compress.pipeline.distributed_launch import join_stage
@@ -275,6 +303,18 @@ def build_parser() -> argparse.ArgumentParser:
     join.add_argument("--wait", type=float, default=3600.0, help="seconds to wait for node 0's launch")
     join.add_argument("overrides", nargs="*", metavar="key=value", default=[])
     join.set_defaults(func=_cmd_join)
+
+    search = sub.add_parser(
+        "search", help="search pipeline settings for the fastest artifact within the red line (needs .[search])",
+        description="Runs the hand-set pipeline a search file names, then trials that change the settings its space "
+                    "names (proposed by Optuna, built in parallel on Ray, each measured with the machine to itself), "
+                    "then measures the best ones again with the hand-set result in one interleaved bench and writes "
+                    "the chosen configuration as a pipeline file. Exit 0: a configuration was chosen; 1: none passed "
+                    "the gate. An interrupted search continues where it stopped.")
+    search.add_argument("search", metavar="SEARCH_FILE")
+    search.add_argument("--run-dir", help="the search directory (default: the file's run_dir, else runs/<name>)")
+    search.add_argument("overrides", nargs="*", metavar="key=value", default=[], help="search fields, e.g. trials=16")
+    search.set_defaults(func=_cmd_search)
 
     stage = sub.add_parser("stage", help="run one stage alone, inputs given as paths")
     stage.add_argument("kind")

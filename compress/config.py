@@ -127,6 +127,10 @@ class PipelineConfig(Strict):
     gate: GateRule = Field(default_factory=GateRule)
     distributed: DistributedSettings = Field(default_factory=DistributedSettings,
                                              description="processes of the training stages (a stage may override)")
+    threads: int | None = Field(None, ge=1, description="torch intra-op threads of the stages run in this process "
+                                                        "(default: torch's, one per core); float sums are split by "
+                                                        "thread, so trained weights are bit-identical only at the "
+                                                        "same count")
     stages: list[dict[str, Any]] = Field(..., min_length=1)
 
 

@@ -80,9 +80,12 @@ def _test_set(run_dir: Path, pipeline: Pipeline, cache: dict[str, tuple]) -> tup
     return cache[key]
 
 
-def load_runs(run_dirs: list[Path], artifact: str | None) -> list[ComparedRun]:
-    runs, labels, tests = [], set(), {}
-    for run_dir in run_dirs:
+def load_runs(run_dirs: list[Path], artifact: str | None, picks: list[str | None] | None = None,
+              labels: list[str] | None = None) -> list[ComparedRun]:
+    """``picks``: an artifact per run (None: that run's released one), where runs differ in what to take."""
+    picks = picks or [artifact] * len(run_dirs)
+    runs, used, tests = [], set(), {}
+    for i, run_dir in enumerate(run_dirs):
         manifest = Manifest.load(run_dir)
         resolved = run_dir / "pipeline.resolved.yaml"
         if manifest is None or not resolved.is_file():
@@ -90,11 +93,12 @@ def load_runs(run_dirs: list[Path], artifact: str | None) -> list[ComparedRun]:
                               "give the folder `compress run` wrote")
         report = load_report(run_dir)[0] if find_report(run_dir).is_file() else None
         pipeline = load_pipeline(resolved)
-        label, i = run_dir.resolve().name, 2
-        while label in labels:
-            label, i = f"{run_dir.resolve().name}-{i}", i + 1
-        labels.add(label)
-        runs.append(ComparedRun(run_dir, label, pipeline, report, _chosen(run_dir, manifest, report, artifact),
+        wanted = labels[i] if labels else run_dir.resolve().name
+        label, n = wanted, 2
+        while label in used:
+            label, n = f"{wanted}-{n}", n + 1
+        used.add(label)
+        runs.append(ComparedRun(run_dir, label, pipeline, report, _chosen(run_dir, manifest, report, picks[i]),
                                 *_test_set(run_dir, pipeline, tests)))
     return runs
 
@@ -114,10 +118,10 @@ def _settings(first: ComparedRun, repeats: int) -> tuple[BenchSettings, BenchCon
 
 
 def compare_runs(run_dirs: list[Path], out: Path, console: Console, artifact: str | None = None,
-                 repeats: int = 1) -> dict:
+                 repeats: int = 1, picks: list[str | None] | None = None, labels: list[str] | None = None) -> dict:
     if out.exists():
         raise ConfigError(f"--out {out}: it exists; give a new folder (a comparison never overwrites one)")
-    runs = load_runs(run_dirs, artifact)
+    runs = load_runs(run_dirs, artifact, picks, labels)
     first = runs[0]
     settings, cfg = _settings(first, repeats)
     specs, own_tests = [], {}

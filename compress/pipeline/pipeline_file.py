@@ -38,14 +38,14 @@ class Pipeline:
         return yaml.safe_dump(self.resolved(), sort_keys=False)
 
 
-def _fmt_path(loc: tuple) -> str:
+def fmt_path(loc: tuple) -> str:
     out = ""
     for part in loc:
         out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
     return out
 
 
-def _line_map(text: str) -> dict[tuple, int]:
+def line_map(text: str) -> dict[tuple, int]:
     lines: dict[tuple, int] = {}
 
     def walk(node: yaml.Node, path: tuple) -> None:
@@ -67,7 +67,7 @@ def _line_map(text: str) -> dict[tuple, int]:
     return lines
 
 
-def _line_of(lines: dict[tuple, int], loc: tuple) -> int | None:
+def line_of(lines: dict[tuple, int], loc: tuple) -> int | None:
     for end in range(len(loc), -1, -1):
         if loc[:end] in lines:
             return lines[loc[:end]]
@@ -87,6 +87,12 @@ def apply_override(raw: dict, assignment: str) -> tuple:
         value = yaml.safe_load(value_text) if value_text else None
     except yaml.YAMLError:
         value = value_text  # not YAML: take the text as it is
+    return set_dotted(raw, key, value, f"override {assignment!r}")
+
+
+def set_dotted(raw: dict, key: str, value: Any, what: str | None = None) -> tuple:
+    """Set ``key`` (dotted, stages by name or index) in a raw pipeline mapping; sections on the way are created."""
+    what = what or repr(key)
     parts = key.split(".")
     target: Any = raw
     location: list = []
@@ -100,16 +106,18 @@ def apply_override(raw: dict, assignment: str) -> tuple:
                 location.append(int(part))
                 target = target[int(part)]
             else:
-                raise ConfigError(f"override {assignment!r}: no stage named {part!r}; stages: {', '.join(map(str, names))}")
+                raise ConfigError(f"{what}: no stage named {part!r}; stages: {', '.join(map(str, names))}")
         elif isinstance(target, dict):
             location.append(part)
-            target = target.setdefault(part, {})
+            if target.get(part) is None:  # an unset optional section (e.g. `distill: null`) is filled in
+                target[part] = {}
+            target = target[part]
             if not isinstance(target, (dict, list)):
-                raise ConfigError(f"override {assignment!r}: {'.'.join(parts[:i + 1])} is a value, not a section")
+                raise ConfigError(f"{what}: {'.'.join(parts[:i + 1])} is a value, not a section")
         else:
-            raise ConfigError(f"override {assignment!r}: {'.'.join(parts[:i])} is a value, not a section")
+            raise ConfigError(f"{what}: {'.'.join(parts[:i])} is a value, not a section")
     if not isinstance(target, dict):
-        raise ConfigError(f"override {assignment!r}: {'.'.join(parts[:-1])} is a list; address a stage by name")
+        raise ConfigError(f"{what}: {'.'.join(parts[:-1])} is a list; address a stage by name")
     target[parts[-1]] = value
     return tuple(location + [parts[-1]])
 
@@ -205,33 +213,38 @@ def build_pipeline(raw: Any, source: str, lines: dict[tuple, int] | None = None,
     if problems:
         rendered = []
         for loc, message in problems:
-            line = _line_of(lines, loc)
+            line = line_of(lines, loc)
             where = f"{source}:{line}" if line else source
             for path, assignment in overridden.items():
                 if tuple(loc[:len(path)]) == path:
                     where = f"{source} (override {assignment})"
-            rendered.append(f"  {where}: {_fmt_path(loc)}: {message}")
+            rendered.append(f"  {where}: {fmt_path(loc)}: {message}")
         noun = "problem" if len(problems) == 1 else "problems"
         raise ConfigError(f"{source}: {len(problems)} {noun} in the pipeline:\n" + "\n".join(rendered))
     assert config is not None
     return Pipeline(source=source, config=config, stages=stages)
 
 
-def load_pipeline(path: str | Path, overrides: list[str] | None = None) -> Pipeline:
-    path = Path(path)
+def read_yaml(path: Path, what: str = "pipeline file") -> tuple[Any, str]:
+    """The parsed YAML and its text; an unreadable file or a YAML error names the file and line."""
     try:
         text = path.read_text()
     except OSError as exc:
-        raise ConfigError(f"{path}: cannot read the pipeline file ({exc.strerror})") from exc
+        raise ConfigError(f"{path}: cannot read the {what} ({exc.strerror})") from exc
     try:
-        raw = yaml.safe_load(text)
+        return yaml.safe_load(text), text
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"{path}:{mark.line + 1}" if mark else str(path)
         raise ConfigError(f"{where}: not valid YAML: {getattr(exc, 'problem', exc)}") from exc
+
+
+def load_pipeline(path: str | Path, overrides: list[str] | None = None) -> Pipeline:
+    path = Path(path)
+    raw, text = read_yaml(path)
     overridden = {}
     for assignment in overrides or []:
         if not isinstance(raw, dict):
             break
         overridden[apply_override(raw, assignment)] = assignment
-    return build_pipeline(raw, str(path), _line_map(text), overridden)
+    return build_pipeline(raw, str(path), line_map(text), overridden)

@@ -15,6 +15,7 @@ import sys
 import time
 from pathlib import Path
 
+import torch
 from rich.console import Console
 from torch.distributed.elastic.multiprocessing.errors import record
 
@@ -75,6 +76,8 @@ def run_rank(spec_path: Path) -> None:
         settings = DistributedSettings.model_validate(spec["distributed"])
         group = join_from_environment(settings.backend)
         pipeline = PipelineConfig.model_validate(spec["pipeline"])
+        if pipeline.threads is not None:
+            torch.set_num_threads(pipeline.threads)
         stage_cfg = pipeline.stages[spec["stage_index"]]
         cls = registry.get(stage_cfg["kind"])
         assert cls is not None, stage_cfg["kind"]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -46,6 +47,7 @@ class RunOptions:
     force: set[str] = field(default_factory=set)
     external_inputs: dict[str, Path] = field(default_factory=dict)  # role -> path, for `compress stage`
     reuse_run_dir: bool = False  # let a pipeline of another name run into a run directory
+    stages: list[str] | None = None  # run exactly these stages, in pipeline order (a search runs a trial in phases)
 
 
 def _hash(obj: object) -> str:
@@ -60,6 +62,22 @@ def _without_locations(section: str, value: object) -> object:
     if section == "data" and isinstance(value, dict):
         return {k: v for k, v in value.items() if k not in _DATA_LOCATION_FIELDS}
     return value
+
+
+@contextmanager
+def _torch_threads(threads: int | None):
+    """The pipeline's intra-op thread count while its stages run, the caller's restored after."""
+    if threads is None:
+        yield
+        return
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def default_run_dir(pipeline: Pipeline) -> Path:
@@ -150,11 +168,14 @@ class Runner:
     def _selected(self) -> list[int]:
         names = [s.name for s in self.pipeline.stages]
         for flag, name in (("--only", self.options.only), ("--from", self.options.from_stage),
-                           *(("--force", f) for f in self.options.force)):
+                           *(("--force", f) for f in self.options.force),
+                           *(("stages", s) for s in self.options.stages or [])):
             if name is not None and name not in names:
                 raise ConfigError(f"{flag} {name}: no such stage in {self.pipeline.source}; stages: {', '.join(names)}")
         if self.options.only:
             return [names.index(self.options.only)]
+        if self.options.stages is not None:
+            return [i for i, name in enumerate(names) if name in self.options.stages]
         if self.options.from_stage:
             return list(range(names.index(self.options.from_stage), len(names)))
         return list(range(len(names)))
@@ -165,7 +186,7 @@ class Runner:
         preflight(self.pipeline)  # what the file names exists: checked before anything is written
         self._check_node_rank()
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        with RunLock(self.run_dir), to_console(self.console):
+        with RunLock(self.run_dir), to_console(self.console), _torch_threads(self.pipeline.config.threads):
             self.manifest = Manifest.load(self.run_dir)
             self._check_owner(self.manifest)
             if self.manifest is None:
@@ -278,6 +299,8 @@ class Runner:
                     "inputs": {role: self.manifest.artifacts[art.name].sha256 for role, art in inputs.items()},
                     "input_names": {role: art.name for role, art in inputs.items()}, "version": __version__,
                     "environment": self._environment_digest if cls.keyed_on_environment else None}
+        if self.pipeline.config.threads is not None:  # float sums are split by thread: the bits depend on it
+            material["threads"] = self.pipeline.config.threads
         spread = self._distributed(cfg, cls)
         if spread is not None:  # how many processes changes the weights; where they run does not
             material["distributed"] = spread.result_settings()

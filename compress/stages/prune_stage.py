@@ -152,7 +152,9 @@ class PruneStage(Stage):
         metrics = {"macs_before": result.macs_before, "macs_after": result.macs_after,
                    "macs_fraction": round(result.macs_after / result.macs_before, 4),
                    "params_before": result.params_before, "params_after": result.params_after,
-                   "val_top1_after_surgery": round(after_surgery, 3), **test_metrics(test),
+                   "val_top1_after_surgery": round(after_surgery, 3),
+                   "val_top1": run.metrics["best_val_top1"] if run is not None else round(after_surgery, 3),
+                   **test_metrics(test),
                    "cpu_latency_ratio": round(ratio, 3),
                    "params": result.params_after, "macs": result.macs_after,
                    "precision": {phase: {"name": r.precision.name, "reason": r.precision.reason}

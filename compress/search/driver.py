@@ -1,0 +1,284 @@
+"""`compress search`: trials proposed by Optuna, built in parallel on Ray, measured one at a time,
+the finalists re-measured together against the hand-set pipeline.
+
+The order of work, and why:
+1. The hand-set pipeline runs as it is, into ``reference/``: it trains the baseline every trial
+   shares and gives the result the search has to beat.
+2. Trials are asked from Optuna (ask-and-tell, so the study lives in this process and its
+   journal file; Ray workers only run pipelines). Each trial's build phase runs on Ray beside
+   others; its measurement waits until no build is running and holds every CPU and the one
+   bench resource, because a p99 measured next to a training process measures the neighbour.
+3. The finalists (best feasible trials), the hand-set result and the baseline are measured
+   again in one interleaved bench: separate measurements of one artifact move by up to 3× on a
+   shared machine, so only one run's numbers may be compared, and the statistical gate decides.
+
+The journal in the search directory holds every trial; an interrupted search continues from it
+(trials that were running are recorded as interrupted and asked again with the same settings,
+into the same directory, where their finished stages are cached).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from compress.errors import ConfigError, StageError
+from compress.pipeline.run_lock import RunLock
+from compress.search.objective import directions, values
+from compress.search.settings import SearchPlan
+from compress.search.trial_dirs import shared_stages
+from compress.search.trial_phases import TrialSpec, build, measure
+
+logger = logging.getLogger(__name__)
+
+JOURNAL = "study.journal"
+REFERENCE = "reference"
+INTERRUPTED = "interrupted"
+
+
+@dataclass
+class SearchResult:
+    report: dict
+    chosen: dict | None  # the chosen trial (number, params, pipeline file) where one passed the final gate
+
+
+def _require(name: str):
+    import importlib
+
+    try:
+        return importlib.import_module(name)
+    except ImportError as exc:
+        raise ConfigError(f"compress search needs {name}, which is not installed: pip install -e \".[search]\" "
+                          "(adds Optuna and Ray)") from exc
+
+
+def suggest(trial, space: dict) -> dict[str, Any]:
+    """A value per space path from the trial (an enqueued trial gets its stored values back)."""
+    params = {}
+    for path, spec in space.items():
+        if isinstance(spec, list):
+            params[path] = trial.suggest_categorical(path, spec)
+        elif spec.integer:
+            params[path] = trial.suggest_int(path, spec.low, spec.high, step=spec.step or 1, log=spec.log)
+        else:
+            params[path] = trial.suggest_float(path, spec.low, spec.high, step=spec.step, log=spec.log)
+    return params
+
+
+def _sampler(optuna, plan: SearchPlan):
+    s = plan.settings
+    if s.sampler == "nsga2":
+        return optuna.samplers.NSGAIISampler(seed=s.seed, population_size=s.population or max(4, 2 * s.parallel))
+    return optuna.samplers.TPESampler(seed=s.seed, n_startup_trials=s.startup(), constant_liar=True,
+                                      multivariate=True)
+
+
+def _space_record(plan: SearchPlan) -> str:
+    return json.dumps({"pipeline": str(plan.base_path), "space": {k: v if isinstance(v, list) else v.model_dump()
+                                                                   for k, v in plan.settings.space.items()},
+                       "objective": plan.settings.objective, "sampler": plan.settings.sampler,
+                       "threads": plan.settings.threads()}, sort_keys=True)
+
+
+class Search:
+    def __init__(self, plan: SearchPlan, console: Console, run_dir: Path | None = None) -> None:
+        self.plan, self.console = plan, console
+        self.dir = Path(run_dir or plan.run_dir)
+        self.settings = plan.settings
+        self.shared = shared_stages(plan.base, list(plan.settings.space))
+        self._ray = None
+        self._tasks: dict[str, Any] = {}
+
+    # --- output -----------------------------------------------------------------------------
+    def say(self, text: str, style: str | None = None) -> None:
+        self.console.print(f"[bold]search[/]: {text}" if style is None else f"[bold]search[/]: [{style}]{text}[/]",
+                           highlight=False)
+
+    # --- Ray ----------------------------------------------------------------------------------
+    def _start_ray(self) -> None:
+        ray = _require("ray")
+        s = self.settings.ray
+        options: dict[str, Any] = {"log_to_driver": False, "configure_logging": False}
+        if s.address:
+            ray.init(address=s.address, **options)
+            where = f"the Ray cluster at {s.address}"
+        else:
+            ray.init(num_cpus=os.cpu_count(), resources={s.bench_resource: 1}, include_dashboard=False,
+                     object_store_memory=128 * 2**20, **options)
+            where = "a local Ray instance"
+        cpus = s.bench_cpus or os.cpu_count() or 1
+        threads = self.settings.threads()
+        self._ray = ray
+        self._tasks = {
+            "build": ray.remote(num_cpus=threads, max_retries=0)(build),
+            "measure": ray.remote(num_cpus=cpus, resources={s.bench_resource: 1}, max_retries=0)(measure),
+        }
+        self.say(f"on {where}: {self.settings.parallel} trials built at once with {threads} thread"
+                 f"{'s' if threads > 1 else ''} each; measurements one at a time on {cpus} CPUs")
+
+    def _call(self, phase: str, spec: TrialSpec):
+        return self._tasks[phase].remote(spec.as_dict())
+
+    def _result(self, ref) -> dict:
+        try:
+            return self._ray.get(ref)
+        except Exception as exc:  # noqa: BLE001 - a worker that died (killed, out of memory) fails its trial
+            return {"status": "failed", "phase": "worker", "error": f"the Ray worker died: {type(exc).__name__}: "
+                                                                    f"{str(exc).splitlines()[0] if str(exc) else ''}"}
+
+    # --- trials -------------------------------------------------------------------------------
+    def _spec(self, label: str, run_dir: Path, params: dict) -> TrialSpec:
+        is_reference = label == REFERENCE
+        return TrialSpec(label=label, run_dir=str(run_dir), raw=self.plan.trial_raw(params),
+                         source=f"{self.plan.base_path}" + ("" if is_reference else f" (trial {label})"),
+                         reference=None if is_reference else str(self.dir / REFERENCE),
+                         shared=[] if is_reference else self.shared,
+                         early_stop_after=self.settings.early_stop_after, hopeless_margin=self.settings.hopeless_margin)
+
+    def _reference(self) -> dict:
+        """The hand-set pipeline, run as it is: the shared baseline and the result to beat."""
+        spec = self._spec(REFERENCE, self.dir / REFERENCE, {})
+        self.say(f"reference: {self.plan.base_path} as set by hand, into {spec.run_dir}")
+        built = self._result(self._call("build", spec))
+        if built["status"] == "built":
+            built = self._result(self._call("measure", spec))
+        if built["status"] != "measured":
+            raise StageError(f"the reference run ({self.plan.base_path}) failed in its {built.get('phase')} phase: "
+                             f"{built.get('error')}; its log: {built.get('log')}")
+        outcome = built["outcome"]
+        self.say(f"reference: {self._describe(outcome)}")
+        return built
+
+    @staticmethod
+    def _describe(o: dict) -> str:
+        ci = o.get("p99_ci") or [o["p99"], o["p99"]]
+        text = (f"{o['candidate']} p99 {o['p99']:.3f} ms [{ci[0]:.3f}, {ci[1]:.3f}], "
+                f"{o['metric']} {o['accuracy']:.2f}% (drop {o['drop']:+.2f})")
+        return text + (", within the limits" if o["feasible"] else f", OUT: {o['why']}")
+
+    def _recover(self, study, optuna) -> None:
+        """Trials a killed search left running: recorded as interrupted, asked again into the same folder."""
+        for frozen in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+            trial = optuna.trial.Trial(study, frozen._trial_id)
+            trial.set_user_attr("status", INTERRUPTED)
+            study.tell(frozen.number, state=optuna.trial.TrialState.FAIL)
+            study.enqueue_trial(frozen.params, user_attrs={"dir": frozen.user_attrs.get("dir"),
+                                                           "retry_of": frozen.number})
+            self.say(f"trial {frozen.number} was interrupted: asked again with its settings (its finished stages "
+                     "are kept)", "yellow")
+
+    def _finished(self, study, optuna) -> int:
+        done = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED, optuna.trial.TrialState.FAIL)
+        return sum(1 for t in study.get_trials(deepcopy=False, states=done)
+                   if t.user_attrs.get("status") != INTERRUPTED)
+
+    def _ask(self, study) -> tuple[Any, TrialSpec]:
+        trial = study.ask()
+        params = suggest(trial, self.settings.space)
+        folder = trial.user_attrs.get("dir") or f"trials/{trial.number:03d}"
+        trial.set_user_attr("dir", folder)
+        trial.set_user_attr("status", "running")
+        return trial, self._spec(str(trial.number), self.dir / folder, params)
+
+    def _tell_built(self, study, optuna, trial, result: dict) -> bool:
+        """True when the trial goes on to be measured."""
+        if result["status"] == "built":
+            trial.set_user_attr("build_s", result["seconds"])
+            self.say(f"trial {trial.number}: built in {result['seconds']:.0f}s; waits for the bench")
+            return True
+        trial.set_user_attr("status", result["status"])
+        if result["status"] == "pruned":
+            trial.set_user_attr("reason", result["reason"])
+            study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+            self.say(f"trial {trial.number}: {result['reason']}", "yellow")
+        else:
+            trial.set_user_attr("error", f"{result.get('phase')}: {result.get('error')}")
+            study.tell(trial, state=optuna.trial.TrialState.FAIL)
+            self.say(f"trial {trial.number} FAILED ({result.get('phase')}): {result.get('error')}; "
+                     f"log: {result.get('log')}", "red")
+        return False
+
+    def _tell_measured(self, study, optuna, trial, result: dict) -> None:
+        if result["status"] != "measured":
+            self._tell_built(study, optuna, trial, result)
+            return
+        outcome = result["outcome"]
+        trial.set_user_attr("measure_s", result["seconds"])
+        trial.set_user_attr("outcome", outcome)
+        for key, value in zip(("drop", "p99"), outcome["constraints"]):  # ≤ 0: within; the samplers read these
+            trial.set_constraint(key, value)
+        trial.set_user_attr("status", "feasible" if outcome["feasible"] else "over the limits")
+        study.tell(trial, values(outcome, self.settings.objective, self.settings.sampler))
+        self.say(f"trial {trial.number}: {self._describe(outcome)}", None if outcome["feasible"] else "yellow")
+
+    def _loop(self, study, optuna) -> None:
+        s = self.settings
+        builds: dict[Any, Any] = {}  # object ref → (trial, spec)
+        measures: dict[Any, Any] = {}
+        while True:
+            done = self._finished(study, optuna)
+            # A measurement needs the machine to itself: no new build starts while one waits or runs.
+            while not measures and len(builds) < s.parallel and done + len(builds) < s.trials:
+                trial, spec = self._ask(study)
+                self.say(f"trial {trial.number}: {', '.join(f'{k}={v!r}' for k, v in trial.params.items())}")
+                builds[self._call("build", spec)] = (trial, spec)
+            if not builds and not measures:
+                return
+            ready, _ = self._ray.wait(list(builds) + list(measures), num_returns=1)
+            ref = ready[0]
+            if ref in builds:
+                trial, spec = builds.pop(ref)
+                if self._tell_built(study, optuna, trial, self._result(ref)):
+                    measures[self._call("measure", spec)] = (trial, spec)
+            else:
+                trial, spec = measures.pop(ref)
+                self._tell_measured(study, optuna, trial, self._result(ref))
+
+    # --- the whole search ----------------------------------------------------------------------
+    def run(self) -> SearchResult:
+        optuna = _require("optuna")
+        _require("ray")
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        with RunLock(self.dir):
+            study = self._study(optuna)
+            started = time.monotonic()
+            self._start_ray()
+            try:
+                reference = self._reference()
+                self._recover(study, optuna)
+                self._loop(study, optuna)
+            finally:
+                self._ray.shutdown()
+            self.say(f"{self._finished(study, optuna)} trials finished ({time.monotonic() - started:.0f}s this "
+                     "invocation); the finalists are measured again, together")
+            from compress.search.finals import finish
+
+            return finish(self, study, optuna, reference)
+
+    def _study(self, optuna):
+        from optuna.storages import JournalStorage
+        from optuna.storages.journal import JournalFileBackend
+
+        storage = JournalStorage(JournalFileBackend(str(self.dir / JOURNAL)))
+        study = optuna.create_study(storage=storage, study_name=self.settings.name, load_if_exists=True,
+                                    sampler=_sampler(optuna, self.plan),
+                                    directions=directions(self.settings.objective, self.settings.sampler))
+        record = _space_record(self.plan)
+        stored = study.user_attrs.get("search")
+        if stored is None:
+            study.set_user_attr("search", record)
+        elif stored != record:
+            raise ConfigError(f"{self.dir} holds a search with another space, objective, sampler or thread count "
+                              f"than {self.plan.path} now gives: its stored trials would mislead the sampler; pass "
+                              "another run_dir (or put the search file back as it was to continue it)")
+        previous = self._finished(study, optuna)
+        if previous:
+            self.say(f"continuing {self.dir / JOURNAL}: {previous} of {self.settings.trials} trials finished before")
+        return study

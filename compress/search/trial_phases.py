@@ -1,0 +1,122 @@
+"""The two phases of a trial, each run where Ray places it: build (every stage but the bench)
+and measure (the bench stage, with the machine to itself).
+
+They are plain functions of plain values so that this module needs no Ray: the search driver
+wraps them as Ray tasks with the resources each phase holds. Each phase is an ordinary run of
+the trial's pipeline into the trial's directory (so its cache, its checkpoints and its manifest
+are those of `compress run`), logged to ``log.txt`` there rather than to the search's console.
+A failure is returned as a result, never raised: one trial's crash must not stop the search.
+"""
+from __future__ import annotations
+
+import json
+import time
+import traceback
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from rich.console import Console
+
+from compress.errors import CompressError
+from compress.pipeline.manifest import Manifest
+from compress.pipeline.pipeline_file import build_pipeline
+from compress.pipeline.runner import RunOptions, Runner
+from compress.search.objective import outcome_of
+from compress.search.trial_dirs import seed_trial
+
+LOG_FILE = "log.txt"
+
+
+@dataclass
+class TrialSpec:
+    label: str  # "reference" or the trial number
+    run_dir: str
+    raw: dict  # the trial's pipeline mapping
+    source: str  # where it came from, for messages
+    reference: str | None  # the reference run directory to start from (None: this is the reference)
+    shared: list[str]  # the reference's stages the trial starts with
+    early_stop_after: str | None
+    hopeless_margin: float
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def _run(spec: TrialSpec, stages: list[str]) -> Manifest:
+    pipeline = build_pipeline(spec.raw, spec.source)
+    run_dir = Path(spec.run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    with open(run_dir / LOG_FILE, "a") as log:
+        console = Console(file=log, width=160, soft_wrap=True, force_terminal=False, color_system=None)
+        runner = Runner(pipeline, run_dir, console, RunOptions(stages=stages, reuse_run_dir=True))
+        return runner.run()
+
+
+def _failed(spec: TrialSpec, phase: str, exc: BaseException, started: float) -> dict:
+    detail = str(exc) if isinstance(exc, CompressError) else "".join(
+        traceback.format_exception_only(type(exc), exc)).strip()
+    return {"status": "failed", "phase": phase, "error": detail, "seconds": round(time.monotonic() - started, 1),
+            "log": str(Path(spec.run_dir) / LOG_FILE)}
+
+
+def _hopeless(manifest: Manifest, spec: TrialSpec, after: str) -> str | None:
+    """Why the trial cannot come back within the red line, judged on validation accuracy after ``after``."""
+    pipeline = build_pipeline(spec.raw, spec.source)
+    if pipeline.config.red_line.metric != "top1":
+        return None
+    record = manifest.stages.get(after)
+    train = next((s.name for s in pipeline.stages if s.kind == "train"), None)
+    baseline = manifest.stages.get(train) if train else None
+    val = record.metrics.get("val_top1") if record else None
+    base_val = baseline.metrics.get("best_val_top1") if baseline else None
+    if val is None or base_val is None:
+        return None
+    max_drop, drop = pipeline.config.red_line.max_drop, base_val - val
+    if drop - max_drop <= spec.hopeless_margin:
+        return None
+    return (f"stopped after {after}: validation top-1 {val:.2f}% against the baseline's {base_val:.2f}%, a drop of "
+            f"{drop:.2f} points, {drop - max_drop:.2f} past the red line of {max_drop:g} (more than hopeless_margin "
+            f"{spec.hopeless_margin:g}); quantization would not bring it back")
+
+
+def build(spec_dict: dict) -> dict:
+    """Every stage but the bench; stops early where pruning already missed the red line by far."""
+    spec, started = TrialSpec(**spec_dict), time.monotonic()
+    try:
+        if spec.reference is not None:
+            seed_trial(Path(spec.reference), Path(spec.run_dir), spec.shared)
+        pipeline = build_pipeline(spec.raw, spec.source)
+        stages = [s for s in pipeline.stages if s.kind != "bench"]
+        names = [s.name for s in stages]
+        after = spec.early_stop_after or next((s.name for s in stages if s.kind == "prune"), None)
+        if after in names and after not in spec.shared and spec.reference is not None:
+            first = names[:names.index(after) + 1]
+            manifest = _run(spec, first)
+            reason = _hopeless(manifest, spec, after)
+            if reason is not None:
+                return {"status": "pruned", "reason": reason, "seconds": round(time.monotonic() - started, 1)}
+            names = names[len(first):]
+        if names:
+            _run(spec, names)
+        return {"status": "built", "seconds": round(time.monotonic() - started, 1)}
+    except Exception as exc:  # noqa: BLE001 - recorded as the trial's failure
+        return _failed(spec, "build", exc, started)
+
+
+def measure(spec_dict: dict) -> dict:
+    """The pipeline's bench stage(s), then the trial's candidate and its figures from the report."""
+    spec, started = TrialSpec(**spec_dict), time.monotonic()
+    try:
+        pipeline = build_pipeline(spec.raw, spec.source)
+        benches = [s.name for s in pipeline.stages if s.kind == "bench"]
+        manifest = _run(spec, benches)
+        record = manifest.artifacts[f"{benches[-1]}.report"]
+        report_path = manifest.resolve_path(Path(spec.run_dir), record) / "report.json"
+        report = json.loads(report_path.read_text())
+        outcome = outcome_of(report)
+        if outcome["candidate"] in manifest.artifacts:  # two trials may make the same file: measured once at the end
+            outcome["sha256"] = manifest.artifacts[outcome["candidate"]].sha256
+        return {"status": "measured", "outcome": outcome, "report": str(report_path),
+                "release": report["gate"].get("release"), "seconds": round(time.monotonic() - started, 1)}
+    except Exception as exc:  # noqa: BLE001 - recorded as the trial's failure
+        return _failed(spec, "measure", exc, started)
