@@ -21,6 +21,8 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -105,6 +107,9 @@ class Search:
         ray = _require("ray")
         s = self.settings.ray
         options: dict[str, Any] = {"log_to_driver": False, "configure_logging": False}
+        # ray.init installs its own SIGTERM handler (a stack dump and exit 1): the search's own, which records
+        # the interruption and says how to continue, is put back.
+        on_term = signal.getsignal(signal.SIGTERM)
         if s.address:
             ray.init(address=s.address, **options)
             where = f"the Ray cluster at {s.address}"
@@ -112,6 +117,8 @@ class Search:
             ray.init(num_cpus=os.cpu_count(), resources={s.bench_resource: 1}, include_dashboard=False,
                      object_store_memory=128 * 2**20, **options)
             where = "a local Ray instance"
+        if on_term is not None and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, on_term)
         cpus = s.bench_cpus or os.cpu_count() or 1
         threads = self.settings.threads()
         self._ray = ray
@@ -152,31 +159,39 @@ class Search:
             raise StageError(f"the reference run ({self.plan.base_path}) failed in its {built.get('phase')} phase: "
                              f"{built.get('error')}; its log: {built.get('log')}")
         outcome = built["outcome"]
+        if outcome.get("candidate") is None:
+            raise ConfigError(f"{self.plan.base_path}: its bench measured nothing but the baseline, so a search has "
+                              "nothing to make faster; add the stages that make a deployable artifact (prune, "
+                              "quantize, export)")
         self.say(f"reference: {self._describe(outcome)}")
         return built
 
     @staticmethod
     def _describe(o: dict) -> str:
+        if o.get("candidate") is None:
+            return f"no candidate: {o.get('why')}"
         ci = o.get("p99_ci") or [o["p99"], o["p99"]]
-        text = (f"{o['candidate']} p99 {o['p99']:.3f} ms [{ci[0]:.3f}, {ci[1]:.3f}], "
-                f"{o['metric']} {o['accuracy']:.2f}% (drop {o['drop']:+.2f})")
+        text = f"{o['candidate']} p99 {o['p99']:.3f} ms [{ci[0]:.3f}, {ci[1]:.3f}]"
+        if o.get("accuracy") is not None and o.get("drop") is not None:
+            text += f", {o['metric']} {o['accuracy']:.2f}% (drop {o['drop']:+.2f})"
         return text + (", within the limits" if o["feasible"] else f", OUT: {o['why']}")
 
     def _recover(self, study, optuna) -> None:
         """Trials a killed search left running: recorded as interrupted, asked again into the same folder."""
+        interrupted = list(study.user_attrs.get(INTERRUPTED, []))
         for frozen in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
-            trial = optuna.trial.Trial(study, frozen._trial_id)
-            trial.set_user_attr("status", INTERRUPTED)
             study.tell(frozen.number, state=optuna.trial.TrialState.FAIL)
+            interrupted.append(frozen.number)
             study.enqueue_trial(frozen.params, user_attrs={"dir": frozen.user_attrs.get("dir"),
                                                            "retry_of": frozen.number})
             self.say(f"trial {frozen.number} was interrupted: asked again with its settings (its finished stages "
                      "are kept)", "yellow")
+        study.set_user_attr(INTERRUPTED, interrupted)
 
     def _finished(self, study, optuna) -> int:
         done = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED, optuna.trial.TrialState.FAIL)
-        return sum(1 for t in study.get_trials(deepcopy=False, states=done)
-                   if t.user_attrs.get("status") != INTERRUPTED)
+        interrupted = set(study.user_attrs.get(INTERRUPTED, []))
+        return sum(1 for t in study.get_trials(deepcopy=False, states=done) if t.number not in interrupted)
 
     def _ask(self, study) -> tuple[Any, TrialSpec]:
         trial = study.ask()

@@ -65,14 +65,15 @@ def directions(objective: str, sampler: str) -> list[str]:
 
 
 def values(outcome: dict, objective: str, sampler: str) -> list[float]:
-    """p99 (ms) and/or the accuracy drop (points), as the sampler minimises them."""
+    """p99 (ms) and/or the accuracy drop (points), as the sampler minimises them. Where accuracy means nothing
+    (synthetic data) the gate judges latency only, and so does the drop here: it counts as 0."""
+    drop = 0.0 if outcome.get("drop") is None else outcome["drop"]
     if sampler == "nsga2":
-        return [outcome["p99"], outcome["drop"]]
-    return [outcome["p99"] if objective == FASTEST else outcome["drop"]]
+        return [outcome["p99"], drop]
+    return [outcome["p99"] if objective == FASTEST else drop]
 
 
 def rank_key(outcome: dict, objective: str) -> tuple:
     """Order of the feasible trials for the finalists: the objective first, the other as a tie-break."""
-    if objective == FASTEST:
-        return (outcome["p99"], outcome["drop"])
-    return (outcome["drop"], outcome["p99"])
+    drop = 0.0 if outcome.get("drop") is None else outcome["drop"]
+    return (outcome["p99"], drop) if objective == FASTEST else (drop, outcome["p99"])

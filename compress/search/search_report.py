@@ -19,10 +19,10 @@ from train.atomic_io import atomic_dir  # noqa: E402
 REPORT_DIR = "report"
 
 
-def _trial_row(frozen, optuna) -> dict:
+def _trial_row(frozen, optuna, interrupted: set[int]) -> dict:
     attrs = frozen.user_attrs
     state = frozen.state.name.lower()
-    status = attrs.get("status") or state
+    status = "interrupted" if frozen.number in interrupted else attrs.get("status") or state
     if status == "running" and frozen.state != optuna.trial.TrialState.RUNNING:
         status = state
     return {"trial": frozen.number, "status": status, "params": frozen.params, "dir": attrs.get("dir"),
@@ -37,10 +37,14 @@ def _ci(value, interval, digits: int = 2) -> str:
     return text + (f" [{interval[0]:.{digits}f}, {interval[1]:.{digits}f}]" if interval else "")
 
 
+def _mmacs(macs: int | None) -> str:
+    return "—" if not macs else f"{macs / 1e6:,.{1 if macs >= 1e7 else 3}f}"
+
+
 def _figures(o: dict | None) -> list[str]:
     if not o:
         return ["—"] * 6
-    return [o.get("candidate") or "—", f"{o['macs'] / 1e6:,.1f}" if o.get("macs") else "—",
+    return [o.get("candidate") or "—", _mmacs(o.get("macs")),
             _ci(o.get("accuracy"), o.get("accuracy_ci")), _ci(o.get("drop"), o.get("drop_ci")),
             _ci(o.get("p50"), o.get("p50_ci"), 3), _ci(o.get("p99"), o.get("p99_ci"), 3)]
 
@@ -66,7 +70,7 @@ def final_table(final: dict) -> list[list[str]]:
     rows = []
     for e in final["entries"]:
         ratio = (e.get("latency_ratio") or {}).get("p99")
-        rows.append([e["name"], f"{e['macs'] / 1e6:,.1f}" if e.get("macs") else "—",
+        rows.append([e["name"], _mmacs(e.get("macs")),
                      _ci((e.get("accuracy") or {}).get("top1"), (e.get("accuracy_ci") or {}).get("top1")),
                      _ci(e.get("drop"), e.get("drop_ci")), _ci(e.get("p50"), e.get("p50_ci"), 3),
                      _ci(e.get("p99"), e.get("p99_ci"), 3),
@@ -112,9 +116,10 @@ def pareto_plot(report: dict) -> bytes:
     if report.get("red_line_accuracy") is not None:
         ax.axhline(report["red_line_accuracy"], color="crimson", linestyle="--",
                    label=f"red line ({report['red_line_accuracy']:.2f}%)")
-    if report.get("p99_budget_ms"):
-        ax.axvline(report["p99_budget_ms"], color="darkorange", linestyle="--",
-                   label=f"p99 budget {report['p99_budget_ms']:g} ms")
+    budget = report.get("p99_budget_ms")
+    farthest = max([x for x, _ in points] + [ref["p99"] if ref and ref.get("p99") else 0.0])
+    if budget and budget <= 3 * farthest:  # a budget far right of every trial would squeeze them into a corner
+        ax.axvline(budget, color="darkorange", linestyle="--", label=f"p99 budget {budget:g} ms")
     ax.set_xscale("log")
     ax.set_xlabel("p99 latency of the trial's candidate (ms, log scale; its own measurement)")
     ax.set_ylabel(f"{report['metric']} accuracy (%)")
@@ -171,7 +176,8 @@ def render_html(report: dict, png: bytes) -> str:
 
 def write_search_report(search, study, optuna, reference: dict, final: dict | None, chosen: dict | None) -> dict:
     s = search.settings
-    trials = [_trial_row(t, optuna) for t in sorted(study.trials, key=lambda t: t.number)]
+    interrupted = set(study.user_attrs.get("interrupted", []))
+    trials = [_trial_row(t, optuna, interrupted) for t in sorted(study.trials, key=lambda t: t.number)]
     counts: dict[str, int] = {}
     for t in trials:
         counts[t["status"]] = counts.get(t["status"], 0) + 1

@@ -1,0 +1,110 @@
+"""`compress search` end to end on Ray: a tiny pipeline, 4 trials on 2 workers, interrupted and
+continued, and the chosen configuration rebuilt bit for bit by `compress run` on the written file."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import yaml
+
+from tests.conftest import ROOT, run_cli
+
+pytestmark = pytest.mark.slow
+optuna = pytest.importorskip("optuna")
+pytest.importorskip("ray")
+
+FAST_BENCH = {"name": "bench", "kind": "bench", "min_iters": 200, "min_samples": 200, "min_duration_s": 0.0,
+              "warmup_iters": 5, "warmup_s": 0.0, "block_iters": 20, "threads": 1, "settle_s": 0.0, "block_s": 0.0}
+TINY_FULL = {
+    "name": "tiny-full", "seed": 0, "data": {"name": "digits"}, "model": {"name": "resnet20", "args": {"width": 8}},
+    "red_line": {"metric": "top1", "max_drop": 6.0}, "latency": {"p99_budget_ms": 50.0}, "gate": {"decision": "point"},
+    "stages": [
+        {"name": "train", "kind": "train", "epochs": 15, "batch_size": 64, "optimizer": "adamw", "lr": 3e-3,
+         "schedule": "wsd", "warmup_epochs": 0.5, "amp": "off", "checkpoint_every": 0},
+        {"name": "prune", "kind": "prune", "target": {"macs": 0.7},
+         "sparsity": {"epochs": 1, "batch_size": 64, "lr": 5e-3, "amp": "off", "checkpoint_every": 0},
+         "finetune": {"epochs": 6, "batch_size": 64, "optimizer": "adamw", "lr": 3e-3, "amp": "off",
+                      "checkpoint_every": 0}},
+        {"name": "quantize", "kind": "quantize", "calibration": {"method": "minmax", "samples": 128},
+         "fallback": {"enabled": False}, "qat": {"epochs": 1}},
+        {"name": "export", "kind": "export", "formats": ["onnx"], "parity": {"samples": 32}},
+        FAST_BENCH,
+    ]}
+SEARCH = {"name": "tiny-search", "pipeline": "pipeline.yaml", "trials": 4, "parallel": 2, "threads_per_trial": 1,
+          "space": {"stages.prune.target.macs": {"low": 0.3, "high": 0.9},
+                    "stages.quantize.calibration.method": ["minmax", "percentile"]}}
+MEASURED = re.compile(r"search: trial (\d+): \S+ p99 ")
+
+
+def _start(search_file, run_dir, log_path):
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    log = open(log_path, "w")
+    return subprocess.Popen([sys.executable, "-m", "compress", "search", str(search_file), "--run-dir", str(run_dir)],
+                            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=log, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+
+
+def _deployables(run_dir):
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    return {name: a["sha256"] for name, a in manifest["artifacts"].items() if a["kind"] in ("torch-model", "onnx")}
+
+
+def test_a_search_runs_on_ray_continues_after_an_interruption_and_its_choice_reproduces(tmp_path):
+    (tmp_path / "pipeline.yaml").write_text(yaml.safe_dump(TINY_FULL, sort_keys=False))
+    search_file = tmp_path / "search.yaml"
+    search_file.write_text(yaml.safe_dump(SEARCH, sort_keys=False))
+    run_dir, log_path = tmp_path / "search", tmp_path / "first.log"
+
+    proc = _start(search_file, run_dir, log_path)
+    deadline = time.monotonic() + 300
+    while proc.poll() is None and time.monotonic() < deadline and not MEASURED.search(log_path.read_text()):
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=120) == 130, log_path.read_text()[-3000:]
+    first_log = log_path.read_text()
+    assert "interrupted (Ctrl-C): the finished trials are kept in" in first_log
+    assert "continue with: compress search" in first_log
+    measured_first = {int(n) for n in MEASURED.findall(first_log)}
+    assert measured_first
+    ended = {n: json.loads((run_dir / "trials" / f"{n:03d}" / "manifest.json").read_text())["stages"]["bench"]["ended"]
+             for n in measured_first}
+
+    second = run_cli("search", str(search_file), "--run-dir", str(run_dir), timeout=900)
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert "finished before" in second.stderr
+    report = json.loads((run_dir / "report" / "search.json").read_text())
+    statuses = {t["trial"]: t["status"] for t in report["trials"]}
+    finished = [n for n, s in statuses.items() if s != "interrupted"]
+    assert len(finished) == 4, statuses
+    for n in measured_first:  # measured before the interruption: kept, not measured again
+        assert statuses[n] in ("feasible", "over the limits")
+        bench = json.loads((run_dir / "trials" / f"{n:03d}" / "manifest.json").read_text())["stages"]["bench"]
+        assert bench["ended"] == ended[n]
+    for t in report["trials"]:
+        if t["status"] == "interrupted":  # asked again with the same settings, into the same folder
+            retry = next(r for r in report["trials"] if r.get("retry_of") == t["trial"])
+            assert retry["params"] == t["params"] and retry["dir"] == t["dir"]
+    assert report["reference"]["feasible"] and report["shared_stages"] == ["train"]
+    for folder in (run_dir / "trials").iterdir():  # the baseline trained once: every trial links the reference's
+        ref_model = next((run_dir / "reference" / "train" / "model").glob("*.safetensors"))
+        assert os.stat(folder / "train" / "model" / ref_model.name).st_ino == os.stat(ref_model).st_ino
+
+    final = report["final"]
+    assert [e["name"].split(":")[0] for e in final["entries"]][:2] == ["baseline", "hand-set"]
+    chosen = report["chosen"]
+    assert chosen is not None and final["chosen"] == chosen["artifact"]
+    assert set(final["chosen_vs_hand_set"]["p99"]) >= {"ratio", "ci", "verdict"}
+    for name in ("search.md", "search.html", "pareto.png"):
+        assert (run_dir / "report" / name).stat().st_size > 0
+
+    rebuilt = tmp_path / "rebuilt"
+    again = run_cli("run", chosen["pipeline"], "--run-dir", str(rebuilt), timeout=600)
+    assert again.returncode in (0, 1), again.stderr[-3000:]
+    trial_artifacts = _deployables(run_dir / chosen["dir"])
+    assert trial_artifacts and _deployables(rebuilt) == trial_artifacts

@@ -1,0 +1,213 @@
+"""The search file, the shared stages, trial directories and a trial's score, without Ray."""
+from __future__ import annotations
+
+import copy
+import json
+import os
+
+import pytest
+import yaml
+
+from compress.cli import main
+from compress.errors import ConfigError
+from compress.pipeline.manifest import Manifest
+from compress.pipeline.pipeline_file import build_pipeline
+from compress.pipeline.runner import RunOptions, Runner
+from compress.search.objective import outcome_of, values
+from compress.search.search_report import pareto_plot, render_markdown, trial_table
+from compress.search.settings import load_search
+from compress.search.trial_dirs import seed_trial, shared_stages
+from serve_bench.paired import PairedCounts, drop_interval
+from tests.conftest import TINY
+
+FULL = {**copy.deepcopy(TINY), "red_line": {"metric": "top1", "max_drop": 2.0}, "stages": [
+    *copy.deepcopy(TINY["stages"]),
+    {"name": "prune", "kind": "prune", "sparsity": {"epochs": 1}, "finetune": {"epochs": 1}, "target": {"macs": 0.5}},
+    {"name": "quantize", "kind": "quantize"},
+    {"name": "bench", "kind": "bench"}]}
+
+
+def _write(tmp_path, search: dict, pipeline: dict | None = None):
+    (tmp_path / "base.yaml").write_text(yaml.safe_dump(pipeline or FULL, sort_keys=False))
+    path = tmp_path / "search.yaml"
+    path.write_text(yaml.safe_dump({"name": "s", "pipeline": "base.yaml", **search}, sort_keys=False))
+    return path
+
+
+def test_a_typo_in_a_space_path_is_refused_before_anything_runs(tmp_path):
+    path = _write(tmp_path, {"space": {"stages.prune.target.mac": {"low": 0.1, "high": 0.5},
+                                       "stages.quantize.calibration.method": ["entropy", "nonsense"]}})
+    with pytest.raises(ConfigError) as err:
+        load_search(path)
+    text = str(err.value)
+    assert str(path) in text and "2 space entries" in text
+    assert "space.stages.prune.target.mac = 0.1" in text and "unknown field; known fields: macs" in text
+    assert "space.stages.quantize.calibration.method = 'nonsense'" in text
+    assert main(["search", str(path)]) == 2
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("space, message", [
+    ({"stages.prune.target.macs": {"low": 0.5, "high": 0.1}}, "high 0.1 must be above low 0.5"),
+    ({"stages.prune.round_to": []}, "give at least one choice"),
+    ({"name": ["a", "b"]}, "a trial may not change name"),
+    ({"stages.train.augment": [{"pad": 2}]}, "choices must be plain values"),
+    ({"stages.prune.target.macs": {"low": 0, "high": 0.5, "log": True}}, "log: both ends must be above 0"),
+])
+def test_bad_space_entries_name_the_file_line_and_field(tmp_path, space, message):
+    path = _write(tmp_path, {"space": space})
+    with pytest.raises(ConfigError) as err:
+        load_search(path)
+    assert message in str(err.value) and f"{path}:" in str(err.value)
+
+
+def test_a_pipeline_without_a_bench_stage_or_with_its_own_threads_is_refused(tmp_path):
+    no_bench = {**FULL, "stages": FULL["stages"][:-1]}
+    with pytest.raises(ConfigError, match="has none; add `- {name: bench, kind: bench}`"):
+        load_search(_write(tmp_path, {"space": {"stages.prune.round_to": [8]}}, no_bench))
+    with pytest.raises(ConfigError, match="pins every trial's thread count"):
+        load_search(_write(tmp_path, {"space": {"stages.prune.round_to": [8]}}, {**FULL, "threads": 2}))
+    with pytest.raises(ConfigError, match="pipeline: .* is not a file"):
+        load_search(_write(tmp_path, {"space": {"stages.prune.round_to": [8]}, "pipeline": "missing.yaml"}))
+
+
+def test_trials_share_the_stages_upstream_of_what_the_space_touches(tmp_path):
+    plan = load_search(_write(tmp_path, {"space": {"stages.prune.target.macs": {"low": 0.2, "high": 0.6}},
+                                         "threads_per_trial": 1}))
+    assert shared_stages(plan.base, ["stages.prune.target.macs"]) == ["train"]
+    assert shared_stages(plan.base, ["stages.quantize.calibration.method"]) == ["train", "prune"]
+    assert shared_stages(plan.base, ["red_line.max_drop"]) == ["train", "prune"]  # quantize reads the red line
+    assert shared_stages(plan.base, ["stages.1.round_to"]) == ["train"]  # a stage by index
+    assert shared_stages(plan.base, ["data.image_size"]) == []
+    raw = plan.trial_raw({"stages.prune.target.macs": 0.3, "stages.prune.finetune.distill.temperature": 2.0})
+    assert raw["threads"] == 1 and raw["stages"][1]["target"] == {"macs": 0.3}
+    assert raw["stages"][1]["finetune"]["distill"] == {"temperature": 2.0}  # an unset section is filled in
+    assert plan.base_raw["stages"][1]["target"] == {"macs": 0.5}  # the hand-set mapping is never changed
+
+
+def test_threads_pin_the_run_and_enter_the_cache_key_only_when_set(tmp_path, tiny_config):
+    import torch
+
+    before = torch.get_num_threads()
+    keys = {}
+    for threads in (None, 1):
+        cfg = copy.deepcopy(tiny_config)
+        if threads:
+            cfg["threads"] = threads
+        run_dir = tmp_path / f"t{threads}"
+        Runner(build_pipeline(cfg, "p.yaml"), run_dir).run()
+        record = Manifest.load(run_dir).stages["train"]
+        keys[threads] = record.key_material
+    assert "threads" not in keys[None] and keys[1]["threads"] == 1
+    assert torch.get_num_threads() == before  # the caller's count is restored
+
+
+def test_a_trial_directory_starts_with_hard_links_to_the_shared_stages_and_skips_them(tmp_path, tiny_config):
+    reference = tmp_path / "reference"
+    Runner(build_pipeline(tiny_config, "p.yaml"), reference).run()
+    trial = tmp_path / "trial"
+    assert seed_trial(reference, trial, ["train"]) == ["train"]
+    ref_file = next(p for p in (reference / "train" / "model").iterdir() if p.suffix == ".safetensors")
+    linked = trial / ref_file.relative_to(reference)
+    assert os.stat(linked).st_ino == os.stat(ref_file).st_ino
+    before = json.loads((reference / "manifest.json").read_text())
+    changed = copy.deepcopy(tiny_config)
+    changed["stages"].append({"name": "again", "kind": "train", "epochs": 1, "checkpoint_every": 0, "amp": "off"})
+    Runner(build_pipeline(changed, "p.yaml"), trial, options=RunOptions(reuse_run_dir=True)).run()
+    manifest = Manifest.load(trial)
+    assert manifest.stages["train"].started == before["stages"]["train"]["started"]  # cached, not trained again
+    assert manifest.stages["again"].status == "completed"
+    assert json.loads((reference / "manifest.json").read_text()) == before  # the reference is untouched
+    assert seed_trial(reference, trial, ["train"]) == []  # a trial directory with a manifest is left as it is
+
+
+def _entry(name, p99, baseline_only, artifact_only, p99_ci, macs=1000):
+    """A report entry as the bench writes it, its drop interval computed from the per-image counts."""
+    counts = PairedCounts(1000, baseline_only, artifact_only)
+    low, high = drop_interval(counts)
+    drop = (baseline_only - artifact_only) / 10
+    return {"name": name, "accuracy": {"top1": 95.0 - drop}, "accuracy_ci": {"top1": [93.0, 96.0]},
+            "accuracy_drop": drop, "macs": macs, "size_bytes": 10,
+            "accuracy_paired": {"drop_ci": [low, high], "n": 1000, "baseline_only": baseline_only,
+                                "artifact_only": artifact_only, "discordant": baseline_only + artifact_only},
+            "latency_ms": {"p50": p99 / 2, "p99": p99, "p99_ci_blocks": p99_ci, "p50_ci_blocks": [p99 / 3, p99]}}
+
+
+def _report(decision, entries):
+    return {"baseline": "train.model", "metric": "top1", "data": {"meaningful_accuracy": True},
+            "gate": {"decision": decision, "max_accuracy_drop": 1.0, "p99_budget_ms": 5.0},
+            "artifacts": [_entry("train.model", 4.0, 0, 0, [3.9, 4.1]), *entries]}
+
+
+def test_a_trial_scores_its_fastest_artifact_within_the_rule_and_misses_say_by_how_much():
+    fast_risky = _entry("quantize.onnx_cpu", 0.2, 20, 15, [0.19, 0.21])  # drop 0.5, upper bound above 1
+    slower_safe = _entry("export.onnx", 0.4, 2, 1, [0.38, 0.45])  # drop 0.1, upper bound below 1
+    assert fast_risky["accuracy_paired"]["drop_ci"][1] > 1.2 and slower_safe["accuracy_paired"]["drop_ci"][1] < 0.7
+    point = outcome_of(_report("point", [fast_risky, slower_safe]))
+    assert point["candidate"] == "quantize.onnx_cpu" and point["feasible"]
+    confident = outcome_of(_report("confident", [fast_risky, slower_safe]))
+    assert confident["candidate"] == "export.onnx" and confident["feasible"]
+    upper = slower_safe["accuracy_paired"]["drop_ci"][1]
+    assert confident["constraints"] == [pytest.approx(upper - 1.0, abs=1e-4), pytest.approx(0.45 - 5.0)]
+    assert values(confident, "fastest_within_red_line", "tpe") == [0.4]
+    assert values(confident, "most_accurate_within_budget", "tpe") == [pytest.approx(0.1)]
+    assert values(confident, "fastest_within_red_line", "nsga2") == [0.4, pytest.approx(0.1)]
+    out = outcome_of(_report("confident", [fast_risky]))
+    assert not out["feasible"] and out["candidate"] == "quantize.onnx_cpu"
+    assert out["constraints"][0] > 0.2 and out["why"].startswith("quantize.onnx_cpu: ")
+
+
+def test_the_search_report_lists_every_trial_with_its_status_and_draws_the_front():
+    measured = outcome_of(_report("point", [_entry("export.onnx", 0.4, 2, 1, [0.38, 0.45])]))
+    over = outcome_of(_report("point", [_entry("export.onnx", 0.1, 35, 5, [0.09, 0.12])]))
+    report = {"name": "s", "objective": "fastest_within_red_line", "sampler": "tpe", "pipeline": "base.yaml",
+              "shared_stages": ["train"], "threads": 1, "metric": "top1", "max_drop": 1.0, "p99_budget_ms": 5.0,
+              "red_line_accuracy": 94.0, "counts": "1 feasible, 1 over the limits, 1 pruned", "reference": measured,
+              "final": None, "chosen": None, "trials": [
+                  {"trial": 0, "status": "feasible", "params": {"stages.prune.target.macs": 0.3}, "outcome": measured,
+                   "note": None, "retry_of": None},
+                  {"trial": 1, "status": "over the limits", "params": {"stages.prune.target.macs": 0.1},
+                   "outcome": over, "note": None, "retry_of": None},
+                  {"trial": 2, "status": "pruned", "params": {"stages.prune.target.macs": 0.05}, "outcome": None,
+                   "note": "stopped after prune: …", "retry_of": 0}]}
+    rows = trial_table(report)
+    assert [r[1] for r in rows] == ["hand-set", "feasible", "over the limits", "pruned"]
+    assert rows[2][-1].startswith("export.onnx: accuracy drop 3.00 points > red line 1")
+    assert rows[3][-1] == "retry of trial 0. stopped after prune: …"
+    assert "Nothing chosen: no trial was within the limits." in render_markdown(report)
+    assert pareto_plot(report)[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_study_asks_tells_and_recovers_interrupted_trials_without_ray(tmp_path):
+    """The Optuna side of the driver (NSGA-II here): trials asked, measured ones told with their
+    constraints, a trial left running by a killed search marked interrupted and asked again into
+    its own folder, and a changed space refused."""
+    optuna = pytest.importorskip("optuna")
+    from rich.console import Console
+
+    from compress.search.driver import Search
+
+    path = _write(tmp_path, {"space": {"stages.prune.target.macs": {"low": 0.2, "high": 0.6},
+                                       "stages.prune.round_to": [8, 16]}, "sampler": "nsga2", "trials": 3})
+    search = Search(load_search(path), Console(file=open(tmp_path / "log.txt", "w")), tmp_path / "s")
+    search.dir.mkdir()
+    study = search._study(optuna)
+    first, spec = search._ask(study)
+    assert spec.run_dir.endswith("trials/000") and spec.shared == ["train"] and spec.raw["threads"] >= 1
+    assert spec.raw["stages"][1]["target"]["macs"] == first.params["stages.prune.target.macs"]
+    good = outcome_of(_report("confident", [_entry("export.onnx", 0.4, 2, 1, [0.38, 0.45])]))
+    search._tell_measured(study, optuna, first, {"status": "measured", "outcome": good, "seconds": 1.0})
+    second, _ = search._ask(study)  # the search is killed while this one runs
+    study = search._study(optuna)  # a new invocation reads the journal
+    search._recover(study, optuna)
+    retry, retry_spec = search._ask(study)
+    assert retry.params == second.params and retry_spec.run_dir.endswith("trials/001")
+    assert retry.user_attrs["retry_of"] == second.number
+    assert search._finished(study, optuna) == 1  # the interrupted trial does not count
+    done = study.trials[0]
+    assert done.values == [0.4, pytest.approx(0.1)] and done.user_attrs["status"] == "feasible"
+    assert done.constraints == {"drop": pytest.approx(good["constraints"][0]), "p99": pytest.approx(0.45 - 5.0)}
+
+    changed = _write(tmp_path, {"space": {"stages.prune.target.macs": {"low": 0.1, "high": 0.6}}, "sampler": "nsga2"})
+    with pytest.raises(ConfigError, match="holds a search with another space"):
+        Search(load_search(changed), Console(file=open(tmp_path / "log2.txt", "w")), tmp_path / "s")._study(optuna)
