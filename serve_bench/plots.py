@@ -10,7 +10,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 
-def _png(fig) -> bytes:
+def to_png(fig) -> bytes:
     buffer = io.BytesIO()
     fig.tight_layout()
     fig.savefig(buffer, format="png", dpi=110)
@@ -32,7 +32,7 @@ def latency_cdf(latencies: dict[str, np.ndarray], budget_ms: float | None) -> by
     ax.set_title("Latency CDF")
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
-    return _png(fig)
+    return to_png(fig)
 
 
 def pareto_front(points: list[tuple[float, float]]) -> list[int]:
@@ -77,7 +77,7 @@ def accuracy_vs_p99(entries: list[dict], metric: str, red_line: float | None, bu
     ax.set_title("Accuracy vs p99 latency (error bars: 95% intervals)")
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # outside: never over a point
     ax.grid(alpha=0.3)
-    return _png(fig)
+    return to_png(fig)
 
 
 def size_by_artifact(entries: list[dict]) -> bytes:
@@ -93,4 +93,4 @@ def size_by_artifact(entries: list[dict]) -> bytes:
     ax.set_ylabel("size on disk (MB)")
     ax.set_title("Size per artifact")
     ax.tick_params(axis="x", labelrotation=20, labelsize=8)
-    return _png(fig)
+    return to_png(fig)
