@@ -49,17 +49,22 @@ def _on_sigterm(signum, frame) -> None:
 
 def _run_interruptible(runner, resume: str):
     """Run; on Ctrl-C or SIGTERM say in one line what was kept and how to resume, and exit 130 / 143."""
+    from compress.pipeline.interruption import kept_line
+
+    return _interruptible(runner.run, lambda: kept_line(runner), f"resume with: {resume}")
+
+
+def _interruptible(run, kept, how_on: str):
+    """``run()`` with SIGTERM unwinding like Ctrl-C; either ends in one line: ``kept()`` and ``how_on``."""
     import signal
 
     previous = signal.signal(signal.SIGTERM, _on_sigterm)
     try:
-        return runner.run()
+        return run()
     except KeyboardInterrupt as exc:
-        from compress.pipeline.interruption import kept_line
-
         code = getattr(exc, "exit_code", 130)
         what = "terminated (SIGTERM)" if code == 143 else "interrupted (Ctrl-C)"
-        raise RunInterrupted(f"{what}: {kept_line(runner)}; resume with: {resume}", code) from None
+        raise RunInterrupted(f"{what}: {kept()}; {how_on}", code) from None
     finally:
         signal.signal(signal.SIGTERM, previous)
 
@@ -192,30 +197,19 @@ def _cmd_stage(args: argparse.Namespace) -> int:
 
 
 def _cmd_search(args: argparse.Namespace) -> int:
-    import signal
-
     from compress.search.driver import JOURNAL, Search
+    from compress.search.search_report import REPORT_DIR, summary_line
     from compress.search.settings import load_search
 
     plan = load_search(args.search, args.overrides)
     search = Search(plan, _console(), Path(args.run_dir) if args.run_dir else None)
-    previous = signal.signal(signal.SIGTERM, _on_sigterm)
-    try:
-        result = search.run()
-    except KeyboardInterrupt as exc:
-        code = getattr(exc, "exit_code", 130)
-        what = "terminated (SIGTERM)" if code == 143 else "interrupted (Ctrl-C)"
-        raise RunInterrupted(f"{what}: the finished trials are kept in {search.dir / JOURNAL} and the trials' "
-                             f"folders; continue with: compress search {args.search}"
-                             + (f" --run-dir {args.run_dir}" if args.run_dir else ""), code) from None
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    again = f"compress search {args.search}" + (f" --run-dir {args.run_dir}" if args.run_dir else "")
+    result = _interruptible(search.run, lambda: f"the finished trials are kept in {search.dir / JOURNAL} and the "
+                                                "trials' folders", f"continue with: {again}")
     out = _console(stderr=False)
-    report_dir = search.dir / "report"
-    from compress.search.search_report import summary_line
-
     out.print(summary_line(result.report), highlight=False)
-    out.print(f"search report: {report_dir / 'search.md'} (and search.html, search.json, pareto.png)", highlight=False)
+    out.print(f"search report: {search.dir / REPORT_DIR / 'search.md'} (and search.html, search.json, pareto.png)",
+              highlight=False)
     return 0 if result.chosen else 1
 
 

@@ -103,6 +103,10 @@ def test_a_search_runs_on_ray_continues_after_an_interruption_and_its_choice_rep
     for name in ("search.md", "search.html", "pareto.png"):
         assert (run_dir / "report" / name).stat().st_size > 0
 
+    third = run_cli("search", str(search_file), "--run-dir", str(run_dir), timeout=600)  # nothing left to do
+    assert third.returncode == 0 and "that bench stands" in third.stderr, third.stderr[-3000:]
+    assert json.loads((run_dir / "report" / "search.json").read_text())["final"]["folder"] == final["folder"]
+
     rebuilt = tmp_path / "rebuilt"
     again = run_cli("run", chosen["pipeline"], "--run-dir", str(rebuilt), timeout=600)
     assert again.returncode in (0, 1), again.stderr[-3000:]

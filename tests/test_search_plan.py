@@ -211,3 +211,23 @@ def test_the_study_asks_tells_and_recovers_interrupted_trials_without_ray(tmp_pa
     changed = _write(tmp_path, {"space": {"stages.prune.target.macs": {"low": 0.1, "high": 0.6}}, "sampler": "nsga2"})
     with pytest.raises(ConfigError, match="holds a search with another space"):
         Search(load_search(changed), Console(file=open(tmp_path / "log2.txt", "w")), tmp_path / "s")._study(optuna)
+
+
+def test_a_trial_far_past_the_red_line_after_pruning_is_stopped_with_the_reason():
+    from compress.pipeline.manifest import StageRecord
+    from compress.search.trial_phases import _hopeless
+
+    pipeline = build_pipeline(copy.deepcopy(FULL), "p.yaml")  # red line 2 points
+
+    def manifest(pruned_val: float) -> Manifest:
+        def record(name, kind, metrics):
+            return StageRecord(name=name, kind=kind, status="completed", config_hash="", cache_key="",
+                               package_version="", started="", metrics=metrics)
+        return Manifest(pipeline="tiny", stages={"train": record("train", "train", {"best_val_top1": 95.0}),
+                                                 "prune": record("prune", "prune", {"val_top1": pruned_val})})
+
+    reason = _hopeless(manifest(89.0), pipeline, "prune", margin=3.0)  # 6 points down: 4 past the line
+    assert reason.startswith("stopped after prune: validation top-1 89.00% against the baseline's 95.00%")
+    assert "4.00 past the red line of 2" in reason
+    assert _hopeless(manifest(91.0), pipeline, "prune", margin=3.0) is None  # 2 past the line: it may recover
+    assert _hopeless(manifest(89.0), pipeline, "prune", margin=5.0) is None

@@ -83,11 +83,15 @@ def apply_override(raw: dict, assignment: str) -> tuple:
     key, sep, value_text = assignment.partition("=")
     if not sep or not key:
         raise ConfigError(f"override {assignment!r}: write key=value, e.g. stages.train.epochs=3 or seed=1")
+    return set_dotted(raw, key, yaml_value(value_text), f"override {assignment!r}")
+
+
+def yaml_value(text: str) -> Any:
+    """The value of a command-line ``key=value`` as YAML reads it; text that is not YAML stays text."""
     try:
-        value = yaml.safe_load(value_text) if value_text else None
+        return yaml.safe_load(text) if text else None
     except yaml.YAMLError:
-        value = value_text  # not YAML: take the text as it is
-    return set_dotted(raw, key, value, f"override {assignment!r}")
+        return text
 
 
 def set_dotted(raw: dict, key: str, value: Any, what: str | None = None) -> tuple:

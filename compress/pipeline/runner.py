@@ -12,7 +12,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -30,6 +29,7 @@ from compress.pipeline.pipeline_file import Pipeline
 from compress.pipeline.preflight import preflight
 from compress.pipeline.rerun_reason import why_rerun
 from compress.pipeline.run_lock import RunLock
+from compress.pipeline.torch_threads import torch_threads
 from compress.stages import registry
 from compress.stages.base import InputArtifact, Output, StageContext
 from compress.stages.data_match import check_same_data
@@ -62,22 +62,6 @@ def _without_locations(section: str, value: object) -> object:
     if section == "data" and isinstance(value, dict):
         return {k: v for k, v in value.items() if k not in _DATA_LOCATION_FIELDS}
     return value
-
-
-@contextmanager
-def _torch_threads(threads: int | None):
-    """The pipeline's intra-op thread count while its stages run, the caller's restored after."""
-    if threads is None:
-        yield
-        return
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 def default_run_dir(pipeline: Pipeline) -> Path:
@@ -186,7 +170,7 @@ class Runner:
         preflight(self.pipeline)  # what the file names exists: checked before anything is written
         self._check_node_rank()
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        with RunLock(self.run_dir), to_console(self.console), _torch_threads(self.pipeline.config.threads):
+        with RunLock(self.run_dir), to_console(self.console), torch_threads(self.pipeline.config.threads):
             self.manifest = Manifest.load(self.run_dir)
             self._check_owner(self.manifest)
             if self.manifest is None:

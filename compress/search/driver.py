@@ -24,7 +24,6 @@ import os
 import signal
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +31,7 @@ from rich.console import Console
 
 from compress.errors import ConfigError, StageError
 from compress.pipeline.run_lock import RunLock
+from compress.search.finals import SearchResult, finish
 from compress.search.objective import directions, values
 from compress.search.settings import SearchPlan
 from compress.search.trial_dirs import shared_stages
@@ -42,12 +42,6 @@ logger = logging.getLogger(__name__)
 JOURNAL = "study.journal"
 REFERENCE = "reference"
 INTERRUPTED = "interrupted"
-
-
-@dataclass
-class SearchResult:
-    report: dict
-    chosen: dict | None  # the chosen trial (number, params, pipeline file) where one passed the final gate
 
 
 def _require(name: str):
@@ -273,8 +267,6 @@ class Search:
                 self._ray.shutdown()
             self.say(f"{self._finished(study, optuna)} trials finished ({time.monotonic() - started:.0f}s this "
                      "invocation); the finalists are measured again, together")
-            from compress.search.finals import finish
-
             return finish(self, study, optuna, reference)
 
     def _study(self, optuna):
@@ -284,7 +276,7 @@ class Search:
         storage = JournalStorage(JournalFileBackend(str(self.dir / JOURNAL)))
         study = optuna.create_study(storage=storage, study_name=self.settings.name, load_if_exists=True,
                                     sampler=_sampler(optuna, self.plan),
-                                    directions=directions(self.settings.objective, self.settings.sampler))
+                                    directions=directions(self.settings.sampler))
         record = _space_record(self.plan)
         stored = study.user_attrs.get("search")
         if stored is None:

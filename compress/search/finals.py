@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
 
 from compress.pipeline.compare import compare_runs
-from compress.search.search_report import write_search_report
+from compress.search.objective import rank_key
+from compress.search.search_report import REPORT_DIR, write_search_report
 from serve_bench.gate import evaluate
 from serve_bench.latency_intervals import paired_ratio
 from serve_bench.report import load_blocked
@@ -20,11 +22,15 @@ BASELINE, HAND_SET = "baseline", "hand-set"
 CHOSEN_FILE = "chosen.yaml"
 
 
+@dataclass
+class SearchResult:
+    report: dict
+    chosen: dict | None  # the chosen trial (number, params, pipeline file) where one passed the final gate
+
+
 def ranked(study, objective: str) -> list:
     """Measured trials within the limits, best first (the objective, then the other figure); of trials whose
     candidates are the same file (a setting that changed nothing), only the best."""
-    from compress.search.objective import rank_key
-
     feasible = [t for t in study.trials if t.user_attrs.get("status") == "feasible"]
     out, seen = [], set()
     for t in sorted(feasible, key=lambda t: rank_key(t.user_attrs["outcome"], objective)):
@@ -37,7 +43,7 @@ def ranked(study, objective: str) -> list:
 
 def _entry_summary(entry: dict) -> dict:
     lat, paired = entry["latency_ms"], entry.get("accuracy_paired") or {}
-    return {"name": entry["name"], "run": (entry.get("extra") or {}).get("run") or entry.get("run"),
+    return {"name": entry["name"], "run": entry.get("run"),
             "artifact": entry.get("run_artifact"), "macs": entry.get("macs"), "size_bytes": entry.get("size_bytes"),
             "accuracy": entry.get("accuracy"), "accuracy_ci": entry.get("accuracy_ci"),
             "drop": entry.get("accuracy_drop"), "drop_ci": paired.get("drop_ci"),
@@ -88,22 +94,39 @@ def write_chosen(search, trial, final: dict) -> Path:
              "gives the same bits.",
              f"# Reproduce: compress run {search.dir / CHOSEN_FILE}"]
     if vs:
-        lines.insert(2, f"# p99 against the hand-set pipeline's {HAND_SET} result in one interleaved bench: "
+        lines.insert(2, "# p99 against the hand-set pipeline's result in one interleaved bench: "
                         f"×{vs['ratio']:.3f} [{vs['ci'][0]:.3f}, {vs['ci'][1]:.3f}] ({vs['verdict']}).")
     path = search.dir / CHOSEN_FILE
     atomic_write_text(path, "\n".join(lines) + "\n" + yaml.safe_dump(raw, sort_keys=False))
     return path
 
 
-def finish(search, study, optuna, reference: dict):
-    from compress.search.driver import SearchResult
+def _measured_before(search, best: list) -> dict | None:
+    """The last final bench, where it measured these same finalists: a finished search run again reports it
+    rather than measuring (and choosing) anew."""
+    path = search.dir / REPORT_DIR / "search.json"
+    try:
+        final = json.loads(path.read_text()).get("final")
+    except (OSError, ValueError):
+        return None
+    if not final or not (search.dir / final["folder"]).is_dir():
+        return None
+    measured = [e["name"].split(":", 1)[0] for e in final["entries"]][2:]
+    return final if measured == [f"trial-{t.number}" for t in best] else None
 
+
+def finish(search, study, optuna, reference: dict) -> SearchResult:
     best = ranked(study, search.settings.objective)[: search.settings.finalists]
     final, chosen = None, None
     if best:
-        search.say(f"finalists: {', '.join(f'trial {t.number}' for t in best)}, with the hand-set result and the "
-                   "baseline, in one interleaved bench")
-        final = final_bench(search, best, reference)
+        final = _measured_before(search, best)
+        if final is not None:
+            search.say(f"the finalists ({', '.join(f'trial {t.number}' for t in best)}) were measured together "
+                       f"before, in {search.dir / final['folder']}: that bench stands")
+        else:
+            search.say(f"finalists: {', '.join(f'trial {t.number}' for t in best)}, with the hand-set result and "
+                       "the baseline, in one interleaved bench")
+            final = final_bench(search, best, reference)
         if final["chosen"]:
             number = int(final["chosen"].split(":", 1)[0].removeprefix("trial-"))
             trial = next(t for t in best if t.number == number)

@@ -59,7 +59,7 @@ def outcome_of(report: dict) -> dict:
     }
 
 
-def directions(objective: str, sampler: str) -> list[str]:
+def directions(sampler: str) -> list[str]:
     """NSGA-II keeps both objectives (the front); TPE minimises the one the user asked for."""
     return ["minimize", "minimize"] if sampler == "nsga2" else ["minimize"]
 

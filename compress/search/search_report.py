@@ -155,7 +155,8 @@ def render_markdown(report: dict) -> str:
                   f"(decision rule `{final['decision']}`, red line {final['max_drop']:g} points, p99 budget "
                   f"{final['p99_budget_ms']} ms).", "", _markdown_table(FINAL_HEAD, final_table(final)), "",
                   "Gate over the finalists: " + ("released " + final["gate"]["release"] if final["gate"]["passed"]
-                                                 else "FAILED: " + "; ".join(final["gate"]["reasons"])), ""]
+                                                 else "FAILED: " + "; ".join(final["gate"]["reasons"]))
+                  + f". The hand-set result {'passes' if final['hand_set_passes'] else 'fails'} the same gate.", ""]
         for line in final["gate"].get("notes", []) + final.get("flags", []):
             parts.append(f"- {line}")
     return "\n".join(parts) + "\n"

@@ -12,19 +12,16 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, model_validator
 
-from compress.config import NAME_PATTERN
+from compress.config import NAME_PATTERN, Strict
 from compress.errors import ConfigError
-from compress.pipeline.pipeline_file import Pipeline, build_pipeline, fmt_path, line_map, line_of, read_yaml, set_dotted
+from compress.pipeline.pipeline_file import (Pipeline, build_pipeline, fmt_path, line_map, line_of, read_yaml,
+                                              set_dotted, yaml_value)
 
 OBJECTIVES = ("fastest_within_red_line", "most_accurate_within_budget")
 # Settings a trial may not change: they name the run or pin what every trial must share.
 FIXED_PATHS = ("name", "run_dir", "threads")
-
-
-class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
 
 
 class Range(Strict):
@@ -173,7 +170,7 @@ def load_search(path: str | Path, overrides: list[str] | None = None) -> SearchP
         key, sep, value = assignment.partition("=")
         if not sep or "." in key:
             raise ConfigError(f"override {assignment!r}: write a top-level search field, e.g. trials=16 or parallel=1")
-        raw[key] = read_yaml_value(value)
+        raw[key] = yaml_value(value)
     try:
         settings = SearchSettings.model_validate(raw)
     except ValidationError as exc:
@@ -198,11 +195,3 @@ def load_search(path: str | Path, overrides: list[str] | None = None) -> SearchP
     _check_space(plan)
     return plan
 
-
-def read_yaml_value(text: str) -> Any:
-    import yaml
-
-    try:
-        return yaml.safe_load(text) if text else None
-    except yaml.YAMLError:
-        return text

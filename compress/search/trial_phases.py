@@ -19,7 +19,7 @@ from rich.console import Console
 
 from compress.errors import CompressError
 from compress.pipeline.manifest import Manifest
-from compress.pipeline.pipeline_file import build_pipeline
+from compress.pipeline.pipeline_file import Pipeline, build_pipeline
 from compress.pipeline.runner import RunOptions, Runner
 from compress.search.objective import outcome_of
 from compress.search.trial_dirs import seed_trial
@@ -42,8 +42,7 @@ class TrialSpec:
         return asdict(self)
 
 
-def _run(spec: TrialSpec, stages: list[str]) -> Manifest:
-    pipeline = build_pipeline(spec.raw, spec.source)
+def _run(spec: TrialSpec, pipeline: Pipeline, stages: list[str]) -> Manifest:
     run_dir = Path(spec.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     with open(run_dir / LOG_FILE, "a") as log:
@@ -59,9 +58,8 @@ def _failed(spec: TrialSpec, phase: str, exc: BaseException, started: float) -> 
             "log": str(Path(spec.run_dir) / LOG_FILE)}
 
 
-def _hopeless(manifest: Manifest, spec: TrialSpec, after: str) -> str | None:
+def _hopeless(manifest: Manifest, pipeline: Pipeline, after: str, margin: float) -> str | None:
     """Why the trial cannot come back within the red line, judged on validation accuracy after ``after``."""
-    pipeline = build_pipeline(spec.raw, spec.source)
     if pipeline.config.red_line.metric != "top1":
         return None
     record = manifest.stages.get(after)
@@ -72,11 +70,11 @@ def _hopeless(manifest: Manifest, spec: TrialSpec, after: str) -> str | None:
     if val is None or base_val is None:
         return None
     max_drop, drop = pipeline.config.red_line.max_drop, base_val - val
-    if drop - max_drop <= spec.hopeless_margin:
+    if drop - max_drop <= margin:
         return None
     return (f"stopped after {after}: validation top-1 {val:.2f}% against the baseline's {base_val:.2f}%, a drop of "
             f"{drop:.2f} points, {drop - max_drop:.2f} past the red line of {max_drop:g} (more than hopeless_margin "
-            f"{spec.hopeless_margin:g}); quantization would not bring it back")
+            f"{margin:g}); quantization would not bring it back")
 
 
 def build(spec_dict: dict) -> dict:
@@ -91,13 +89,13 @@ def build(spec_dict: dict) -> dict:
         after = spec.early_stop_after or next((s.name for s in stages if s.kind == "prune"), None)
         if after in names and after not in spec.shared and spec.reference is not None:
             first = names[:names.index(after) + 1]
-            manifest = _run(spec, first)
-            reason = _hopeless(manifest, spec, after)
+            manifest = _run(spec, pipeline, first)
+            reason = _hopeless(manifest, pipeline, after, spec.hopeless_margin)
             if reason is not None:
                 return {"status": "pruned", "reason": reason, "seconds": round(time.monotonic() - started, 1)}
             names = names[len(first):]
         if names:
-            _run(spec, names)
+            _run(spec, pipeline, names)
         return {"status": "built", "seconds": round(time.monotonic() - started, 1)}
     except Exception as exc:  # noqa: BLE001 - recorded as the trial's failure
         return _failed(spec, "build", exc, started)
@@ -109,7 +107,7 @@ def measure(spec_dict: dict) -> dict:
     try:
         pipeline = build_pipeline(spec.raw, spec.source)
         benches = [s.name for s in pipeline.stages if s.kind == "bench"]
-        manifest = _run(spec, benches)
+        manifest = _run(spec, pipeline, benches)
         record = manifest.artifacts[f"{benches[-1]}.report"]
         report_path = manifest.resolve_path(Path(spec.run_dir), record) / "report.json"
         report = json.loads(report_path.read_text())
