@@ -43,7 +43,11 @@ class Terminated(KeyboardInterrupt):
     exit_code = 143
 
 
+_signals_received: list[int] = []
+
+
 def _on_sigterm(signum, frame) -> None:
+    _signals_received.append(signum)  # a library may catch the exception and raise a plain KeyboardInterrupt
     raise Terminated()
 
 
@@ -58,11 +62,12 @@ def _interruptible(run, kept, how_on: str):
     """``run()`` with SIGTERM unwinding like Ctrl-C; either ends in one line: ``kept()`` and ``how_on``."""
     import signal
 
+    _signals_received.clear()
     previous = signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         return run()
     except KeyboardInterrupt as exc:
-        code = getattr(exc, "exit_code", 130)
+        code = 143 if _signals_received else getattr(exc, "exit_code", 130)  # Ray's get re-raises its own
         what = "terminated (SIGTERM)" if code == 143 else "interrupted (Ctrl-C)"
         raise RunInterrupted(f"{what}: {kept()}; {how_on}", code) from None
     finally:

@@ -5,6 +5,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from compress.cli import main
 from tests.conftest import ROOT, run_cli
 
@@ -82,3 +84,29 @@ def test_stage_command_takes_data_and_model_from_a_pipeline_file(tmp_path, tiny_
     assert manifest["stages"]["train"]["metrics"]["params"] == 17_462  # resnet20 at width 4, from the file
     resolved = (run_dir / "pipeline.resolved.yaml").read_text()
     assert "seed: 2" in resolved
+
+
+def test_sigterm_is_reported_as_such_even_when_a_library_re_raises_a_plain_keyboard_interrupt():
+    """Ray's get catches the interrupt and raises its own KeyboardInterrupt: the exit code must still say SIGTERM."""
+    import os
+    import signal
+
+    from compress.cli import Terminated, _interruptible
+    from compress.errors import RunInterrupted
+
+    def run():
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)  # the handler raises at the next bytecode
+        except Terminated:
+            raise KeyboardInterrupt() from None
+
+    with pytest.raises(RunInterrupted) as err:
+        _interruptible(run, lambda: "kept", "go on")
+    assert err.value.exit_code == 143 and str(err.value) == "terminated (SIGTERM): kept; go on"
+
+    def ctrl_c():
+        raise KeyboardInterrupt()
+
+    with pytest.raises(RunInterrupted) as err:  # the next run starts clean
+        _interruptible(ctrl_c, lambda: "kept", "go on")
+    assert err.value.exit_code == 130
