@@ -47,7 +47,7 @@ _signals_received: list[int] = []
 
 
 def _on_sigterm(signum, frame) -> None:
-    _signals_received.append(signum)  # a library may catch the exception and raise a plain KeyboardInterrupt
+    _signals_received.append(signum)  # the exception may reach us as a plain KeyboardInterrupt (under Ray)
     raise Terminated()
 
 
@@ -67,7 +67,7 @@ def _interruptible(run, kept, how_on: str):
     try:
         return run()
     except KeyboardInterrupt as exc:
-        code = 143 if _signals_received else getattr(exc, "exit_code", 130)  # Ray's get re-raises its own
+        code = 143 if _signals_received else getattr(exc, "exit_code", 130)  # seen under Ray's wait
         what = "terminated (SIGTERM)" if code == 143 else "interrupted (Ctrl-C)"
         raise RunInterrupted(f"{what}: {kept()}; {how_on}", code) from None
     finally:

@@ -19,7 +19,6 @@ into the same directory, where their finished stages are cached).
 from __future__ import annotations
 
 import json
-import logging
 import os
 import signal
 import threading
@@ -36,8 +35,6 @@ from compress.search.objective import directions, values
 from compress.search.settings import SearchPlan
 from compress.search.trial_dirs import shared_stages
 from compress.search.trial_phases import TrialSpec, build, measure
-
-logger = logging.getLogger(__name__)
 
 JOURNAL = "study.journal"
 REFERENCE = "reference"
@@ -76,8 +73,7 @@ def _sampler(optuna, plan: SearchPlan):
 
 
 def _space_record(plan: SearchPlan) -> str:
-    return json.dumps({"pipeline": str(plan.base_path), "space": {k: v if isinstance(v, list) else v.model_dump()
-                                                                   for k, v in plan.settings.space.items()},
+    return json.dumps({"pipeline": str(plan.base_path), "space": plan.settings.space_dict(),
                        "objective": plan.settings.objective, "sampler": plan.settings.sampler,
                        "threads": plan.settings.threads()}, sort_keys=True)
 
@@ -162,8 +158,6 @@ class Search:
 
     @staticmethod
     def _describe(o: dict) -> str:
-        if o.get("candidate") is None:
-            return f"no candidate: {o.get('why')}"
         ci = o.get("p99_ci") or [o["p99"], o["p99"]]
         text = f"{o['candidate']} p99 {o['p99']:.3f} ms [{ci[0]:.3f}, {ci[1]:.3f}]"
         if o.get("accuracy") is not None and o.get("drop") is not None:
@@ -197,25 +191,29 @@ class Search:
 
     def _tell_built(self, study, optuna, trial, result: dict) -> bool:
         """True when the trial goes on to be measured."""
-        if result["status"] == "built":
-            trial.set_user_attr("build_s", result["seconds"])
-            self.say(f"trial {trial.number}: built in {result['seconds']:.0f}s; waits for the bench")
-            return True
+        if result["status"] != "built":
+            self._tell_stopped(study, optuna, trial, result)
+            return False
+        trial.set_user_attr("build_s", result["seconds"])
+        self.say(f"trial {trial.number}: built in {result['seconds']:.0f}s; waits for the bench")
+        return True
+
+    def _tell_stopped(self, study, optuna, trial, result: dict) -> None:
+        """A trial stopped early (pruned) or failed, in either phase."""
         trial.set_user_attr("status", result["status"])
         if result["status"] == "pruned":
             trial.set_user_attr("reason", result["reason"])
             study.tell(trial, state=optuna.trial.TrialState.PRUNED)
             self.say(f"trial {trial.number}: {result['reason']}", "yellow")
-        else:
-            trial.set_user_attr("error", f"{result.get('phase')}: {result.get('error')}")
-            study.tell(trial, state=optuna.trial.TrialState.FAIL)
-            self.say(f"trial {trial.number} FAILED ({result.get('phase')}): {result.get('error')}; "
-                     f"log: {result.get('log')}", "red")
-        return False
+            return
+        trial.set_user_attr("error", f"{result.get('phase')}: {result.get('error')}")
+        study.tell(trial, state=optuna.trial.TrialState.FAIL)
+        self.say(f"trial {trial.number} FAILED ({result.get('phase')}): {result.get('error')}; "
+                 f"log: {result.get('log')}", "red")
 
     def _tell_measured(self, study, optuna, trial, result: dict) -> None:
         if result["status"] != "measured":
-            self._tell_built(study, optuna, trial, result)
+            self._tell_stopped(study, optuna, trial, result)
             return
         outcome = result["outcome"]
         trial.set_user_attr("measure_s", result["seconds"])

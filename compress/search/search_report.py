@@ -188,7 +188,7 @@ def write_search_report(search, study, optuna, reference: dict, final: dict | No
     base_acc = (baseline.get("accuracy") or {}).get(metric)
     report = {"format": "compress-search/1", "name": s.name, "search_file": str(search.plan.path),
               "pipeline": str(search.plan.base_path), "objective": s.objective, "sampler": s.sampler,
-              "space": {k: v if isinstance(v, list) else v.model_dump() for k, v in s.space.items()},
+              "space": s.space_dict(),
               "threads": s.threads(), "shared_stages": search.shared, "metric": metric,
               "max_drop": ref_report["gate"]["max_accuracy_drop"], "p99_budget_ms": ref_report["gate"]["p99_budget_ms"],
               "red_line_accuracy": None if base_acc is None else base_acc - ref_report["gate"]["max_accuracy_drop"],

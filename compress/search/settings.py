@@ -95,6 +95,10 @@ class SearchSettings(Strict):
                                      "a section can be searched field by field")
         return self
 
+    def space_dict(self) -> dict:
+        """The space as plain data (for the study's record and the report)."""
+        return {k: v if isinstance(v, list) else v.model_dump() for k, v in self.space.items()}
+
     def threads(self) -> int:
         return self.threads_per_trial or max(1, (os.cpu_count() or 1) // self.parallel)
 

@@ -112,6 +112,9 @@ def measure(spec_dict: dict) -> dict:
         report_path = manifest.resolve_path(Path(spec.run_dir), record) / "report.json"
         report = json.loads(report_path.read_text())
         outcome = outcome_of(report)
+        if outcome["candidate"] is None:
+            return {"status": "failed", "phase": "measure", "error": outcome["why"],
+                    "seconds": round(time.monotonic() - started, 1), "log": str(Path(spec.run_dir) / LOG_FILE)}
         if outcome["candidate"] in manifest.artifacts:  # two trials may make the same file: measured once at the end
             outcome["sha256"] = manifest.artifacts[outcome["candidate"]].sha256
         return {"status": "measured", "outcome": outcome, "report": str(report_path),
