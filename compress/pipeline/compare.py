@@ -25,7 +25,7 @@ from compress.pipeline.manifest import Manifest
 from compress.pipeline.pipeline_data import load_section
 from compress.pipeline.pipeline_file import Pipeline, load_pipeline
 from compress.stages.base import InputArtifact
-from compress.stages.bench_stage import BenchConfig, artifact_spec, summary_table, test_set_of
+from compress.stages.bench_stage import BenchConfig, artifact_spec, run_relative, summary_table, test_set_of
 from serve_bench.bench import BenchSettings, TestSet, run_benchmark
 from serve_bench.gate import evaluate
 from serve_bench.harness import HarnessSettings
@@ -137,6 +137,8 @@ def compare_runs(run_dirs: list[Path], out: Path, console: Console, artifact: st
                   f"reference {specs[0].name}", highlight=False)
     result = run_benchmark(specs, specs[0].name, first.test, settings, metric, limits.red_line.max_drop,
                            own_tests=own_tests)
+    for entry in result.entries:  # each relative to the run directory it comes from
+        entry["path"] = run_relative(entry["path"], Path(entry["run"]))
     meaningful = first.meaningful_accuracy
     report = {"pipeline": "compare", "baseline": specs[0].name, "metric": metric, "artifacts": result.entries,
               "gate": evaluate(result.entries, limits.latency.p99_budget_ms, limits.red_line.max_drop,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 from typing import Iterator
 
 from rich.console import Console
@@ -17,6 +18,18 @@ from rich.markup import escape
 
 LIBRARY_LOGGERS = ("compress", "train", "export", "serve_bench")
 _LEVEL_STYLE = {logging.WARNING: "yellow", logging.ERROR: "red", logging.CRITICAL: "bold red"}
+# Where output goes to a file or a CI log, rich would assume 80 columns and cut table cells
+# ("train.m…"); a log has no width, so tables get room for full artifact names and paths.
+LOG_WIDTH = 200
+
+
+def cli_console(stderr: bool = True) -> Console:
+    """The console the command line prints to: the terminal's width, or LOG_WIDTH where it is no terminal
+    (a set COLUMNS still wins)."""
+    console = Console(stderr=stderr, soft_wrap=stderr)
+    if not console.is_terminal and "COLUMNS" not in os.environ:
+        console = Console(stderr=stderr, soft_wrap=stderr, width=LOG_WIDTH)
+    return console
 
 
 class ConsoleHandler(logging.Handler):

@@ -16,12 +16,11 @@ import time
 from pathlib import Path
 
 import torch
-from rich.console import Console
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from compress.config import DistributedSettings, PipelineConfig
 from compress.errors import DataInputError
-from compress.pipeline.console_log import LIBRARY_LOGGERS
+from compress.pipeline.console_log import LIBRARY_LOGGERS, cli_console
 from compress.pipeline.pipeline_data import load_section
 from compress.stages import registry
 from compress.stages.base import InputArtifact, StageContext
@@ -92,7 +91,7 @@ def run_rank(spec_path: Path) -> None:
         inputs = {role: InputArtifact(a["name"], a["kind"], run_dir / a["path"], a["meta"], a["size_bytes"])
                   for role, a in spec["inputs"].items()}
         ctx = StageContext(run_dir=run_dir, stage_dir=stage_dir, name=spec["name"], pipeline=pipeline,
-                           cache_key=spec["cache_key"], console=Console(stderr=True), load_data=lambda: data,
+                           cache_key=spec["cache_key"], console=cli_console(), load_data=lambda: data,
                            environment=spec["environment"], group=group, distributed=settings)
         result, _ = cls(cfg).execute(ctx, inputs)
         if group.is_main:

@@ -1,6 +1,7 @@
 """``kind: bench``: latency and accuracy of every deployable artifact, the report and the gate."""
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Literal
 
 from pydantic import Field, model_validator
@@ -76,6 +77,8 @@ class BenchStage(Stage):
                 f"≥{cfg.min_duration_s:g}s each{f', {cfg.repeats} repeats' if cfg.repeats > 1 else ''}), "
                 f"baseline {baseline}")
         result = run_benchmark(specs, baseline, test, settings, metric, max_drop)
+        for entry in result.entries:
+            entry["path"] = run_relative(entry["path"], ctx.run_dir)
         gate = evaluate(result.entries, pipeline.latency.p99_budget_ms, max_drop,
                         accuracy_meaningful=data.meaningful_accuracy, decision=pipeline.gate.decision)
         env = ctx.environment  # the runner's fingerprint, the same one the stage record names
@@ -106,6 +109,16 @@ def test_set_of(data: DataBundle) -> TestSet:
     """The test split as the arrays every artifact is judged on, in a fixed order (so results pair)."""
     images, labels = next(BatchStream(data.test, data, len(data.test), shuffle=False, drop_last=False).epoch(0))
     return TestSet(images.numpy(), labels.numpy())
+
+
+def run_relative(path: str | Path, run_dir: Path) -> str:
+    """A report's artifact path as the manifest writes it, relative to the run directory, so a moved run
+    directory or a report read from elsewhere still points at the file; absolute where the file is outside
+    the run (an input given by path)."""
+    try:
+        return Path(path).resolve().relative_to(Path(run_dir).resolve()).as_posix()
+    except ValueError:
+        return str(Path(path).resolve())
 
 
 def artifact_spec(artifact: InputArtifact, cfg: BenchConfig) -> ArtifactSpec:
