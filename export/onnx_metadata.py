@@ -12,6 +12,15 @@ from pathlib import Path
 import onnx
 
 DATA_KEY = "compress.data"  # the data identity: name, split digest, split sizes, preprocessing
+# What a deployer needs to feed the file and to trust it, each a JSON value (the version a plain string).
+PREPROCESSING_KEY = "compress.preprocessing"
+CLASSES_KEY = "compress.classes"
+LINEAGE_KEY = "compress.lineage"
+VERSION_KEY = "compress.version"
+QUANTIZATION_KEY = "compress.quantization"
+# How an image becomes the input tensor, in words a reader without this project can follow.
+RESIZE = "bilinear, the whole image to width x height (no crop)"
+FORMULA = "x[c] = (pixel[c] / pixel_divisor - mean[c]) / std[c] in float32, pixel the 0..255 value"
 
 
 def read_metadata(path: str | Path) -> dict[str, str]:
@@ -31,10 +40,38 @@ def write_metadata(path: str | Path, props: dict[str, str]) -> None:
     onnx.save(model, str(path))
 
 
-def write_data_identity(path: str | Path, identity: dict) -> None:
-    write_metadata(path, {DATA_KEY: json.dumps(identity, sort_keys=True)})
-
-
 def read_data_identity(path: str | Path) -> dict | None:
     value = read_metadata(path).get(DATA_KEY)
     return json.loads(value) if value else None
+
+
+def input_description(preprocessing: dict) -> dict:
+    """The data's preprocessing (channels, height, width, scale, mean, std) completed with what the
+    exported graph fixes (the NCHW layout, the colour mode the channels mean) and the divisor the
+    training data path really divides by: ``pixel * scale`` differs from ``pixel / 255`` in the
+    last bit for half the pixel values, and a reader should get the tensors the model was judged on."""
+    return {**preprocessing, "pixel_divisor": round(1 / preprocessing["scale"]), "layout": "NCHW",
+            "color": "L" if preprocessing["channels"] == 1 else "RGB", "resize": RESIZE, "formula": FORMULA}
+
+
+def deployment_properties(*, preprocessing: dict, class_names: list[str], lineage: dict, version: str,
+                          quantization: dict | None = None, data_identity: dict | None = None) -> dict[str, str]:
+    """Every property a file written by this project carries, ready for ``write_metadata``."""
+    props = {PREPROCESSING_KEY: json.dumps(input_description(preprocessing), sort_keys=True),
+             CLASSES_KEY: json.dumps(list(class_names)), LINEAGE_KEY: json.dumps(lineage, sort_keys=True),
+             VERSION_KEY: version}
+    if quantization is not None:
+        props[QUANTIZATION_KEY] = json.dumps(quantization, sort_keys=True)
+    if data_identity is not None:
+        props[DATA_KEY] = json.dumps(data_identity, sort_keys=True)
+    return props
+
+
+def read_deployment(path: str | Path) -> dict:
+    """The properties of ``deployment_properties`` parsed back (absent ones left out)."""
+    props = read_metadata(path)
+    parsed = {key: json.loads(props[key]) for key in (PREPROCESSING_KEY, CLASSES_KEY, LINEAGE_KEY,
+                                                      QUANTIZATION_KEY, DATA_KEY) if key in props}
+    if VERSION_KEY in props:
+        parsed[VERSION_KEY] = props[VERSION_KEY]
+    return parsed

@@ -34,6 +34,7 @@ class InputArtifact:
     path: Path
     meta: dict[str, Any] = field(default_factory=dict)
     size_bytes: int = 0  # as recorded in the manifest (a folder's files summed)
+    sha256: str = ""  # as recorded in the manifest; empty where the artifact was given without one
 
 
 @dataclass

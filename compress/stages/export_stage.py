@@ -11,9 +11,9 @@ from compress.config import StageConfig, Strict
 from compress.errors import ArtifactError, ConfigError
 from compress.stages.base import InputArtifact, Output, Stage, StageContext, StageResult
 from compress.stages.model_source import model_from_artifact
+from compress.stages.onnx_labels import label_onnx
 from export.external_data import UnsafeModelError, check_external_data
 from export.onnx_export import export_onnx
-from export.onnx_metadata import write_data_identity
 from export.parity import as_dicts, check_parity
 from export.tensorrt_engine import BuildSettings, build_engine, unavailable_reason
 from train.data import BatchStream
@@ -114,8 +114,8 @@ class ExportStage(Stage):
                                precision=cfg.precision, io_dtype=cfg.io_dtype, simplify=cfg.simplify)
             parity = check_parity(info.path, model, images, cfg.parity.batch_sizes, tolerance=tolerance,
                                   min_agreement=cfg.parity.min_top1_agreement, io_dtype=cfg.io_dtype)
-            if description.get("data"):  # the file says which data its weights were made on
-                write_data_identity(info.path, description["data"])
+            # the data identity: which data its weights were made on, where the model records it
+            label_onnx(info.path, ctx, inputs["model"], description, data_identity=description.get("data"))
         worst = max(parity, key=lambda r: r.rel_diff)
         ctx.log(f"ONNX opset {info.opset} {info.precision}, parity max |Δ| {worst.max_abs_diff:.2g} "
                 f"({worst.rel_diff:.2g} of the logit scale), top-1 agreement "
@@ -129,7 +129,8 @@ class ExportStage(Stage):
                            "results": as_dicts(parity)}}
         metrics = {"opset": info.opset, "precision": info.precision, "export_s": round(info.seconds, 2),
                    "parity": meta["parity"], "simplified": info.simplified}
-        return Output("onnx", "onnx", ctx.stage_dir / "onnx", meta=meta), metrics
+        # made from the model alone: a Q/DQ input wired for an engine build is not part of this file
+        return Output("onnx", "onnx", ctx.stage_dir / "onnx", meta=meta, made_from=[inputs["model"].name]), metrics
 
     def _tensorrt(self, ctx: StageContext, cfg: ExportConfig, onnx_file: Path, source_meta: dict,
                   source_name: str) -> tuple[Output | None, dict]:

@@ -19,9 +19,9 @@ from compress.quantization.qdq_rewrite import int8_to_uint8_activations, weights
 from compress.stages.base import InputArtifact, Output, Stage, StageContext, StageResult
 from compress.stages.int8_records import onnx_meta, rung_records, split_arrays, torch_accuracy
 from compress.stages.model_source import model_from_artifact
+from compress.stages.onnx_labels import label_onnx
 from compress.stages.qat_rung import QATSettings, run_qat
 from export.onnx_export import export_onnx
-from export.onnx_metadata import write_data_identity
 from serve_bench.gate import why_int8_not_faster
 from train.hardware import isa_facts
 
@@ -47,6 +47,14 @@ class QuantizeConfig(StageConfig):
     cpu_weights: Literal["7bit", "8bit"] = Field(
         "7bit", description="weights of the CPU file: 7bit computes the same on x86 CPUs with and without VNNI "
                             "(8bit weights saturate onnxruntime's u8s8 kernels where VNNI is missing)")
+
+
+def recipe(flavour: str, cfg: QuantizeConfig, meta: dict) -> dict:
+    """How a shipped file was quantized, as its ONNX metadata states it."""
+    q = meta["quantization"]
+    return {"flavour": flavour, "format": "QDQ", "scheme": meta["qdq"], "rung": q["rung"],
+            "float_layers": q["float_layers"], "calibration": cfg.calibration.model_dump(mode="json"),
+            "qat": cfg.qat.model_dump(mode="json") if q["rung"] == "qat" else None, "opset": cfg.opset}
 
 
 class QuantizeStage(Stage):
@@ -123,9 +131,11 @@ class QuantizeStage(Stage):
         for f in cfg.flavours:
             with ctx.atomic_output_dir(f"onnx_{f}") as folder:
                 shutil.copy2(chosen.files[f], folder / "model.onnx")
-                write_data_identity(folder / "model.onnx", data.identity())
+                meta = onnx_meta(f, chosen, inputs["model"], description, summary, test[f])
+                label_onnx(folder / "model.onnx", ctx, inputs["model"], description, data_identity=data.identity(),
+                           quantization=recipe(f, cfg, meta))
             outputs.append(Output(f"onnx_{f}", "onnx", ctx.stage_dir / f"onnx_{f}", made_from=[inputs["model"].name],
-                                  meta=onnx_meta(f, chosen, inputs["model"], description, summary, test[f])))
+                                  meta=meta))
         with ctx.atomic_output_dir("report") as folder:
             (folder / "ladder.json").write_text(json.dumps(summary, indent=2))
         shutil.rmtree(work, ignore_errors=True)
