@@ -116,6 +116,24 @@ class DistributedSettings(Strict):
         return {"processes": self.processes, "sync_batchnorm": self.sync_batchnorm, "lr_scaling": self.lr_scaling}
 
 
+class MlflowSettings(Strict):
+    tracking_uri: str | None = Field(
+        None, description="an MLflow tracking URI (http://host:5000, sqlite:///path/mlflow.db, databricks) or a plain "
+                          "folder (a local store: mlflow.db and the artifacts in it); default: MLFLOW_TRACKING_URI "
+                          "where set, else a local store in the run directory's parent folder")
+    experiment: str | None = Field(None, description="default: the pipeline's name")
+    run_name: str | None = Field(None, description="default: the run directory's name")
+
+
+class TrackingSettings(Strict):
+    """Where a run is logged besides its run directory; nothing is logged where this section is absent."""
+
+    mlflow: MlflowSettings | None = Field(None, description="log every stage's settings and metrics and the report "
+                                                            "to MLflow as the run goes (pip install 'compress[tracking]')")
+    tensorboard: bool = Field(False, description="TensorBoard scalars from every train stage, as a stage's own "
+                                                 "tensorboard: true")
+
+
 class PipelineConfig(Strict):
     name: str = Field(..., pattern=NAME_PATTERN)
     seed: int = Field(0, ge=0)
@@ -131,6 +149,7 @@ class PipelineConfig(Strict):
                                                         "(default: torch's, one per core); float sums are split by "
                                                         "thread, so trained weights are bit-identical only at the "
                                                         "same count")
+    tracking: TrackingSettings = Field(default_factory=TrackingSettings)
     stages: list[dict[str, Any]] = Field(..., min_length=1)
 
 

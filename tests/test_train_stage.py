@@ -46,13 +46,18 @@ def test_cuda_requested_without_a_gpu(tmp_path, tiny_config, write_pipeline, cap
     assert "device: cuda was asked for but torch sees no CUDA device" in capsys.readouterr().err
 
 
-def test_tensorboard_logging(tmp_path, tiny_config, write_pipeline, capsys):
-    tiny_config["stages"][0]["tensorboard"] = True
+@pytest.mark.parametrize("where", ["stage", "tracking"])
+def test_tensorboard_logging(tmp_path, tiny_config, write_pipeline, capsys, where):
+    if where == "stage":
+        tiny_config["stages"][0]["tensorboard"] = True
+    else:
+        tiny_config["tracking"] = {"tensorboard": True}
     run_dir = tmp_path / "run"
     code = main(["run", str(write_pipeline(tiny_config)), "--run-dir", str(run_dir)])
     if importlib.util.find_spec("tensorboard") is None:
+        field = "stages.train.tensorboard" if where == "stage" else "tracking.tensorboard"
         assert code == 2
-        assert "tensorboard: true needs the tensorboard package" in capsys.readouterr().err
+        assert f"{field}: true needs the tensorboard package" in capsys.readouterr().err
     else:
         assert code == 0 and any((run_dir / "train" / "tensorboard").iterdir())
 

@@ -1,4 +1,4 @@
-"""One run per run directory at a time.
+"""One run per run directory at a time, and one pipeline per run directory.
 
 Two runs writing the same manifest and artifacts would corrupt both. An advisory
 ``flock`` is used rather than a bare marker file because the kernel releases it when
@@ -10,9 +10,18 @@ import fcntl
 import os
 from pathlib import Path
 
-from compress.errors import RunLockedError
+from compress.errors import ConfigError, RunLockedError
 
 LOCK_FILE = ".lock"
+
+
+def check_owner(run_dir: Path, manifest, name: str, source: str, reuse: bool) -> None:
+    """A run directory belongs to the pipeline that made it: another one would overwrite its records."""
+    if manifest is None or manifest.pipeline == name or reuse:
+        return
+    raise ConfigError(f"{run_dir} holds a run of pipeline {manifest.pipeline!r}, and {source} "
+                      f"is pipeline {name!r}: running it there would overwrite that run's records; pass another "
+                      f"--run-dir (default runs/{name}), or --reuse-run-dir to run into it knowingly")
 
 
 class RunLock:

@@ -20,7 +20,7 @@ from rich.console import Console
 from compress import __version__
 from compress.config import DistributedSettings, StageConfig, check_metric_has_meaning
 from compress.errors import ArtifactError, CompressError, ConfigError, from_library
-from compress.pipeline.console_log import to_console
+from compress.pipeline.console_log import cli_console, to_console
 from compress.pipeline.distributed_launch import launch_stage
 from compress.pipeline.fingerprint import environment, environment_key
 from compress.pipeline.manifest import ArtifactRecord, Manifest, StageRecord, digest_path, now
@@ -28,8 +28,9 @@ from compress.pipeline.pipeline_data import load_section
 from compress.pipeline.pipeline_file import Pipeline
 from compress.pipeline.preflight import preflight
 from compress.pipeline.rerun_reason import why_rerun
-from compress.pipeline.run_lock import RunLock
+from compress.pipeline.run_lock import RunLock, check_owner
 from compress.pipeline.torch_threads import torch_threads
+from compress.pipeline.tracking import tracked
 from compress.stages import registry
 from compress.stages.base import InputArtifact, Output, StageContext
 from compress.stages.data_match import check_same_data
@@ -127,7 +128,7 @@ class Runner:
     def __init__(self, pipeline: Pipeline, run_dir: Path, console: Console | None = None,
                  options: RunOptions | None = None) -> None:
         self.pipeline, self.run_dir = pipeline, Path(run_dir)
-        self.console = console or Console(stderr=True)
+        self.console = console or cli_console()
         self.options = options or RunOptions()
         self._data: DataBundle | None = None
         self._data_digest: str | None = None
@@ -170,9 +171,12 @@ class Runner:
         preflight(self.pipeline)  # what the file names exists: checked before anything is written
         self._check_node_rank()
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        with RunLock(self.run_dir), to_console(self.console), torch_threads(self.pipeline.config.threads):
+        with RunLock(self.run_dir), to_console(self.console), torch_threads(self.pipeline.config.threads), \
+                tracked(self.pipeline.config, self.run_dir, self.pipeline.source, now(),
+                        lambda: (self.manifest, self.current_stage)) as tracking:
             self.manifest = Manifest.load(self.run_dir)
-            self._check_owner(self.manifest)
+            check_owner(self.run_dir, self.manifest, self.pipeline.config.name, self.pipeline.source,
+                        self.options.reuse_run_dir)
             if self.manifest is None:
                 self.manifest = Manifest(pipeline=self.pipeline.config.name)
             self.manifest.pipeline = self.pipeline.config.name
@@ -186,6 +190,7 @@ class Runner:
             for index in selected:
                 self.current_stage = self.pipeline.stages[index].name
                 self._run_stage(index, refs[self.current_stage])
+                tracking.stage_done(self.manifest, self.current_stage)
             self.current_stage = None
             if self._config_file is not None:  # nothing is written for a run whose every stage was cached
                 self.manifest.save(self.run_dir)
@@ -200,15 +205,6 @@ class Runner:
                     f"{self.pipeline.source}: stage {cfg.name!r} has distributed.node_rank {spread.node_rank}: "
                     f"`compress run` runs on node 0; on this machine run `compress join {self.pipeline.source} "
                     f"--stage {cfg.name} --node-rank {spread.node_rank} --run-dir <the shared run directory>`")
-
-    def _check_owner(self, manifest: Manifest | None) -> None:
-        """A run directory belongs to the pipeline that made it: another one would overwrite its records."""
-        name = self.pipeline.config.name
-        if manifest is None or manifest.pipeline == name or self.options.reuse_run_dir:
-            return
-        raise ConfigError(f"{self.run_dir} holds a run of pipeline {manifest.pipeline!r}, and {self.pipeline.source} "
-                          f"is pipeline {name!r}: running it there would overwrite that run's records; pass another "
-                          f"--run-dir (default runs/{name}), or --reuse-run-dir to run into it knowingly")
 
     def _record_config(self) -> str:
         """The resolved configuration, written once the first stage actually starts: under configs/ by
@@ -264,7 +260,7 @@ class Runner:
                     f"re-run the stage that makes it: compress run {self.pipeline.source} --from {producer}")
             record = manifest.artifacts[artifact]
             inputs[role] = InputArtifact(artifact, record.kind, manifest.resolve_path(self.run_dir, record), record.meta,
-                                         record.size_bytes)
+                                         record.size_bytes, record.sha256)
         return inputs
 
     def _key_material(self, cfg: StageConfig, cls: type, inputs: dict[str, InputArtifact]) -> dict:

@@ -37,7 +37,9 @@ class TrainStage(Stage):
         model, description = (model_from_artifact(inputs["model"], data) if "model" in inputs
                               else model_from_config(ctx.pipeline.model, data))
         ctx.log(f"{type(model).__name__} ({count_params(model):,} params), {len(data.train)} train images")
-        hooks = Hooks(on_epoch=_tensorboard_logger(ctx) if cfg.tensorboard and ctx.is_main else None)
+        asked = f"stages.{ctx.name}.tensorboard" if cfg.tensorboard else \
+            "tracking.tensorboard" if ctx.pipeline.tracking.tensorboard else None
+        hooks = Hooks(on_epoch=_tensorboard_logger(ctx, asked) if asked and ctx.is_main else None)
         run = run_training(ctx, model, cfg, field=f"stages.{ctx.name}", label=ctx.name, hooks=hooks,
                            checkpoint_dir=ctx.stage_dir / "checkpoints")
         test = test_accuracy(ctx.data, model, cfg, run)
@@ -63,11 +65,11 @@ class TrainStage(Stage):
         )
 
 
-def _tensorboard_logger(ctx: StageContext):
+def _tensorboard_logger(ctx: StageContext, field: str):
     try:
         from torch.utils.tensorboard import SummaryWriter
     except ImportError as exc:
-        raise ConfigError(f"stages.{ctx.name}.tensorboard: true needs the tensorboard package (pip install tensorboard)") from exc
+        raise ConfigError(f"{field}: true needs the tensorboard package (pip install tensorboard)") from exc
     writer = SummaryWriter(log_dir=str(ctx.stage_dir / "tensorboard"))
 
     def log(record: dict) -> None:
