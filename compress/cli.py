@@ -16,9 +16,9 @@ from compress.errors import CompressError, ConfigError, RunInterrupted
 
 
 def _console(stderr: bool = True):
-    from rich.console import Console
+    from compress.pipeline.console_log import cli_console
 
-    return Console(stderr=stderr, soft_wrap=stderr)
+    return cli_console(stderr)
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
@@ -36,42 +36,11 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return _gate_exit_code(manifest, runner.selected_names, run_dir)
 
 
-class Terminated(KeyboardInterrupt):
-    """SIGTERM, raised where the program is, so every stage unwinds as on Ctrl-C: files are closed,
-    the failed attempt recorded, the lock released."""
-
-    exit_code = 143
-
-
-_signals_received: list[int] = []
-
-
-def _on_sigterm(signum, frame) -> None:
-    _signals_received.append(signum)  # the exception may reach us as a plain KeyboardInterrupt (under Ray)
-    raise Terminated()
-
-
 def _run_interruptible(runner, resume: str):
     """Run; on Ctrl-C or SIGTERM say in one line what was kept and how to resume, and exit 130 / 143."""
-    from compress.pipeline.interruption import kept_line
+    from compress.pipeline.interruption import interruptible, kept_line
 
-    return _interruptible(runner.run, lambda: kept_line(runner), f"resume with: {resume}")
-
-
-def _interruptible(run, kept, how_on: str):
-    """``run()`` with SIGTERM unwinding like Ctrl-C; either ends in one line: ``kept()`` and ``how_on``."""
-    import signal
-
-    _signals_received.clear()
-    previous = signal.signal(signal.SIGTERM, _on_sigterm)
-    try:
-        return run()
-    except KeyboardInterrupt as exc:
-        code = 143 if _signals_received else getattr(exc, "exit_code", 130)  # seen under Ray's wait
-        what = "terminated (SIGTERM)" if code == 143 else "interrupted (Ctrl-C)"
-        raise RunInterrupted(f"{what}: {kept()}; {how_on}", code) from None
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    return interruptible(runner.run, lambda: kept_line(runner), f"resume with: {resume}")
 
 
 def _gate_exit_code(manifest, selected: list[str], run_dir: Path) -> int:
@@ -209,13 +178,52 @@ def _cmd_search(args: argparse.Namespace) -> int:
     plan = load_search(args.search, args.overrides)
     search = Search(plan, _console(), Path(args.run_dir) if args.run_dir else None)
     again = f"compress search {args.search}" + (f" --run-dir {args.run_dir}" if args.run_dir else "")
-    result = _interruptible(search.run, lambda: f"the finished trials are kept in {search.dir / JOURNAL} and the "
+    from compress.pipeline.interruption import interruptible
+
+    result = interruptible(search.run, lambda: f"the finished trials are kept in {search.dir / JOURNAL} and the "
                                                 "trials' folders", f"continue with: {again}")
     out = _console(stderr=False)
     out.print(summary_line(result.report), highlight=False)
     out.print(f"search report: {search.dir / REPORT_DIR / 'search.md'} (and search.html, search.json, pareto.png)",
               highlight=False)
     return 0 if result.chosen else 1
+
+
+def _cmd_release(args: argparse.Namespace) -> int:
+    from compress.release.bundle import CARD_MD, make_release
+
+    release = make_release(Path(args.run_dir), Path(args.to), anyway=args.anyway, artifact=args.artifact)
+    acc, lat, metric = release.card["accuracy"], release.card["latency"], release.card["accuracy"]["metric"]
+    out = _console(stderr=False)
+    out.print(f"released {release.artifact} to {release.folder}: {metric} {acc[metric]}% on {acc['test_images']} "
+              f"test images, p99 {lat['p99']:.3g} ms (batch {lat['batch_size']}); card {release.folder / CARD_MD}",
+              highlight=False, soft_wrap=True)
+    if not release.passed:
+        out.print("[red]marked NOT PASSED[/]: the release gate did not release it (--anyway)", highlight=False)
+    return 0
+
+
+def _cmd_verify(args: argparse.Namespace) -> int:
+    from rich.markup import escape
+
+    from compress.release.verify import verify_bundle
+
+    result = verify_bundle(Path(args.bundle), Path(args.images) if args.images else None, threads=args.threads)
+    out = _console(stderr=False)
+    for line in result.checks:
+        out.print(f"[green]ok[/] {escape(line)}", highlight=False, soft_wrap=True)
+    for line in result.problems:
+        out.print(f"[red]FAILED[/] {escape(line)}", highlight=False, soft_wrap=True)
+    out.print(f"{args.bundle}: {'verified' if result.ok else 'NOT verified'}", highlight=False, soft_wrap=True)
+    return 0 if result.ok else 1
+
+
+def _cmd_images(args: argparse.Namespace) -> int:
+    from compress.release.split_images import write_run_split
+
+    count = write_run_split(Path(args.run_dir), args.split, Path(args.to))
+    print(f"wrote the {count} images of the {args.split} split to {args.to} (one folder per class)")
+    return 0
 
 
 def _cmd_join(args: argparse.Namespace) -> int:
@@ -314,6 +322,30 @@ def build_parser() -> argparse.ArgumentParser:
     search.add_argument("--run-dir", help="the search directory (default: the file's run_dir, else runs/<name>)")
     search.add_argument("overrides", nargs="*", metavar="key=value", default=[], help="search fields, e.g. trials=16")
     search.set_defaults(func=_cmd_search)
+
+    release = sub.add_parser("release", help="bundle the released artifact with its model card and checksums",
+                             description="Copies the artifact the run's release gate released (and its TensorRT "
+                                         "sibling), the report, the resolved pipeline, MODEL_CARD.md, "
+                                         "model_card.json and SHA256SUMS into a new folder. Exit 1 (nothing "
+                                         "written) when the gate did not release it, unless --anyway.")
+    release.add_argument("run_dir")
+    release.add_argument("--to", required=True, help="the bundle folder (new, or empty)")
+    release.add_argument("--anyway", action="store_true", help="bundle even where the gate said no (marked so)")
+    release.add_argument("--artifact", help="with --anyway: this artifact instead of the fastest measured one")
+    release.set_defaults(func=_cmd_release)
+
+    verify = sub.add_parser("verify", help="check a release bundle: digests, the file loads, the card's accuracy")
+    verify.add_argument("bundle")
+    verify.add_argument("images", nargs="?", help="a folder of labelled images (one sub-folder per class) to "
+                                                  "reproduce the card's accuracy on, e.g. from compress images")
+    verify.add_argument("--threads", type=int, help="inference threads (default: physical cores)")
+    verify.set_defaults(func=_cmd_verify)
+
+    images = sub.add_parser("images", help="write a split of a run's data as image files, one folder per class")
+    images.add_argument("run_dir")
+    images.add_argument("--split", choices=["train", "val", "calib", "test"], default="test")
+    images.add_argument("--to", required=True, help="a new folder")
+    images.set_defaults(func=_cmd_images)
 
     stage = sub.add_parser("stage", help="run one stage alone, inputs given as paths")
     stage.add_argument("kind")

@@ -91,7 +91,7 @@ def test_sigterm_is_reported_as_such_even_when_a_library_re_raises_a_plain_keybo
     import os
     import signal
 
-    from compress.cli import Terminated, _interruptible
+    from compress.pipeline.interruption import Terminated, interruptible as _interruptible
     from compress.errors import RunInterrupted
 
     def run():

@@ -1,0 +1,1 @@
+"""What ships: a release bundle made from a finished run (`compress release`) and its check (`compress verify`)."""

@@ -1,0 +1,216 @@
+"""`compress release`: the artifact the gate released, as a folder a deployer can use alone.
+
+The bundle holds the file exactly as measured (same sha256 as in the run's manifest), its
+TensorRT sibling where one was built, the model card, the report the gate decided on, the
+resolved pipeline and ``SHA256SUMS``. It is written beside its final name and renamed into
+place when complete, so an interrupted release never leaves a partial bundle under that name,
+and an existing folder is never written into.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from compress import __version__
+from compress.errors import ArtifactError, CompressError, ConfigError
+from compress.pipeline.bench_report import load_report
+from compress.pipeline.manifest import ArtifactRecord, Manifest, now
+from compress.release.checksums import write_sums
+from compress.release.model_card import build_card, render_markdown
+from export.external_data import UnsafeModelError, check_external_data
+from export.tensorrt_engine import ENGINE_FILE
+from export.onnx_metadata import CLASSES_KEY, PREPROCESSING_KEY, input_description, read_deployment
+from serve_bench.report import environment_line
+from train.file_digest import file_sha256
+from train.model_io import read_description
+
+logger = logging.getLogger(__name__)
+
+CARD_JSON, CARD_MD, GATE_FAILED_FILE, PIPELINE_FILE = "model_card.json", "MODEL_CARD.md", "GATE_FAILED.txt", "pipeline.yaml"
+FOLDERS = {"onnx": "model", "torch-model": "model", "trt-engine": "tensorrt"}
+
+
+class ReleaseRefused(CompressError):
+    """The gate did not release what was asked for; exit 1, as for a failed gate."""
+
+    exit_code = 1
+
+
+@dataclass
+class Release:
+    folder: Path
+    artifact: str
+    passed: bool
+    card: dict
+
+
+def make_release(run_dir: Path, to: Path, *, anyway: bool = False, artifact: str | None = None) -> Release:
+    run_dir, to = Path(run_dir), Path(to)
+    if to.exists() and (not to.is_dir() or any(to.iterdir())):
+        raise ConfigError(f"--to {to}: it exists and is not an empty folder; give a new folder (a release never "
+                          "overwrites one)")
+    manifest = Manifest.load(run_dir)
+    if manifest is None:
+        raise ArtifactError(f"{run_dir} has no manifest.json: give the run directory of a finished `compress run`")
+    report, report_path = load_report(run_dir)
+    name = _chosen(report, artifact, anyway, report_path)
+    record = manifest.artifacts.get(name)
+    if record is None:
+        raise ArtifactError(f"{report_path} released {name}, which {run_dir}/manifest.json does not list; "
+                            f"re-run the bench stage: compress run <pipeline> --run-dir {run_dir} --from <bench stage>")
+    for checked in [name, *_report_artifacts(manifest, report_path, run_dir)]:
+        problem = manifest.verify(run_dir, checked)
+        if problem:
+            raise ArtifactError(f"{checked}: {problem}; the bundle must hold what was measured — re-run the stage "
+                                "that made it and the bench stage")
+    entry = next(a for a in report["artifacts"] if a["name"] == name)
+    to.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f".{to.name}.", suffix=".tmp", dir=to.parent))
+    try:
+        card = _assemble(work, run_dir, manifest, record, report, report_path, entry, anyway)
+        write_sums(work)
+        if to.exists():
+            to.rmdir()  # empty, checked above
+        os.replace(work, to)
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        raise
+    return Release(to, name, bool(report["gate"]["passed"]) and not card["released_anyway"], card)
+
+
+def _chosen(report: dict, artifact: str | None, anyway: bool, report_path: Path) -> str:
+    gate, names = report["gate"], [a["name"] for a in report["artifacts"]]
+    if artifact is not None and artifact not in names:
+        raise ConfigError(f"--artifact {artifact}: not in {report_path}; measured: {', '.join(names)}")
+    released = gate.get("release") if gate.get("passed") else None
+    if released is not None and artifact in (None, released):
+        return released
+    why = (f"the gate released {released}, not {artifact}" if released else
+           "the release gate FAILED: " + ("; ".join(gate.get("reasons") or []) or "no artifact passed"))
+    if not anyway:
+        raise ReleaseRefused(f"{report_path}: {why}. Nothing was written; pass --anyway to bundle it regardless "
+                             "(the bundle is marked as not passed)")
+    if artifact is not None:
+        return artifact
+    candidates = [a for a in report["artifacts"] if a["name"] != report["baseline"] and not a.get("refused")
+                  and a.get("latency_ms")]
+    if not candidates:
+        raise ConfigError(f"{report_path}: no measured artifact besides the baseline; name one with --artifact")
+    return min(candidates, key=lambda a: a["latency_ms"]["p99"])["name"]
+
+
+def _report_artifacts(manifest: Manifest, report_path: Path, run_dir: Path) -> list[str]:
+    """The manifest name of the report folder the gate's report lives in (checked like the artifact)."""
+    folder = report_path.parent.resolve()
+    return [n for n, r in manifest.artifacts.items() if r.kind == "report"
+            and manifest.resolve_path(run_dir, r).resolve() == folder]
+
+
+def _copy_artifact(manifest: Manifest, run_dir: Path, record: ArtifactRecord, target: Path) -> list[str]:
+    """Copy the files of one artifact into ``target``; the names copied, relative to it."""
+    source = manifest.resolve_path(run_dir, record)
+    target.mkdir(parents=True)
+    if record.kind == "onnx" and source.is_dir():
+        main = source / record.meta.get("file", "model.onnx")
+        try:
+            check_external_data(main)
+        except UnsafeModelError as exc:
+            raise ArtifactError(f"{record.name}: {exc}") from exc
+        names = record.meta.get("files") or [main.name]
+        for file in names:
+            shutil.copy2(source / file, target / file)
+        return names
+    if source.is_dir():
+        shutil.copytree(source, target, dirs_exist_ok=True)
+        return sorted(p.relative_to(target).as_posix() for p in target.rglob("*") if p.is_file())
+    shutil.copy2(source, target / source.name)
+    return [source.name]
+
+
+def _engines_of(manifest: Manifest, record: ArtifactRecord) -> list[ArtifactRecord]:
+    """TensorRT engines of the same model: built from the released file, or from a sibling file of the same
+    source model (an INT8 engine is built from the quantize stage's TensorRT flavour)."""
+    source = record.meta.get("source_model")
+    related = {record.name} | {n for n, r in manifest.artifacts.items()
+                               if source and r.kind == "onnx" and r.meta.get("source_model") == source}
+    return [r for r in manifest.artifacts.values()
+            if r.kind == "trt-engine" and r.name != record.name and related & set(r.made_from)]
+
+
+def _lineage(manifest: Manifest, name: str) -> list[dict]:
+    seen, order, queue = set(), [], [name]
+    while queue:
+        current = queue.pop(0)
+        if current in seen or current not in manifest.artifacts:
+            continue
+        seen.add(current)
+        r = manifest.artifacts[current]
+        order.append({"artifact": r.name, "kind": r.kind, "stage": r.stage, "sha256": r.sha256,
+                      "made_from": list(r.made_from)})
+        queue += r.made_from
+    return order
+
+
+def _input_of(source: Path, record: ArtifactRecord, manifest: Manifest) -> tuple[dict, list[str]]:
+    """The input description and class names: as the ONNX file states them, else from the run's records
+    (a torch model keeps its preprocessing in its description; a file written before files carried it)."""
+    props = read_deployment(source) if record.kind == "onnx" else {}
+    if PREPROCESSING_KEY in props and CLASSES_KEY in props:
+        return props[PREPROCESSING_KEY], props[CLASSES_KEY]
+    preprocessing = record.meta.get("preprocessing")
+    if preprocessing is None and record.kind == "torch-model":
+        preprocessing = read_description(source).get("preprocessing")
+    if preprocessing is None:
+        raise ArtifactError(f"{record.name} records no input preprocessing; re-run the stage that made it")
+    return input_description(preprocessing), list(manifest.data.get("class_names") or [])
+
+
+def _assemble(work: Path, run_dir: Path, manifest: Manifest, record: ArtifactRecord, report: dict,
+              report_path: Path, entry: dict, anyway: bool) -> dict:
+    folder = FOLDERS.get(record.kind)
+    if folder is None:
+        raise ArtifactError(f"{record.name} is a {record.kind!r}; a release holds an onnx file, a torch model or a "
+                            "TensorRT engine")
+    files = _copy_artifact(manifest, run_dir, record, work / folder)
+    source = manifest.resolve_path(run_dir, record)
+    if record.kind == "onnx" and source.is_dir():  # the graph file, beside its external data files if any
+        main = record.meta.get("file", "model.onnx")
+        source, serving = source / main, work / folder / main
+    else:  # a torch model is its folder (weights and description); an engine its one file
+        serving = work / folder / ENGINE_FILE if record.kind == "trt-engine" else work / folder
+    input_spec, classes = _input_of(source, record, manifest)
+    released = {"artifact": record.name, "kind": record.kind, "file": serving.relative_to(work).as_posix(),
+                "files": [f"{folder}/{f}" for f in files], "backend": entry.get("backend"),
+                "precision": entry.get("precision"), "sha256": record.sha256, "size_bytes": record.size_bytes,
+                "run_dir": str(run_dir)}
+    engines = []
+    for engine in _engines_of(manifest, record):
+        copied = _copy_artifact(manifest, run_dir, engine, work / "tensorrt" / engine.name)
+        engines.append({"artifact": engine.name, "file": f"tensorrt/{engine.name}/{ENGINE_FILE}",
+                        "files": [f"tensorrt/{engine.name}/{c}" for c in copied], "sha256": engine.sha256,
+                        **{k: engine.meta.get(k) for k in ("precision", "gpu_name", "compute_capability",
+                                                           "tensorrt_version", "profile")}})
+    shutil.copytree(report_path.parent, work / "report")
+    resolved = run_dir / "pipeline.resolved.yaml"
+    shutil.copy2(resolved, work / PIPELINE_FILE)
+    stages = [{"name": r.name, "kind": r.kind, "cache_key": r.cache_key, "status": r.status}
+              for r in manifest.stages.values()]
+    pipeline = {"file": PIPELINE_FILE, "sha256": file_sha256(resolved), "stages": stages,
+                "data_split_digest": manifest.data.get("split_hash")}
+    gate_passed = bool(report["gate"].get("passed")) and report["gate"].get("release") == record.name
+    card = build_card(report=report, entry=entry, released=released, input_spec=input_spec, classes=classes,
+                      tensorrt=engines, pipeline=pipeline, lineage=_lineage(manifest, record.name),
+                      anyway=anyway and not gate_passed, created=now(), version=__version__)
+    (work / CARD_JSON).write_text(json.dumps(card, indent=2))
+    (work / CARD_MD).write_text(render_markdown(card, environment_line(report.get("environment") or {})))
+    if card["released_anyway"]:
+        (work / GATE_FAILED_FILE).write_text(
+            f"{record.name} was bundled with --anyway: the release gate of {report_path} did not release it.\n"
+            + "".join(f"- {reason}\n" for reason in report["gate"].get("reasons") or []))
+    logger.info("bundled %s from %s", record.name, run_dir)
+    return card

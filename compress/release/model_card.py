@@ -1,0 +1,107 @@
+"""The model card of a release: what a deployer must know to feed the file and to trust it.
+
+Every figure comes from the run's report, the one the gate decided on, with its interval and
+the machine it was measured on: a card without the interval would let a reader take a
+1,000-image accuracy for a population figure, and a latency without its machine says nothing.
+"""
+from __future__ import annotations
+
+import json
+
+CARD_FORMAT = "compress-model-card/1"
+LATENCY_KEYS = ("p50", "p90", "p95", "p99", "p99.9", "mean", "max")
+
+
+def build_card(*, report: dict, entry: dict, released: dict, input_spec: dict, classes: list[str],
+               tensorrt: list[dict], pipeline: dict, lineage: list[dict], anyway: bool, created: str,
+               version: str) -> dict:
+    """``entry``: the released artifact's row of the report; ``released``: what the bundle holds of it."""
+    gate, data, metric = report["gate"], report.get("data") or {}, report["metric"]
+    accuracy = {"metric": metric, "data": data.get("name"), "split": "test", "test_images": data.get("test_images"),
+                "test_digest": data.get("test_digest"), "meaningful": data.get("meaningful_accuracy", True),
+                **{k: v for k, v in entry["accuracy"].items() if k.startswith("top")},
+                **{f"{k}_ci": v for k, v in (entry.get("accuracy_ci") or {}).items()},
+                "baseline": report["baseline"], "drop": entry.get("accuracy_drop"),
+                "drop_ci": (entry.get("accuracy_paired") or {}).get("drop_ci"),
+                "eval_batch": (report.get("settings") or {}).get("eval_batch", 64)}
+    lat = entry["latency_ms"]
+    latency = {"batch_size": (report.get("settings") or {}).get("batch_size", 1),
+               **{k: lat[k] for k in LATENCY_KEYS if k in lat},
+               **{k: lat[k] for k in ("p50_ci", "p99_ci", "p50_ci_blocks", "p99_ci_blocks") if k in lat},
+               "samples": lat.get("n"), "throughput_per_s": entry.get("throughput"), "runner": entry.get("runner"),
+               "environment": report.get("environment")}
+    return {"format": CARD_FORMAT, "name": report.get("pipeline"), "created": created, "compress_version": version,
+            "released": released, "released_anyway": anyway,
+            "gate": {k: gate.get(k) for k in ("passed", "release", "decision", "confidence", "p99_budget_ms",
+                                              "max_accuracy_drop", "reasons", "notes")},
+            "input": input_spec, "classes": classes, "accuracy": accuracy, "latency": latency,
+            "size_bytes": entry.get("size_bytes"), "params": entry.get("params"), "macs": entry.get("macs"),
+            "quantization": entry.get("quantization"), "tensorrt": tensorrt, "pipeline": pipeline,
+            "lineage": lineage, "flags": report.get("flags", []), "report": "report/report.json"}
+
+
+def _count(value) -> str:
+    return f"{value:,}" if isinstance(value, int) else "not recorded"
+
+
+def _interval(ci) -> str:
+    return f" [{ci[0]:g}, {ci[1]:g}]" if ci else ""
+
+
+def render_markdown(card: dict, environment_line: str) -> str:
+    acc, lat, gate, rel, spec = card["accuracy"], card["latency"], card["gate"], card["released"], card["input"]
+    metric = acc["metric"]
+    lines = [f"# Model card: {card['name']} — `{rel['artifact']}`", ""]
+    if card["released_anyway"]:
+        lines += ["> **NOT PASSED BY THE RELEASE GATE.** This bundle was made with `compress release --anyway`. "
+                  "Reasons the gate gave: " + ("; ".join(gate["reasons"]) or "none recorded"), ""]
+    lines += [f"Made by compress {card['compress_version']} on {card['created']} from pipeline `{card['name']}`. "
+              f"Check it with `sha256sum -c SHA256SUMS` or `compress verify .`.", "",
+              "## The file", "",
+              f"- `{rel['file']}`: {rel['kind']} ({rel['precision']}), {rel['size_bytes']:,} bytes, "
+              f"sha256 `{rel['sha256']}`",
+              f"- parameters {_count(card['params'])}, MACs per image {_count(card['macs'])}"]
+    if card["quantization"]:
+        q = card["quantization"]
+        lines.append(f"- INT8: rung `{q.get('rung')}`, {q.get('flavour')} flavour, layers kept in float: "
+                     f"{', '.join(q.get('float_layers') or []) or 'none'}")
+    for engine in card["tensorrt"]:
+        lines.append(f"- TensorRT engine `{engine['file']}` ({engine.get('precision')}), built for "
+                     f"{engine.get('gpu_name')} with TensorRT {engine.get('tensorrt_version')}: it runs only there")
+    lines += ["", "## Intended input", "",
+              f"- one {spec['layout']} float32 tensor, {spec['channels']}×{spec['height']}×{spec['width']} "
+              f"({spec['color']}), any batch size",
+              f"- resize: {spec['resize']}",
+              f"- {spec['formula']}; pixel_divisor {spec['pixel_divisor']}, mean {spec['mean']}, std {spec['std']}",
+              f"- output: one score per class, {len(card['classes'])} classes: "
+              + ", ".join(f"{i} `{c}`" for i, c in enumerate(card["classes"][:50]))
+              + (" …" if len(card["classes"]) > 50 else ""), "",
+              "## Accuracy", "",
+              f"- {metric} **{acc[metric]}%**{_interval(acc.get(f'{metric}_ci'))} (95% Wilson interval) on the "
+              f"{acc['test_images']} images of the `{acc['split']}` split of `{acc['data']}` "
+              f"(digest `{(acc['test_digest'] or '?')[:16]}…`), judged on this very file",
+              f"- drop vs `{acc['baseline']}`: {acc['drop']} points{_interval(acc.get('drop_ci'))} (paired, 95%)"]
+    if not acc["meaningful"]:
+        lines.append("- the labels of this data are random: the accuracy means nothing")
+    lines += ["", "## Latency", "",
+              f"Batch {lat['batch_size']}, {lat['samples']} timed requests, runner {json.dumps(lat['runner'])}.", "",
+              "| " + " | ".join(f"{k} ms" for k in LATENCY_KEYS if k in lat) + " |",
+              "|" + "---:|" * sum(k in lat for k in LATENCY_KEYS),
+              "| " + " | ".join(f"{lat[k]:.4g}" for k in LATENCY_KEYS if k in lat) + " |", "",
+              f"- p50 95% interval{_interval(lat.get('p50_ci'))} ms; p99{_interval(lat.get('p99_ci'))} ms "
+              f"(across blocks: p99{_interval(lat.get('p99_ci_blocks'))} ms)",
+              f"- measured on: {environment_line}", "",
+              "## Limits it was released under", "",
+              f"- red line: at most {gate['max_accuracy_drop']} points of {metric} below `{acc['baseline']}`; "
+              f"p99 budget: {gate['p99_budget_ms']} ms; decision rule: {gate['decision']}",
+              f"- gate: {'PASSED' if gate['passed'] else 'FAILED'}, release `{gate['release']}`"]
+    lines += [f"  - {reason}" for reason in gate["reasons"]]
+    lines += [f"- flag: {flag}" for flag in card["flags"]]
+    pipe = card["pipeline"]
+    lines += ["", "## How it was made", "",
+              f"- pipeline `{pipe['file']}` (sha256 `{pipe['sha256']}`), data split digest `{pipe['data_split_digest']}`",
+              "- stages: " + ", ".join(f"{s['name']} ({s['kind']}, key `{s['cache_key'][:12]}`)" for s in pipe["stages"]),
+              "- lineage, newest first:"]
+    lines += [f"  - `{a['artifact']}` ({a['kind']}) sha256 `{a['sha256']}`" for a in card["lineage"]]
+    lines += ["", f"The full report is in `{card['report']}`."]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,130 @@
+"""`compress verify`: a bundle is what its card says, wherever it was copied to.
+
+Three checks, each of which a deployer could otherwise only do by hand: every file's sha256
+against ``SHA256SUMS``; the released file loads (onnx's checker, then an onnxruntime session)
+and states the input and classes the card states; and, given a folder of labelled images, the
+file reproduces the card's accuracy. Given the very test images the card was judged on (same
+pixels, labels and order, recognised by the test split's digest), the accuracy must be equal;
+given other images it must agree within chance (the card's figure inside their 95% interval).
+"""
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from compress.errors import ArtifactError
+from compress.release.bundle import CARD_JSON
+from compress.release.checksums import check_sums
+from compress.release.model_card import CARD_FORMAT
+from export.external_data import UnsafeModelError, check_external_data
+from export.onnx_metadata import CLASSES_KEY, PREPROCESSING_KEY, read_deployment
+from serve_bench.accuracy import accuracy, accuracy_intervals
+from serve_bench.image_folder import read_labelled_folder
+from serve_bench.predictions import digest_of_test_split
+from serve_bench.runners import RunnerError, make_runner, predict
+
+logger = logging.getLogger(__name__)
+BACKENDS = {"onnx": "onnxruntime", "torch-model": "torch", "trt-engine": "tensorrt"}
+
+
+@dataclass
+class Verification:
+    checks: list[str] = field(default_factory=list)  # what was checked and held, one line each
+    problems: list[str] = field(default_factory=list)
+    accuracy: dict | None = None
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+def load_card(folder: Path) -> dict:
+    path = folder / CARD_JSON
+    try:
+        card = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ArtifactError(f"{path}: cannot read the model card ({exc}); give a folder made by compress release") from exc
+    if card.get("format") != CARD_FORMAT:
+        raise ArtifactError(f"{path}: not a compress model card (format {card.get('format')!r}, "
+                            f"expected {CARD_FORMAT!r})")
+    return card
+
+
+def verify_bundle(folder: Path, images: Path | None = None, threads: int | None = None) -> Verification:
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise ArtifactError(f"{folder} is not a folder; give a bundle made by compress release")
+    card = load_card(folder)
+    result = Verification()
+    count, problems = check_sums(folder)
+    result.problems += problems
+    if not problems:
+        result.checks.append(f"sha256 of all {count} files match SHA256SUMS")
+    released = card["released"]
+    path = folder / released["file"]
+    if released["kind"] == "onnx" and not _onnx_loads(path, card, result):
+        return result
+    backend = BACKENDS[released["kind"]]
+    try:
+        runner = make_runner(backend, path, threads=threads).load()
+    except (RunnerError, RuntimeError, OSError, ValueError) as exc:  # the runtimes' load errors
+        if backend == "tensorrt":
+            result.checks.append(f"{released['file']} not loaded here: {exc}")
+            return result
+        result.problems.append(f"{released['file']} does not load in {backend}: {exc}")
+        return result
+    try:
+        result.checks.append(f"{released['file']} loads in {backend}")
+        if images is not None:
+            _reproduce(runner, Path(images), card, result)
+    finally:
+        runner.close()
+    return result
+
+
+def _onnx_loads(path: Path, card: dict, result: Verification) -> bool:
+    import onnx
+
+    try:
+        check_external_data(path)
+        onnx.checker.check_model(str(path), full_check=True)
+    except (UnsafeModelError, onnx.checker.ValidationError, OSError) as exc:
+        result.problems.append(f"{path.name} fails onnx's checker: {exc}")
+        return False
+    props = read_deployment(path)
+    for key, expected, what in ((PREPROCESSING_KEY, card["input"], "input"), (CLASSES_KEY, card["classes"], "classes")):
+        if key not in props:
+            result.problems.append(f"{path.name} does not state its {what} ({key}; written by a version before files "
+                                   "carried it): re-run the stage that made it, then release again")
+        elif props[key] != expected:
+            result.problems.append(f"{path.name} metadata {key} differs from the card's {what}")
+    if not result.problems:
+        result.checks.append(f"{path.name} passes onnx's checker and states the card's input and classes")
+    return True
+
+
+def _reproduce(runner, images: Path, card: dict, result: Verification) -> None:
+    acc_card = card["accuracy"]
+    metric = acc_card["metric"]
+    folder = read_labelled_folder(images, card["input"], card["classes"])
+    logits = predict(runner, folder.images, acc_card.get("eval_batch") or 64)
+    measured = accuracy(logits, folder.labels)
+    intervals = accuracy_intervals(measured)
+    same = digest_of_test_split(folder.images, folder.labels) == acc_card.get("test_digest")
+    result.accuracy = {**measured, "ci": intervals, "same_images_as_card": same, "images": str(images)}
+    got, want = measured[metric], acc_card[metric]
+    words = (f"{metric} {got}% on {measured['n']} images of {images} "
+             f"[{intervals[metric][0]:g}, {intervals[metric][1]:g}]; card {want}% on {acc_card['test_images']}")
+    if same:
+        if all(measured.get(k) == acc_card.get(k) for k in measured if k.startswith("top")):
+            result.checks.append(f"{words}: the card's test images (same digest), same accuracy")
+        else:
+            result.problems.append(f"{words}: the card's very test images (same digest) but another accuracy")
+    elif intervals[metric][0] <= want <= intervals[metric][1]:
+        result.checks.append(f"{words}: other images than the card's test split; the card's figure lies in "
+                             "their 95% interval")
+    else:
+        result.problems.append(f"{words}: the card's figure lies outside these images' 95% interval; the file, "
+                               "its preprocessing or these images' labels differ from what the card describes")

@@ -1,0 +1,259 @@
+"""What ships: self-describing ONNX files, the release bundle and its check, the README's serving
+example, report paths relative to the run, and the MLflow record of a run."""
+from __future__ import annotations
+
+import copy
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import onnx
+import pytest
+import yaml
+
+from compress.cli import main
+from serve_bench.predictions import load_predictions
+from tests.conftest import ROOT, TINY, run_cli
+
+FAST_BENCH = {"min_iters": 100, "min_samples": 100, "min_duration_s": 0.0, "warmup_iters": 2, "warmup_s": 0.0,
+              "block_iters": 50, "threads": 1, "settle_s": 0.0, "block_s": 0.0}
+EPOCHS = 6
+PROJECT_PACKAGES = ("compress", "train", "export", "serve_bench")
+
+
+def _config(store) -> dict:
+    config = copy.deepcopy(TINY)
+    config["model"] = {"name": "resnet20", "args": {"width": 8}}
+    config["red_line"] = {"metric": "top1", "max_drop": 100.0}
+    config["tracking"] = {"mlflow": {"tracking_uri": str(store), "experiment": "release-test"}}
+    config["stages"] = [{**config["stages"][0], "epochs": EPOCHS, "lr": 3e-3, "schedule": "wsd"},
+                        {"name": "quantize", "kind": "quantize", "calibration": {"method": "minmax", "samples": 64},
+                         "qat": {"enabled": False}},
+                        {"name": "export", "kind": "export", "parity": {"samples": 32}},
+                        {"name": "bench", "kind": "bench", **FAST_BENCH}]
+    return config
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+    """A digits run (train, quantize, export, bench) logged to a local MLflow store, and its test split as PNGs."""
+    folder = tmp_path_factory.mktemp("release")
+    pipeline = folder / "pipeline.yaml"
+    pipeline.write_text(yaml.safe_dump(_config(folder / "mlstore")))
+    run_dir = folder / "run"
+    assert main(["run", str(pipeline), "--run-dir", str(run_dir)]) == 0
+    assert main(["images", str(run_dir), "--split", "test", "--to", str(folder / "test-images")]) == 0
+    return folder, pipeline, run_dir
+
+
+def _manifest(run_dir) -> dict:
+    return json.loads((run_dir / "manifest.json").read_text())
+
+
+def _report(run_dir) -> dict:
+    return json.loads((run_dir / "bench" / "report" / "report.json").read_text())
+
+
+def test_every_onnx_written_states_its_input_classes_lineage_and_recipe_read_with_onnx_alone(finished):
+    _, _, run_dir = finished
+    manifest = _manifest(run_dir)
+    data = manifest["data"]
+    for name in ("export.onnx", "quantize.onnx_cpu", "quantize.onnx_trt"):
+        record = manifest["artifacts"][name]
+        model = onnx.load(str(run_dir / record["path"] / "model.onnx"), load_external_data=False)
+        props = {p.key: p.value for p in model.metadata_props}
+        spec = json.loads(props["compress.preprocessing"])
+        assert (spec["channels"], spec["height"], spec["width"], spec["layout"], spec["color"]) == (1, 8, 8, "NCHW", "L")
+        assert spec["pixel_divisor"] == 255 and spec["scale"] == pytest.approx(1 / 255)
+        assert spec["mean"] == data["mean"] and spec["std"] == data["std"]
+        assert json.loads(props["compress.classes"]) == [str(i) for i in range(10)]
+        lineage = json.loads(props["compress.lineage"])
+        assert lineage["source_model"] == "train.model"
+        assert lineage["source_sha256"] == manifest["artifacts"]["train.model"]["sha256"]
+        assert lineage["data_split_digest"] == data["split_hash"]
+        assert lineage["stage_cache_key"] == manifest["stages"][record["stage"]]["cache_key"]
+        assert props["compress.version"] and json.loads(props["compress.data"])["split_digest"] == data["split_hash"]
+        recipe = json.loads(props["compress.quantization"]) if "compress.quantization" in props else None
+        if name == "export.onnx":
+            assert recipe is None
+        else:
+            assert recipe["flavour"] == name.rsplit("_", 1)[1] and recipe["rung"] == "ptq"
+            assert recipe["calibration"] == {"method": "minmax", "samples": 64, **{k: v for k, v in
+                                             recipe["calibration"].items() if k not in ("method", "samples")}}
+
+
+def test_report_paths_are_relative_to_the_run_directory_and_survive_a_move(finished, tmp_path):
+    _, _, run_dir = finished
+    moved = tmp_path / "moved"
+    shutil.copytree(run_dir, moved)
+    for entry in _report(moved)["artifacts"]:
+        assert not os.path.isabs(entry["path"])
+        assert (moved / entry["path"]).exists(), entry["path"]
+
+
+def test_release_then_verify_on_the_held_out_images_reproduces_the_card(finished, tmp_path):
+    folder, _, run_dir = finished
+    bundle = tmp_path / "bundle"
+    assert main(["release", str(run_dir), "--to", str(bundle)]) == 0
+    report = _report(run_dir)
+    released = report["gate"]["release"]
+    entry = next(a for a in report["artifacts"] if a["name"] == released)
+    card = json.loads((bundle / "model_card.json").read_text())
+    assert card["released"]["artifact"] == released and not card["released_anyway"]
+    assert card["released"]["sha256"] == _manifest(run_dir)["artifacts"][released]["sha256"]
+    assert card["accuracy"]["top1"] == entry["accuracy"]["top1"] and card["accuracy"]["top1_ci"] == entry["accuracy_ci"]["top1"]
+    assert card["latency"]["p99"] == entry["latency_ms"]["p99"] and card["latency"]["p99_ci"] == entry["latency_ms"]["p99_ci"]
+    assert card["latency"]["environment"]["isa_summary"] and card["gate"]["max_accuracy_drop"] == 100.0
+    assert [a["artifact"] for a in card["lineage"]][-1] == "train.model"
+    text = (bundle / "MODEL_CARD.md").read_text()
+    assert f"{card['accuracy']['top1']}%" in text and "95% Wilson interval" in text and "measured on:" in text
+    # a deployer's own check, without this project
+    assert subprocess.run(["sha256sum", "-c", "--quiet", "SHA256SUMS"], cwd=bundle).returncode == 0
+
+    result = run_cli("verify", str(bundle), str(folder / "test-images"))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "same digest), same accuracy" in result.stdout
+    assert f"top1 {card['accuracy']['top1']}% on {card['accuracy']['test_images']} images" in result.stdout
+
+
+def test_verify_finds_a_changed_file_and_images_that_do_not_match_the_card(finished, tmp_path):
+    folder, _, run_dir = finished
+    bundle = tmp_path / "bundle"
+    assert main(["release", str(run_dir), "--to", str(bundle)]) == 0
+    with open(bundle / "report" / "report.md", "a") as fh:
+        fh.write("edited\n")
+    result = run_cli("verify", str(bundle))
+    assert result.returncode == 1 and "report/report.md has changed" in result.stdout
+
+    (bundle / "report" / "report.md").write_text((run_dir / "bench" / "report" / "report.md").read_text())
+    swapped = tmp_path / "swapped"  # every image filed under the next class: labels the card's figure cannot match
+    for image in (folder / "test-images").rglob("*.png"):
+        target = swapped / str((int(image.parent.name) + 1) % 10) / image.name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(image, target)
+    result = run_cli("verify", str(bundle), str(swapped))
+    assert result.returncode == 1 and "outside these images' 95% interval" in result.stdout
+
+
+def test_a_failed_gate_is_refused_unless_anyway_which_marks_the_bundle(finished, tmp_path):
+    folder, pipeline, run_dir = finished
+    failed = tmp_path / "failed"
+    shutil.copytree(run_dir, failed)  # paths in the manifest and report are relative: the copy is a run
+    assert main(["run", str(pipeline), "--run-dir", str(failed), "latency.p99_budget_ms=0.00001",
+                 "tracking.mlflow=null"]) == 1
+    bundle = tmp_path / "bundle"
+    assert main(["release", str(failed), "--to", str(bundle)]) == 1
+    assert not bundle.exists() and not list(tmp_path.glob(".bundle.*"))
+
+    assert main(["release", str(failed), "--to", str(bundle), "--anyway", "--artifact", "train.model"]) == 0
+    card = json.loads((bundle / "model_card.json").read_text())
+    assert card["released_anyway"] and not card["gate"]["passed"] and (bundle / "GATE_FAILED.txt").is_file()
+    assert "NOT PASSED BY THE RELEASE GATE" in (bundle / "MODEL_CARD.md").read_text()
+    assert (bundle / "model" / "model.safetensors").is_file()
+    # a torch model verifies too: its card's accuracy from its own runner on the PNGs
+    result = run_cli("verify", str(bundle), str(folder / "test-images"))
+    assert result.returncode == 0, result.stdout + result.stderr
+
+    before = sorted(p.name for p in bundle.iterdir())
+    assert main(["release", str(run_dir), "--to", str(bundle)]) == 2  # an existing bundle is never written into
+    assert sorted(p.name for p in bundle.iterdir()) == before
+
+
+def _readme_example() -> str:
+    text = (ROOT / "README.md").read_text()
+    block = re.search(r"<!-- serving-example -->\n```python\n(.*?)```", text, re.S)
+    assert block, "the README's serving example is marked with <!-- serving-example -->"
+    return block.group(1)
+
+
+def test_the_readme_serving_example_classifies_real_images_from_the_bundle_alone(finished, tmp_path):
+    folder, _, run_dir = finished
+    bundle = tmp_path / "bundle"
+    assert main(["release", str(run_dir), "--to", str(bundle)]) == 0
+    card = json.loads((bundle / "model_card.json").read_text())
+    code = _readme_example().rsplit("\n\nprint(", 1)[0]  # the function, without the README's own call
+    images = sorted((folder / "test-images").rglob("*.png"), key=lambda p: p.name)[:40]
+    script = tmp_path / "serve.py"
+    script.write_text(code + "\n\nimport sys\nfor path in sys.argv[2:]:\n    print(classify(sys.argv[1], path))\n"
+                      f"assert not [m for m in sys.modules if m.split('.')[0] in {PROJECT_PACKAGES!r}]\n")
+    # -I: no current directory or PYTHONPATH on the path; run from elsewhere, with the bundle alone
+    result = subprocess.run([sys.executable, "-I", str(script), str(bundle / card["released"]["file"]),
+                             *map(str, images)], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    answers = result.stdout.split()
+    # the answers are the measured file's own: its top-1 for these test images, as the bench recorded them
+    predictions = load_predictions(run_dir / "bench" / "report")
+    order = [int(p.stem.split("-")[1]) for p in images]
+    assert answers == [card["classes"][c] for c in predictions.topk[card["released"]["artifact"]][order, 0]]
+    truth = [p.parent.name for p in images]
+    assert sum(a == t for a, t in zip(answers, truth)) >= 0.5 * len(images)  # real digits, mostly right
+
+
+def test_the_mlflow_store_holds_the_run_stage_by_stage(finished):
+    from mlflow import MlflowClient
+
+    folder, _, run_dir = finished
+    client = MlflowClient(f"sqlite:///{folder / 'mlstore' / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("release-test")
+    runs = client.search_runs([experiment.experiment_id], order_by=["attributes.start_time ASC"])
+    run = runs[0]
+    assert run.info.status == "FINISHED" and run.info.run_name == "run"
+    params, metrics, tags = run.data.params, run.data.metrics, run.data.tags
+    assert params["train.epochs"] == str(EPOCHS) and params["quantize.calibration.method"] == "minmax"
+    assert params["pipeline.red_line.max_drop"] == "100.0"
+    manifest, report = _manifest(run_dir), _report(run_dir)
+    assert metrics["train.test_top1"] == manifest["stages"]["train"]["metrics"]["test_top1"]
+    for entry in report["artifacts"]:
+        assert metrics[f"bench.{entry['name']}.p99_ms"] == entry["latency_ms"]["p99"]
+        assert metrics[f"bench.{entry['name']}.top1"] == entry["accuracy"]["top1"]
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "train.val_top1")] == list(range(1, EPOCHS + 1))
+    assert {tags[f"{s}.status"] for s in ("train", "quantize", "export", "bench")} == {"completed"}
+    assert tags["bench.release"] == report["gate"]["release"]
+    logged = {f.path for f in client.list_artifacts(run.info.run_id, "bench/report")}
+    assert "bench/report/report.json" in logged
+    assert {f.path for f in client.list_artifacts(run.info.run_id)} >= {"manifest.json", "pipeline.resolved.yaml"}
+
+
+def test_without_a_tracking_section_nothing_is_logged_and_a_bad_store_stops_before_any_stage(tmp_path, write_pipeline):
+    config = copy.deepcopy(TINY)
+    plain = write_pipeline(config, "plain.yaml")
+    assert main(["run", str(plain), "--run-dir", str(tmp_path / "runs" / "plain")]) == 0
+    assert not (tmp_path / "runs" / "mlflow.db").exists() and not (tmp_path / "runs" / "mlartifacts").exists()
+
+    config["tracking"] = {"mlflow": {"tracking_uri": f"file:{tmp_path / 'mlruns'}"}}  # refused by MLflow ≥3.7
+    bad = write_pipeline(config, "bad.yaml")
+    result = run_cli("run", str(bad), "--run-dir", str(tmp_path / "bad-run"))
+    assert result.returncode == 2 and "tracking.mlflow" in result.stderr
+    assert not (tmp_path / "bad-run" / "manifest.json").exists()
+
+
+def test_tables_printed_to_a_log_show_full_artifact_names(finished):
+    _, _, run_dir = finished
+    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
+    result = subprocess.run([sys.executable, "-m", "compress", "inspect", str(run_dir)], cwd=ROOT, env=env,
+                            capture_output=True, text=True, timeout=60)
+    assert "quantize.onnx_cpu" in result.stdout and "quantize/onnx_cpu" in result.stdout
+    assert "…" not in result.stdout
+
+
+def test_the_tensorrt_sibling_is_the_engine_of_the_same_model():
+    from compress.pipeline.manifest import ArtifactRecord, Manifest
+    from compress.release.bundle import _engines_of
+
+    def record(name, kind, made_from, source=None):
+        return ArtifactRecord(name=name, kind=kind, path=name, sha256="0" * 64, size_bytes=1, stage=name.split(".")[0],
+                              meta={"source_model": source} if source else {}, made_from=made_from)
+
+    manifest = Manifest(pipeline="p")
+    for r in (record("prune.model", "torch-model", []),
+              record("quantize.onnx_cpu", "onnx", ["prune.model"], "prune.model"),
+              record("quantize.onnx_trt", "onnx", ["prune.model"], "prune.model"),
+              record("export.engine", "trt-engine", ["quantize.onnx_trt"]),  # INT8 engine of the same model
+              record("other.onnx", "onnx", ["train.model"], "train.model"),
+              record("other.engine", "trt-engine", ["other.onnx"])):
+        manifest.artifacts[r.name] = r
+    assert [e.name for e in _engines_of(manifest, manifest.artifacts["quantize.onnx_cpu"])] == ["export.engine"]
+    assert [e.name for e in _engines_of(manifest, manifest.artifacts["other.onnx"])] == ["other.engine"]
