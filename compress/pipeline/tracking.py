@@ -8,8 +8,8 @@ view of it, so an unreachable server stops nothing but its own logging (one warn
 a store that cannot be opened at the start is a configuration error before any stage runs.
 
 Without a ``tracking.mlflow`` section nothing is imported or logged. The default store is local:
-an SQLite file ``mlflow.db`` beside the run directories (MLflow 3.7 refuses its old plain-file
-store unless told otherwise), browsable with ``mlflow ui --backend-store-uri sqlite:///runs/mlflow.db``.
+an SQLite file ``mlflow.db`` beside the run directories (MLflow refuses its old plain-file
+store: measured with MLflow 3.17), browsable with ``mlflow ui --backend-store-uri sqlite:///runs/mlflow.db``.
 """
 from __future__ import annotations
 
@@ -18,7 +18,6 @@ import json
 import logging
 import os
 import re
-import socket
 import time
 from pathlib import Path
 from typing import Callable, Iterator
@@ -72,7 +71,7 @@ class MlflowRun:
             from mlflow.exceptions import MlflowException
         except ImportError as exc:
             raise ConfigError(f"{source}: tracking.mlflow needs MLflow: pip install 'compress[tracking]'") from exc
-        self._errors: tuple[type[BaseException], ...] = (MlflowException, OSError, socket.error)
+        self._errors: tuple[type[BaseException], ...] = (MlflowException, OSError)
         uri, artifacts = store_uri(settings, run_dir)
         experiment = settings.experiment or config.name
         try:
@@ -93,7 +92,7 @@ class MlflowRun:
         from mlflow.entities import Metric, Param, RunTag
 
         self._Metric, self._Param, self._RunTag = Metric, Param, RunTag
-        self.uri, self.experiment, self._broken = uri, experiment, False
+        self._broken = False
         logger.info(f"tracking in MLflow: {uri}, experiment {experiment!r}, run {self.run_id}")
         self.params({"pipeline": {k: v for k, v in config.model_dump(mode="json").items()
                                   if k not in ("stages", "tracking")}})
@@ -113,9 +112,8 @@ class MlflowRun:
         flat = {_key(k): json.dumps(v) if isinstance(v, (list, dict)) else str(v) for k, v in flatten(values, "").items()}
         self._safe("parameters", lambda: self._batch(params=[self._Param(k, v[:_MAX_PARAM]) for k, v in flat.items()]))
 
-    def metrics(self, values: dict[str, float], step: int = 0) -> None:
-        stamp = int(time.time() * 1000)
-        self._safe("metrics", lambda: self._batch(metrics=[self._Metric(k, v, stamp, step) for k, v in values.items()]))
+    def metrics(self, values: dict[str, float]) -> None:
+        self.curves([(k, v, 0) for k, v in values.items()])
 
     def curves(self, points: list[tuple[str, float, int]]) -> None:
         stamp = int(time.time() * 1000)

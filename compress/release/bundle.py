@@ -80,7 +80,7 @@ def make_release(run_dir: Path, to: Path, *, anyway: bool = False, artifact: str
     except BaseException:
         shutil.rmtree(work, ignore_errors=True)
         raise
-    return Release(to, name, bool(report["gate"]["passed"]) and not card["released_anyway"], card)
+    return Release(to, name, not card["released_anyway"], card)
 
 
 def _chosen(report: dict, artifact: str | None, anyway: bool, report_path: Path) -> str:
@@ -109,6 +109,16 @@ def _report_artifacts(manifest: Manifest, report_path: Path, run_dir: Path) -> l
     folder = report_path.parent.resolve()
     return [n for n, r in manifest.artifacts.items() if r.kind == "report"
             and manifest.resolve_path(run_dir, r).resolve() == folder]
+
+
+def _decisive_config(manifest: Manifest, run_dir: Path, report_path: Path) -> Path:
+    """The resolved pipeline the bench stage that wrote the report ran with (pipeline.resolved.yaml is only
+    the latest run's, which may have changed settings since)."""
+    for name in _report_artifacts(manifest, report_path, run_dir):
+        record = manifest.stages.get(manifest.artifacts[name].stage)
+        if record is not None and record.resolved_config and (run_dir / record.resolved_config).is_file():
+            return run_dir / record.resolved_config
+    return run_dir / "pipeline.resolved.yaml"
 
 
 def _copy_artifact(manifest: Manifest, run_dir: Path, record: ArtifactRecord, target: Path) -> list[str]:
@@ -196,7 +206,7 @@ def _assemble(work: Path, run_dir: Path, manifest: Manifest, record: ArtifactRec
                         **{k: engine.meta.get(k) for k in ("precision", "gpu_name", "compute_capability",
                                                            "tensorrt_version", "profile")}})
     shutil.copytree(report_path.parent, work / "report")
-    resolved = run_dir / "pipeline.resolved.yaml"
+    resolved = _decisive_config(manifest, run_dir, report_path)
     shutil.copy2(resolved, work / PIPELINE_FILE)
     stages = [{"name": r.name, "kind": r.kind, "cache_key": r.cache_key, "status": r.status}
               for r in manifest.stages.values()]
