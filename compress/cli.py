@@ -171,6 +171,7 @@ def _cmd_stage(args: argparse.Namespace) -> int:
 
 
 def _cmd_search(args: argparse.Namespace) -> int:
+    from compress.pipeline.interruption import interruptible
     from compress.search.driver import JOURNAL, Search
     from compress.search.search_report import REPORT_DIR, summary_line
     from compress.search.settings import load_search
@@ -178,8 +179,6 @@ def _cmd_search(args: argparse.Namespace) -> int:
     plan = load_search(args.search, args.overrides)
     search = Search(plan, _console(), Path(args.run_dir) if args.run_dir else None)
     again = f"compress search {args.search}" + (f" --run-dir {args.run_dir}" if args.run_dir else "")
-    from compress.pipeline.interruption import interruptible
-
     result = interruptible(search.run, lambda: f"the finished trials are kept in {search.dir / JOURNAL} and the "
                                                 "trials' folders", f"continue with: {again}")
     out = _console(stderr=False)

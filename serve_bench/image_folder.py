@@ -14,19 +14,19 @@ from pathlib import Path
 import numpy as np
 
 from serve_bench.errors import BenchError
-
-IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm"}
+from train.datasets import IMAGE_SUFFIXES
 
 
 class ImageFolderError(BenchError):
     """A folder that is not one sub-folder per class of images, or an image that does not decode."""
+
+    bad_input = True
 
 
 @dataclass
 class LabelledImages:
     images: np.ndarray  # float32 N×C×H×W, ready for the model
     labels: np.ndarray  # int64 N: indices into the class names
-    files: list[Path]
 
 
 def to_input(path: Path, spec: dict) -> np.ndarray:
@@ -63,4 +63,4 @@ def read_labelled_folder(root: str | Path, spec: dict, class_names: list[str]) -
         raise ImageFolderError(f"{root} holds no images in class sub-folders ({', '.join(sorted(IMAGE_SUFFIXES))})")
     files.sort(key=lambda item: (item[0].name, item[0].parent.name))
     images = np.stack([to_input(path, spec) for path, _ in files])
-    return LabelledImages(images, np.array([label for _, label in files], dtype=np.int64), [p for p, _ in files])
+    return LabelledImages(images, np.array([label for _, label in files], dtype=np.int64))

@@ -257,3 +257,44 @@ def test_the_tensorrt_sibling_is_the_engine_of_the_same_model():
         manifest.artifacts[r.name] = r
     assert [e.name for e in _engines_of(manifest, manifest.artifacts["quantize.onnx_cpu"])] == ["export.engine"]
     assert [e.name for e in _engines_of(manifest, manifest.artifacts["other.onnx"])] == ["other.engine"]
+
+
+def test_verify_on_a_folder_that_names_no_class_is_bad_input(finished, tmp_path):
+    _, _, run_dir = finished
+    bundle = tmp_path / "bundle"
+    assert main(["release", str(run_dir), "--to", str(bundle)]) == 0
+    (tmp_path / "images" / "cats").mkdir(parents=True)
+    result = run_cli("verify", str(bundle), str(tmp_path / "images"))
+    assert result.returncode == 2 and "sub-folder(s) cats name no class" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_a_store_that_fails_mid_run_stops_only_the_logging(tmp_path, write_pipeline, monkeypatch, capsys):
+    from mlflow import MlflowClient
+    from mlflow.exceptions import MlflowException
+
+    config = copy.deepcopy(TINY)
+    config["tracking"] = {"mlflow": {"tracking_uri": str(tmp_path / "store")}}
+
+    def down(self, *args, **kwargs):
+        raise MlflowException("the tracking server went away")
+
+    monkeypatch.setattr(MlflowClient, "log_batch", down)
+    assert main(["run", str(write_pipeline(config)), "--run-dir", str(tmp_path / "run")]) == 0
+    err = capsys.readouterr().err
+    assert err.count("MLflow logging stopped") == 1 and "the tracking server went away" in err
+    assert json.loads((tmp_path / "run" / "manifest.json").read_text())["stages"]["train"]["status"] == "completed"
+
+
+def test_where_the_store_is(tmp_path, monkeypatch):
+    from compress.config import MlflowSettings
+    from compress.pipeline.tracking import store_uri
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    run_dir = tmp_path / "runs" / "q"
+    assert store_uri(MlflowSettings(), run_dir) == (f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}",
+                                                   tmp_path / "runs" / "mlartifacts")
+    assert store_uri(MlflowSettings(tracking_uri=str(tmp_path / "s")), run_dir)[0] == f"sqlite:///{tmp_path / 's' / 'mlflow.db'}"
+    assert store_uri(MlflowSettings(tracking_uri="http://mlflow:5000"), run_dir) == ("http://mlflow:5000", None)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://elsewhere:5000")
+    assert store_uri(MlflowSettings(), run_dir) == ("http://elsewhere:5000", None)

@@ -63,7 +63,7 @@ def load_mnist5k() -> RawDataset:
     )
 
 
-_IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm"}
+IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm"}
 
 
 def _class_folders(root: Path) -> list[str]:
@@ -92,10 +92,10 @@ def imagefolder_files(root: str | Path) -> tuple[list[str], list[tuple[Path, int
     files: list[tuple[Path, int]] = []
     for label, name in enumerate(classes):
         for path in sorted((root / name).rglob("*")):
-            if path.suffix.lower() in _IMAGE_SUFFIXES and path.is_file():
+            if path.suffix.lower() in IMAGE_SUFFIXES and path.is_file():
                 files.append((path, label))
     if not files:
-        raise DataError(f"imagefolder: no images ({', '.join(sorted(_IMAGE_SUFFIXES))}) under {root}")
+        raise DataError(f"imagefolder: no images ({', '.join(sorted(IMAGE_SUFFIXES))}) under {root}")
     return classes, files
 
 

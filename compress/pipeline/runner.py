@@ -172,7 +172,7 @@ class Runner:
         self._check_node_rank()
         self.run_dir.mkdir(parents=True, exist_ok=True)
         with RunLock(self.run_dir), to_console(self.console), torch_threads(self.pipeline.config.threads), \
-                tracked(self.pipeline.config, self.run_dir, self.pipeline.source, now(),
+                tracked(self.pipeline.config, self.run_dir, self.pipeline.source,
                         lambda: (self.manifest, self.current_stage)) as tracking:
             self.manifest = Manifest.load(self.run_dir)
             check_owner(self.run_dir, self.manifest, self.pipeline.config.name, self.pipeline.source,

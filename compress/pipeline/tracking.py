@@ -25,7 +25,7 @@ from typing import Callable, Iterator
 from compress import __version__
 from compress.config import MlflowSettings, PipelineConfig
 from compress.errors import ConfigError
-from compress.pipeline.manifest import Manifest, StageRecord
+from compress.pipeline.manifest import Manifest, StageRecord, now
 
 logger = logging.getLogger(__name__)
 STORE_FILE, ARTIFACT_FOLDER = "mlflow.db", "mlartifacts"
@@ -185,11 +185,11 @@ class StageLog:
 
 
 @contextlib.contextmanager
-def tracked(config: PipelineConfig, run_dir: Path, source: str, started: str,
+def tracked(config: PipelineConfig, run_dir: Path, source: str,
             progress: Callable[[], tuple[Manifest | None, str | None]]) -> Iterator[StageLog]:
     """Open the MLflow run (if the pipeline asks for one) around a pipeline run; a failed or interrupted
     run is ended FAILED or KILLED, with the stage that stopped it logged."""
-    settings = config.tracking.mlflow
+    settings, started = config.tracking.mlflow, now()  # records started before this are cached stages
     if settings is None:
         yield StageLog(None, run_dir, started)
         return

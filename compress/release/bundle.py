@@ -45,8 +45,11 @@ class ReleaseRefused(CompressError):
 class Release:
     folder: Path
     artifact: str
-    passed: bool
     card: dict
+
+    @property
+    def passed(self) -> bool:
+        return not self.card["released_anyway"]
 
 
 def make_release(run_dir: Path, to: Path, *, anyway: bool = False, artifact: str | None = None) -> Release:
@@ -80,7 +83,7 @@ def make_release(run_dir: Path, to: Path, *, anyway: bool = False, artifact: str
     except BaseException:
         shutil.rmtree(work, ignore_errors=True)
         raise
-    return Release(to, name, not card["released_anyway"], card)
+    return Release(to, name, card)
 
 
 def _chosen(report: dict, artifact: str | None, anyway: bool, report_path: Path) -> str:

@@ -10,22 +10,20 @@ given other images it must agree within chance (the card's figure inside their 9
 from __future__ import annotations
 
 import json
-import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from compress.errors import ArtifactError
+from compress.errors import ArtifactError, DataInputError
 from compress.release.bundle import CARD_JSON
 from compress.release.checksums import check_sums
 from compress.release.model_card import CARD_FORMAT
 from export.external_data import UnsafeModelError, check_external_data
 from export.onnx_metadata import CLASSES_KEY, PREPROCESSING_KEY, read_deployment
 from serve_bench.accuracy import accuracy, accuracy_intervals
-from serve_bench.image_folder import read_labelled_folder
+from serve_bench.image_folder import ImageFolderError, read_labelled_folder
 from serve_bench.predictions import digest_of_test_split
 from serve_bench.runners import RunnerError, make_runner, predict
 
-logger = logging.getLogger(__name__)
 BACKENDS = {"onnx": "onnxruntime", "torch-model": "torch", "trt-engine": "tensorrt"}
 
 
@@ -33,7 +31,6 @@ BACKENDS = {"onnx": "onnxruntime", "torch-model": "torch", "trt-engine": "tensor
 class Verification:
     checks: list[str] = field(default_factory=list)  # what was checked and held, one line each
     problems: list[str] = field(default_factory=list)
-    accuracy: dict | None = None
 
     @property
     def ok(self) -> bool:
@@ -93,6 +90,7 @@ def _onnx_loads(path: Path, card: dict, result: Verification) -> bool:
     except (UnsafeModelError, onnx.checker.ValidationError, OSError) as exc:
         result.problems.append(f"{path.name} fails onnx's checker: {exc}")
         return False
+    before = len(result.problems)
     props = read_deployment(path)
     for key, expected, what in ((PREPROCESSING_KEY, card["input"], "input"), (CLASSES_KEY, card["classes"], "classes")):
         if key not in props:
@@ -100,7 +98,7 @@ def _onnx_loads(path: Path, card: dict, result: Verification) -> bool:
                                    "carried it): re-run the stage that made it, then release again")
         elif props[key] != expected:
             result.problems.append(f"{path.name} metadata {key} differs from the card's {what}")
-    if not result.problems:
+    if len(result.problems) == before:
         result.checks.append(f"{path.name} passes onnx's checker and states the card's input and classes")
     return True
 
@@ -108,12 +106,14 @@ def _onnx_loads(path: Path, card: dict, result: Verification) -> bool:
 def _reproduce(runner, images: Path, card: dict, result: Verification) -> None:
     acc_card = card["accuracy"]
     metric = acc_card["metric"]
-    folder = read_labelled_folder(images, card["input"], card["classes"])
+    try:
+        folder = read_labelled_folder(images, card["input"], card["classes"])
+    except ImageFolderError as exc:
+        raise DataInputError(f"compress verify: {exc}") from exc
     logits = predict(runner, folder.images, acc_card.get("eval_batch") or 64)
     measured = accuracy(logits, folder.labels)
     intervals = accuracy_intervals(measured)
     same = digest_of_test_split(folder.images, folder.labels) == acc_card.get("test_digest")
-    result.accuracy = {**measured, "ci": intervals, "same_images_as_card": same, "images": str(images)}
     got, want = measured[metric], acc_card[metric]
     words = (f"{metric} {got}% on {measured['n']} images of {images} "
              f"[{intervals[metric][0]:g}, {intervals[metric][1]:g}]; card {want}% on {acc_card['test_images']}")
