@@ -193,7 +193,7 @@ def test_more_calibration_samples_than_images_is_a_config_error(tmp_path, capsys
     assert "stages.quantize.calibration.samples" in capsys.readouterr().err
 
 
-def test_an_int8_engine_reads_the_quantize_stage_trt_file(tmp_path):
+def test_an_int8_engine_reads_the_quantize_stage_trt_file_and_no_other_export_does(tmp_path):
     config = copy.deepcopy(TINY)
     config["stages"] += [{"name": "quantize", "kind": "quantize"},
                          {"name": "export", "kind": "export", "formats": ["tensorrt"], "tensorrt": {"precision": "int8"}}]
@@ -201,6 +201,33 @@ def test_an_int8_engine_reads_the_quantize_stage_trt_file(tmp_path):
     path.write_text(yaml.safe_dump(config))
     refs = input_refs(load_pipeline(path))
     assert refs["export"]["qdq"] == "quantize.onnx_trt" and refs["quantize"]["baseline"] == "train.model"
+    for formats, precision in ((["onnx"], "int8"), (["onnx", "tensorrt"], "fp16")):  # made from the model alone
+        config["stages"][-1].update(formats=formats, tensorrt={"precision": precision})
+        path.write_text(yaml.safe_dump(config))
+        assert input_refs(load_pipeline(path))["export"] == {"model": "train.model"}
+    config["stages"][-2]["flavours"] = ["cpu"]  # makes no TensorRT file: the engine's own error says what to add
+    config["stages"][-1].update(formats=["tensorrt"], tensorrt={"precision": "int8"})
+    path.write_text(yaml.safe_dump(config))
+    assert input_refs(load_pipeline(path))["export"] == {"model": "train.model"}
+
+
+def test_an_fp32_export_beside_a_cpu_only_quantize_stage_is_made_from_the_model_alone(tmp_path, capsys):
+    """It once read quantize's TensorRT file by default: missing with flavours [cpu], a re-export after any
+    re-quantization where present."""
+    config = copy.deepcopy(TINY)
+    config["stages"] += [{"name": "quantize", "kind": "quantize", "flavours": ["cpu"],
+                          "calibration": {"method": "minmax", "samples": 64}},
+                         {"name": "export", "kind": "export", "formats": ["onnx"], "parity": {"samples": 32}}]
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml.safe_dump(config))
+    run_dir = tmp_path / "run"
+    assert main(["run", str(path), "--run-dir", str(run_dir)]) == 0
+    export = json.loads((run_dir / "manifest.json").read_text())["stages"]["export"]
+    assert list(export["key_material"]["inputs"]) == ["model"]
+    capsys.readouterr()
+    assert main(["run", str(path), "--run-dir", str(run_dir), "stages.quantize.calibration.samples=32"]) == 0
+    stages = json.loads((run_dir / "manifest.json").read_text())["stages"]
+    assert stages["quantize"]["started"] > export["started"] and stages["export"]["started"] == export["started"]
 
 
 def test_int8_engine_without_a_qdq_file_is_refused(tmp_path, capsys):

@@ -85,6 +85,7 @@ def input_refs(pipeline: Pipeline) -> dict[str, dict[str, str]]:
     """
     refs: dict[str, dict[str, str]] = {}
     earlier: list[tuple[str, type]] = []
+    made: dict[str, tuple[str, ...]] = {}  # stage name → the roles its configuration makes
     for stage in pipeline.stages:
         cls = registry.get(stage.kind)
         assert cls is not None  # the pipeline was validated
@@ -95,22 +96,22 @@ def input_refs(pipeline: Pipeline) -> dict[str, dict[str, str]]:
             if ref is not None and "." in ref:
                 chosen[role] = ref
             elif ref is not None:  # a bare stage name: that stage's main artifact
-                made = dict(earlier)[ref].produces
-                pick = role if role in made else cls.latest_of.get(role) if cls.latest_of.get(role) in made else \
-                    made[0] if made else role
+                roles = made[ref]
+                pick = role if role in roles else cls.latest_of.get(role) if cls.latest_of.get(role) in roles else \
+                    roles[0] if roles else role
                 chosen[role] = f"{ref}.{pick}"
             elif role == "model":
-                makers = [n for n, c in earlier if "model" in c.produces]
+                makers = [n for n, roles in made.items() if "model" in roles]
                 if makers:
                     chosen[role] = f"{makers[-1]}.model"
             elif role == "teacher" and cls.default_teacher and _first_train_model(earlier):
                 chosen[role] = _first_train_model(earlier)
             elif role == "baseline" and _first_train_model(earlier):
                 chosen[role] = _first_train_model(earlier)
-            elif role in cls.latest_of:
-                makers = [n for n, c in earlier if cls.latest_of[role] in c.produces]
+            elif role in (latest := cls.latest_of_for(stage)):
+                makers = [n for n, roles in made.items() if latest[role] in roles]
                 if makers:
-                    chosen[role] = f"{makers[-1]}.{cls.latest_of[role]}"
+                    chosen[role] = f"{makers[-1]}.{latest[role]}"
         if cls.collects_deployable:
             names = getattr(stage, "artifacts", None) or [
                 f"{n}.{role}" for n, c in earlier for role in c.deployable]
@@ -121,6 +122,7 @@ def input_refs(pipeline: Pipeline) -> dict[str, dict[str, str]]:
             chosen.update({f"{ARTIFACT_ROLE}{name}": name for name in names})
         refs[stage.name] = chosen
         earlier.append((stage.name, cls))
+        made[stage.name] = cls.produces_for(stage)
     return refs
 
 

@@ -121,6 +121,17 @@ class Stage:
         """References to earlier artifacts made by settings (a distillation teacher); resolved like inputs."""
         return {}
 
+    @classmethod
+    def produces_for(cls, config: StageConfig) -> tuple[str, ...]:
+        """The roles this configuration makes, so a later stage's default never names one it won't."""
+        return cls.produces
+
+    @classmethod
+    def latest_of_for(cls, config: StageConfig) -> dict[str, str]:
+        """The ``latest_of`` defaults this configuration reads: an input it would not use must not join its
+        cache key (or make a run re-do it when that input changes)."""
+        return cls.latest_of
+
     def check_inputs(self, ctx: StageContext, inputs: dict[str, InputArtifact]) -> None:
         missing = [role for role in self.required_inputs if role not in inputs]
         if missing:

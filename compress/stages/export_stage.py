@@ -71,6 +71,13 @@ class ExportStage(Stage):
     keyed_on_environment = True
     judges_on_data = False  # parity compares two runtimes on the same images; no accuracy is judged
 
+    @classmethod
+    def latest_of_for(cls, config: ExportConfig) -> dict[str, str]:  # type: ignore[override]
+        """The Q/DQ file only where an INT8 engine is asked for: an fp32/fp16 export is made from the model
+        alone, so re-quantizing must not re-export it."""
+        wants_qdq = "tensorrt" in config.formats and config.tensorrt.precision == "int8"
+        return cls.latest_of if wants_qdq else {}
+
     def run(self, ctx: StageContext, inputs: dict[str, InputArtifact]) -> StageResult:
         cfg: ExportConfig = self.config  # type: ignore[assignment]
         outputs, metrics = [], {}
@@ -84,7 +91,8 @@ class ExportStage(Stage):
                 given = inputs.get("qdq") or inputs.get("onnx")
                 if given is None:
                     raise ConfigError(f"stages.{ctx.name}.tensorrt.precision: int8 needs a Q/DQ ONNX: add a "
-                                      f"quantize stage before this one (its onnx_trt file is used) or set "
+                                      f"quantize stage with trt in its flavours before this one (its onnx_trt "
+                                      f"file is used) or set "
                                       f"inputs: {{qdq: <artifact>}}")
                 source = (_input_onnx(given), given.meta, given.name)
             elif source is None:

@@ -67,6 +67,10 @@ class QuantizeStage(Stage):
     uses = ("seed", "data", "red_line")
 
     @classmethod
+    def produces_for(cls, config: QuantizeConfig) -> tuple[str, ...]:  # type: ignore[override]
+        return tuple(r for r in cls.produces if not r.startswith("onnx_") or r.removeprefix("onnx_") in config.flavours)
+
+    @classmethod
     def config_refs(cls, config: QuantizeConfig) -> dict[str, str]:  # type: ignore[override]
         return {"teacher": config.qat.distill.teacher} if config.qat.distill else {}
 
