@@ -139,6 +139,10 @@ def test_prune_stage_end_to_end(tmp_path, tiny_config, write_pipeline, capsys):
     assert report["gamma_before"]["counts"] and report["gamma_after_sparsity"]["counts"]
     assert report["channels_after"]["conv1"] <= report["channels_before"]["conv1"]
     assert report["unpenalised_batchnorms"] == []  # nothing protected but the classifier
+    curves = json.loads((run_dir / "prune" / "report" / "history.json").read_text())
+    assert [(row["epoch"], sorted(k for k in row if k.endswith("val_top1"))) for row in curves] == [
+        (1, ["sparsity.val_top1"]), (1, ["finetune.val_top1"])]  # one epoch of each phase, named by phase
+    assert curves[1]["finetune.val_top1"] == pytest.approx(metrics["val_top1"], abs=1e-3)
     model, description = load_model(run_dir / "prune" / "model")
     assert description["pruning"]["history"] and sum(p.numel() for p in model.parameters()) == metrics["params_after"]
     resolved = (run_dir / "pipeline.resolved.yaml").read_text()

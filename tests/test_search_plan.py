@@ -85,6 +85,16 @@ def test_trials_share_the_stages_upstream_of_what_the_space_touches(tmp_path):
     assert plan.base_raw["stages"][1]["target"] == {"macs": 0.5}  # the hand-set mapping is never changed
 
 
+def test_trials_log_nothing_to_mlflow_and_the_chosen_pipeline_keeps_its_tracking(tmp_path):
+    tracked = {**copy.deepcopy(FULL), "tracking": {"mlflow": {"experiment": "e"}, "tensorboard": True}}
+    plan = load_search(_write(tmp_path, {"space": {"stages.prune.target.macs": [0.3, 0.5]}}, tracked))
+    params = {"stages.prune.target.macs": 0.3}
+    assert plan.trial_run_raw(params)["tracking"] == {"tensorboard": True}
+    assert build_pipeline(plan.trial_run_raw(params), "trial").config.tracking.mlflow is None
+    assert plan.trial_raw(params)["tracking"]["mlflow"] == {"experiment": "e"}  # what chosen.yaml is written from
+    assert plan.base_raw["tracking"]["mlflow"] == {"experiment": "e"}
+
+
 def test_threads_pin_the_run_and_enter_the_cache_key_only_when_set(tmp_path, tiny_config):
     import torch
 

@@ -1,11 +1,12 @@
 """A run logged where its users already look: MLflow, one MLflow run per `compress run`.
 
 After every stage (run or taken from the cache) its settings become parameters, its numeric
-metrics (nested ones by dotted name) metrics, its status and summary tags; a train stage's
-history becomes per-epoch curves, a bench stage's report per-artifact accuracy and latency
-metrics and the report files themselves. The run directory stays the record: tracking is a
-view of it, so an unreachable server stops nothing but its own logging (one warning), while
-a store that cannot be opened at the start is a configuration error before any stage runs.
+metrics (nested ones by dotted name) metrics, its status and summary tags; a train, distill or
+prune stage's history (a report folder's history.json) becomes per-epoch curves, a bench
+stage's report per-artifact accuracy and latency metrics and the report files themselves.
+The run directory stays the record: tracking is a view of it, so an unreachable server stops
+nothing but its own logging (one warning), while a store that cannot be opened at the start is
+a configuration error before any stage runs.
 
 Without a ``tracking.mlflow`` section nothing is imported or logged. The default store is local:
 an SQLite file ``mlflow.db`` beside the run directories (MLflow refuses its old plain-file
@@ -147,7 +148,7 @@ class MlflowRun:
             if artifact is None or artifact.kind != "report":
                 continue
             folder = manifest.resolve_path(run_dir, artifact)
-            if (folder / "history.json").is_file():  # a train stage's curves, one point per epoch
+            if (folder / "history.json").is_file():  # a train, distill or prune stage's curves, one point per epoch
                 rows = json.loads((folder / "history.json").read_text())
                 self.curves([(_key(f"{name}.{k}"), float(v), int(row.get("epoch", i))) for i, row in enumerate(rows)
                              for k, v in row.items() if k not in ("epoch", "step") and isinstance(v, (int, float))])

@@ -132,7 +132,7 @@ class Search:
     # --- trials -------------------------------------------------------------------------------
     def _spec(self, label: str, run_dir: Path, params: dict) -> TrialSpec:
         is_reference = label == REFERENCE
-        return TrialSpec(label=label, run_dir=str(run_dir), raw=self.plan.trial_raw(params),
+        return TrialSpec(label=label, run_dir=str(run_dir), raw=self.plan.trial_run_raw(params),
                          source=f"{self.plan.base_path}" + ("" if is_reference else f" (trial {label})"),
                          reference=None if is_reference else str(self.dir / REFERENCE),
                          shared=[] if is_reference else self.shared,

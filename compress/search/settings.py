@@ -126,6 +126,15 @@ class SearchPlan:
             set_dotted(raw, path, value, f"{self.path}: space.{path}")
         return raw
 
+    def trial_run_raw(self, params: dict[str, Any]) -> dict:
+        """What a trial runs: ``trial_raw`` without MLflow tracking. A trial is two partial runs (build, then
+        measure) beside other trials; logged, each would be two half MLflow runs, many at once on one store.
+        The trial's folder and the search report are its record; the chosen pipeline keeps the section."""
+        raw = self.trial_raw(params)
+        if isinstance(raw.get("tracking"), dict):
+            raw["tracking"].pop("mlflow", None)
+        return raw
+
     def trial_pipeline(self, params: dict[str, Any]) -> Pipeline:
         return build_pipeline(self.trial_raw(params), f"{self.base_path} with {params}")
 

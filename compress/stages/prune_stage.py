@@ -166,6 +166,11 @@ class PruneStage(Stage):
             save_model(model, folder, trained_on(description, data))
         with ctx.atomic_output_dir("report") as folder:
             (folder / "pruning.json").write_text(json.dumps(report, indent=2))
+            # Both training phases' per-epoch curves, named by phase, in the train stage's format so
+            # tracking shows them as curves (prune.finetune.val_top1, …) like any train stage's.
+            curves = [{"epoch": row["epoch"], **{f"{phase}.{k}": v for k, v in row.items() if k not in ("epoch", "step")}}
+                      for phase, r in runs.items() for row in r.result.history]
+            (folder / "history.json").write_text(json.dumps(curves, indent=2))
             from compress.pruning.plots import gamma_plot
 
             (folder / "gamma.png").write_bytes(gamma_plot(report))
