@@ -7,6 +7,7 @@ import json
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 
@@ -229,6 +230,16 @@ def test_without_a_tracking_section_nothing_is_logged_and_a_bad_store_stops_befo
     assert result.returncode == 2 and "tracking.mlflow" in result.stderr
     assert not (tmp_path / "bad-run" / "manifest.json").exists()
 
+    with socket.socket() as probe:  # a port nothing listens on: a stopped or mistyped server
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    config["tracking"] = {"mlflow": {"tracking_uri": f"http://127.0.0.1:{port}"}}
+    down = write_pipeline(config, "down.yaml")
+    # MLflow's own retries took 250 s to give up here; the opening calls get one retry (4 s measured).
+    result = run_cli("run", str(down), "--run-dir", str(tmp_path / "down-run"), timeout=120)
+    assert result.returncode == 2 and f"cannot open the MLflow store http://127.0.0.1:{port}" in result.stderr
+    assert not (tmp_path / "down-run" / "manifest.json").exists()
+
 
 def test_tables_printed_to_a_log_show_full_artifact_names(finished):
     _, _, run_dir = finished
@@ -298,3 +309,13 @@ def test_where_the_store_is(tmp_path, monkeypatch):
     assert store_uri(MlflowSettings(tracking_uri="http://mlflow:5000"), run_dir) == ("http://mlflow:5000", None)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://elsewhere:5000")
     assert store_uri(MlflowSettings(), run_dir) == ("http://elsewhere:5000", None)
+
+
+def test_the_quick_opening_leaves_mlflow_settings_the_user_made_and_restores_the_rest(monkeypatch):
+    from compress.pipeline.tracking import _answer_soon
+
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "99")
+    monkeypatch.delenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", raising=False)
+    with _answer_soon():
+        assert os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] == "1" and os.environ["MLFLOW_HTTP_REQUEST_TIMEOUT"] == "99"
+    assert "MLFLOW_HTTP_REQUEST_MAX_RETRIES" not in os.environ and os.environ["MLFLOW_HTTP_REQUEST_TIMEOUT"] == "99"
