@@ -209,6 +209,13 @@ def test_an_int8_engine_reads_the_quantize_stage_trt_file_and_no_other_export_do
     config["stages"][-1].update(formats=["tensorrt"], tensorrt={"precision": "int8"})
     path.write_text(yaml.safe_dump(config))
     assert input_refs(load_pipeline(path))["export"] == {"model": "train.model"}
+    config["stages"][-2]["flavours"] = ["trt"]  # makes no CPU file: a bench does not ask for one
+    config["stages"].append({"name": "bench", "kind": "bench"})
+    path.write_text(yaml.safe_dump(config))
+    assert not any("onnx_cpu" in name for name in input_refs(load_pipeline(path))["bench"].values())
+    config["stages"][-3]["flavours"] = ["cpu", "trt"]
+    path.write_text(yaml.safe_dump(config))
+    assert "quantize.onnx_cpu" in input_refs(load_pipeline(path))["bench"].values()
 
 
 def test_an_fp32_export_beside_a_cpu_only_quantize_stage_is_made_from_the_model_alone(tmp_path, capsys):

@@ -114,7 +114,7 @@ def input_refs(pipeline: Pipeline) -> dict[str, dict[str, str]]:
                     chosen[role] = f"{makers[-1]}.{latest[role]}"
         if cls.collects_deployable:
             names = getattr(stage, "artifacts", None) or [
-                f"{n}.{role}" for n, c in earlier for role in c.deployable]
+                f"{n}.{role}" for n, c in earlier for role in c.deployable if role in made[n]]
             # The baseline is always measured in the same run, listed or not.
             baseline = getattr(stage, "baseline", None) or _first_train_model(earlier)
             if baseline and baseline not in names:
