@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,6 +24,7 @@ from export.external_data import UnsafeModelError, check_external_data
 from export.tensorrt_engine import ENGINE_FILE
 from export.onnx_metadata import CLASSES_KEY, PREPROCESSING_KEY, input_description, read_deployment
 from serve_bench.report import environment_line
+from train.atomic_io import atomic_dir
 from train.file_digest import file_sha256
 from train.model_io import read_description
 
@@ -72,17 +71,9 @@ def make_release(run_dir: Path, to: Path, *, anyway: bool = False, artifact: str
             raise ArtifactError(f"{checked}: {problem}; the bundle must hold what was measured — re-run the stage "
                                 "that made it and the bench stage")
     entry = next(a for a in report["artifacts"] if a["name"] == name)
-    to.parent.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=f".{to.name}.", suffix=".tmp", dir=to.parent))
-    try:
+    with atomic_dir(to) as work:  # an existing `to` is empty, checked above
         card = _assemble(work, run_dir, manifest, record, report, report_path, entry, anyway)
         write_sums(work)
-        if to.exists():
-            to.rmdir()  # empty, checked above
-        os.replace(work, to)
-    except BaseException:
-        shutil.rmtree(work, ignore_errors=True)
-        raise
     return Release(to, name, card)
 
 

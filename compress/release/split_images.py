@@ -8,9 +8,6 @@ place in the split, so that reading them back in file-name order restores the sp
 from __future__ import annotations
 
 import logging
-import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +16,7 @@ import torch
 from compress.errors import ArtifactError, ConfigError
 from compress.pipeline.pipeline_data import load_section
 from compress.pipeline.pipeline_file import load_pipeline
+from train.atomic_io import atomic_dir
 from train.data import DataBundle
 
 logger = logging.getLogger(__name__)
@@ -38,9 +36,7 @@ def write_split_images(data: DataBundle, split: str, to: Path) -> int:
                           "class folders")
     part = getattr(data, split)
     labels = part.labels.numpy()
-    to.parent.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=f".{to.name}.", suffix=".tmp", dir=to.parent))
-    try:
+    with atomic_dir(to) as work:  # an existing `to` is empty, checked above
         for name in data.class_names:
             (work / name).mkdir()
         width = len(str(len(labels)))
@@ -50,12 +46,6 @@ def write_split_images(data: DataBundle, split: str, to: Path) -> int:
                 array = image[0] if image.shape[0] == 1 else image.transpose(1, 2, 0)
                 Image.fromarray(np.ascontiguousarray(array)).save(
                     work / data.class_names[labels[index]] / f"{split}-{index:0{width}d}.png")
-        if to.exists():
-            to.rmdir()
-        os.replace(work, to)
-    except BaseException:
-        shutil.rmtree(work, ignore_errors=True)
-        raise
     logger.info("wrote %d %s images to %s", len(labels), split, to)
     return len(labels)
 
