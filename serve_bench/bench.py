@@ -6,6 +6,16 @@ through the same runner that was timed, so the numbers describe the file that sh
 number a release is gated on leaves here with its interval: accuracy (Wilson), the drop
 against the baseline (paired, image by image), each percentile (bootstrapped over single
 requests and over whole blocks) and each latency ratio (bootstrapped over shared rounds).
+
+Three notions of speed leave here, each answering another question (see :func:`speed_figures`):
+- ``latency_ms`` — service time of one request on a quiet machine: percentiles, their intervals,
+  and ``latency_ms.throughput`` = batch / mean service time (what one idle worker could sustain);
+- ``throughput`` — items per second of measured wall time (with ``concurrency`` > 1 the clients'
+  real rate, which is not 1 / latency);
+- ``speedup_p99`` and ``latency_ratio`` — this artifact against the baseline, both from the
+  same rounds (the harness runs every artifact in every round) and the same estimator:
+  ``speedup_p99`` is exactly 1 / ``latency_ratio.p99.ratio`` and ``speedup_p99_ci`` its interval
+  inverted, so the main table and the ratio table always agree.
 """
 from __future__ import annotations
 
@@ -17,7 +27,7 @@ import numpy as np
 from serve_bench.accuracy import accuracy, accuracy_intervals
 from serve_bench.harness import HarnessSettings, measure_interleaved
 from serve_bench.machine_load import load_summary
-from serve_bench.latency_intervals import BlockedSamples, block_bootstrap_ci, paired_ratio, repeat_spread
+from serve_bench.latency_intervals import BlockedSamples, Ratio, block_bootstrap_ci, paired_ratio, repeat_spread
 from serve_bench.paired import paired_counts, paired_summary
 from serve_bench.predictions import Predictions, digest_of_test_split
 from serve_bench.stats import PERCENTILES, bootstrap_ci, summarize
@@ -85,6 +95,7 @@ def _measure(workers: dict[str, BenchWorker], settings: BenchSettings, progress)
     """Every repeat's samples pooled per artifact (rounds kept distinct) and each repeat's percentiles."""
     pooled: dict[str, BlockedSamples] = {}
     walls = {name: [0.0, 0] for name in workers}
+    short: set[str] = set()
     loads: dict[str, list] = {name: [] for name in workers}
     per_repeat: list[dict] = []
     next_round = 0
@@ -100,7 +111,9 @@ def _measure(workers: dict[str, BenchWorker], settings: BenchSettings, progress)
             walls[name][0] += m.wall_s
             walls[name][1] += m.requests
             loads[name] += m.other_load
-    return {"blocked": pooled, "walls": walls, "loads": loads}, per_repeat
+            if m.short_of_floors:
+                short.add(name)
+    return {"blocked": pooled, "walls": walls, "loads": loads, "short": short}, per_repeat
 
 
 def _latency(blocked: BlockedSamples, settings: BenchSettings) -> dict:
@@ -114,8 +127,28 @@ def _latency(blocked: BlockedSamples, settings: BenchSettings) -> dict:
     return out
 
 
-def _ratios(a: BlockedSamples, b: BlockedSamples) -> dict:
-    return {key: paired_ratio(a, b, PERCENTILES[key]).as_dict() for key in ("p50", "p99")}
+def _ratios(a: BlockedSamples, b: BlockedSamples) -> dict[str, Ratio]:
+    """``a``'s p50 and p99 over ``b``'s, round-paired (below 1: ``a`` is faster)."""
+    return {key: paired_ratio(a, b, PERCENTILES[key]) for key in ("p50", "p99")}
+
+
+def speed_figures(name: str, baseline: str, blocked: dict[str, BlockedSamples], wall_s: float, requests: int,
+                  batch_size: int) -> dict:
+    """The report keys of an artifact's speed besides its service time (``latency_ms``):
+
+    - ``throughput``: items per measured wall-clock second;
+    - ``latency_ratio``: its p50 and p99 over the baseline's, with round-paired (expanded percentile) intervals;
+    - ``speedup_p99``: the baseline's p99 over its own, i.e. 1 / ``latency_ratio.p99.ratio`` from the same
+      rounds, and ``speedup_p99_ci`` that ratio's interval inverted (a speed-up's low end is the ratio's high).
+    """
+    out = {"throughput": round(batch_size * requests / wall_s, 2)}
+    if name == baseline:
+        return {**out, "speedup_p99": 1.0, "speedup_p99_ci": [1.0, 1.0], "latency_ratio": None}
+    ratios = _ratios(blocked[name], blocked[baseline])
+    p99 = ratios["p99"]
+    return {**out, "speedup_p99": round(1 / p99.ratio, 4),
+            "speedup_p99_ci": [round(1 / p99.ci[1], 4), round(1 / p99.ci[0], 4)],
+            "latency_ratio": {key: r.as_dict() for key, r in ratios.items()}}
 
 
 def _fp32_reference(spec: ArtifactSpec, specs: list[ArtifactSpec]) -> ArtifactSpec | None:
@@ -161,6 +194,8 @@ def run_benchmark(specs: list[ArtifactSpec], baseline: str, test: TestSet, setti
                                    f"baseline's {base_test.digest[:12]}…): its accuracy is its own, not paired")
     base_hits = predictions.hits(baseline, metric)
     latency = {name: _latency(b, settings) for name, b in blocked.items()}
+    for name in measured["short"]:
+        latency[name]["short_of_floors"] = True
     accuracies = {s.name: accuracy(logits[s.name], tests[s.name].labels, settings.per_class) for s in specs}
     base_acc = accuracies[baseline][metric]
     entries = []
@@ -172,8 +207,8 @@ def run_benchmark(specs: list[ArtifactSpec], baseline: str, test: TestSet, setti
             "format": spec.format, "path": spec.path, "size_bytes": spec.size_bytes, "params": spec.params,
             "macs": spec.macs, "accuracy": acc, "accuracy_ci": accuracy_intervals(acc),
             "accuracy_drop": round(base_acc - acc[metric], 4) if spec.name not in unpaired else None,
-            "latency_ms": lat, "throughput": round(settings.batch_size * wall[1] / wall[0], 2),
-            "speedup_p99": round(latency[baseline]["p99"] / lat["p99"], 4), "runner": infos[spec.name],
+            "latency_ms": lat, **speed_figures(spec.name, baseline, blocked, wall[0], wall[1], settings.batch_size),
+            "runner": infos[spec.name],
             "source_model": spec.source_model, "machine_load": load_summary(measured["loads"][spec.name]),
             **spec.extra,
             **({"refused": spec.refused} if spec.refused else {}),
@@ -187,16 +222,11 @@ def run_benchmark(specs: list[ArtifactSpec], baseline: str, test: TestSet, setti
         else:
             entry["accuracy_paired"] = paired_summary(paired_counts(base_hits, predictions.hits(spec.name, metric)),
                                                       max_drop)
-        if spec.name == baseline:
-            entry["latency_ratio"], entry["speedup_p99_ci"] = None, [1.0, 1.0]
-        else:
-            ratio = _ratios(blocked[spec.name], blocked[baseline])
-            entry["latency_ratio"] = ratio
-            entry["speedup_p99_ci"] = [round(1 / ratio["p99"]["ci"][1], 4), round(1 / ratio["p99"]["ci"][0], 4)]
         reference = _fp32_reference(spec, specs)
         if reference is not None:
             entry["int8_vs_fp32"] = {"reference": reference.name,
-                                     **_ratios(blocked[spec.name], blocked[reference.name])}
+                                     **{k: r.as_dict() for k, r in _ratios(blocked[spec.name],
+                                                                           blocked[reference.name]).items()}}
         if settings.repeats > 1:
             runs = [r[spec.name] for r in per_repeat]
             entry["repeats"] = {"k": settings.repeats, "per_repeat": [{k: round(v, 6) for k, v in r.items()}

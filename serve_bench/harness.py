@@ -1,13 +1,18 @@
 """Latency measurement of several artifacts in one run, interleaved so noise hits all alike.
 
 Each artifact is warmed up (by iterations and by time), then measured in round-robin
-blocks until it has both a minimum number of requests and a minimum measured duration.
-Inputs are real images, rotated so no cache sees the same input twice in a row.
+blocks until every artifact has both a minimum number of requests and a minimum measured
+duration. Every round runs one block of EVERY artifact, also of those that already have
+enough: a ratio of two artifacts is paired round by round, so a block measured in a round
+the other artifact skipped would be unpaired, and the ratio's point (over all blocks) and its
+interval (over the shared rounds) would be two different statistics. Inputs are real images,
+rotated so no cache sees the same input twice in a row.
 """
 from __future__ import annotations
 
-import time
+import logging
 import os
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -16,6 +21,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from serve_bench.latency_intervals import BlockedSamples
 from serve_bench.machine_load import LoadSampler
 from serve_bench.worker import BenchWorker
+
+log = logging.getLogger(__name__)
 
 
 class HarnessSettings(BaseModel):
@@ -31,7 +38,8 @@ class HarnessSettings(BaseModel):
     block_iters: int = Field(100, ge=1, description="minimum requests per interleaved block")
     block_s: float = Field(0.25, ge=0, description="target duration of a block, so the settle pause stays a "
                            "small share of the run")
-    max_iters: int = Field(100_000, ge=1, description="stop an artifact after this many requests")
+    max_iters: int = Field(100_000, ge=1, description="end the measurement once any artifact has this many "
+                           "requests (every artifact runs in every round, so the fastest one reaches it first)")
     concurrency: int = Field(1, ge=1, description="closed-loop client threads per artifact")
     # Pause before each block: the runtime that ran the previous block keeps its worker threads
     # spinning after its last call, and on a small machine they steal this block's cores. Measured
@@ -47,12 +55,14 @@ class Measurement:
     requests: int
     blocked: BlockedSamples  # the same samples as measured: per block, with its round
     other_load: list[float | None] = field(default_factory=list)  # other processes' share of the cores, per block
+    short_of_floors: bool = False  # the max_iters cap ended the measurement before this one met min_iters/duration
 
 
 def measure_interleaved(workers: dict[str, BenchWorker], settings: HarnessSettings, progress=None,
                         first_round: int = 0) -> dict[str, Measurement]:
-    """Round-robin blocks until every artifact has enough; rounds are numbered from ``first_round`` so a
-    repeated measurement's blocks never pair with another repeat's."""
+    """Rounds of one block per artifact until every artifact has enough (or one reached ``max_iters``);
+    rounds are numbered from ``first_round`` so a repeated measurement's blocks never pair with another
+    repeat's."""
     block = {}
     for name, worker in workers.items():
         done, seconds = worker.call("warmup", max(1, settings.warmup_iters), settings.warmup_s)
@@ -65,14 +75,14 @@ def measure_interleaved(workers: dict[str, BenchWorker], settings: HarnessSettin
     sampler = LoadSampler([os.getpid(), *(w.process.pid for w in workers.values())])
     current = first_round
 
-    def done(name: str) -> bool:
-        return counts[name] >= settings.max_iters or (
-            counts[name] >= settings.min_iters and spent[name] >= settings.min_duration_s)
+    def enough(name: str) -> bool:
+        return counts[name] >= settings.min_iters and spent[name] >= settings.min_duration_s
 
-    while not all(done(n) for n in workers):
+    def capped() -> bool:
+        return any(count >= settings.max_iters for count in counts.values())
+
+    while not all(enough(n) for n in workers) and not capped():
         for name, worker in workers.items():
-            if done(name):
-                continue
             time.sleep(settings.settle_s)
             before = sampler.snapshot()
             latencies_ns, block_wall = worker.call("block", block[name], counts[name], settings.concurrency)
@@ -84,6 +94,20 @@ def measure_interleaved(workers: dict[str, BenchWorker], settings: HarnessSettin
         current += 1
         if progress is not None:
             progress(dict(counts))
+    short = [n for n in workers if not enough(n)]
+    if short:
+        log.warning("measurement ended at max_iters=%d before %s met min_iters/min_duration_s: raise max_iters or "
+                    "lower the floors", settings.max_iters, ", ".join(short))
     return {name: Measurement(np.concatenate(samples[name]), spent[name], counts[name],
-                              BlockedSamples(samples[name], rounds[name]), loads[name])
+                              BlockedSamples(samples[name], rounds[name]), loads[name], name in short)
             for name in workers}
+
+
+def short_of_floors_flag(entries: list[dict]) -> str | None:
+    """A flag for the report when the max_iters cap ended a measurement before some artifact met its floors:
+    their figures rest on fewer requests or less time than the settings ask for."""
+    short = [e["name"] for e in entries if (e.get("latency_ms") or {}).get("short_of_floors")]
+    if not short:
+        return None
+    return (f"the measurement ended at max_iters (the fastest artifact's request count) before {', '.join(short)} "
+            "had min_iters requests and min_duration_s of measured time: raise max_iters or lower the floors")

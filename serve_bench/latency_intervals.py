@@ -11,12 +11,31 @@ one after the other), so two artifacts' blocks of the same round saw the same ma
 The ratio of their percentiles is bootstrapped over rounds, both artifacts drawing the same
 rounds: drift common to both cancels, which is why a ratio can be certain when the two
 intervals overlap.
+
+The interval is the expanded percentile bootstrap (Hesterberg, "What teachers should know
+about the bootstrap", Am. Stat. 2015): the percentile interval taken at the tail probability
+Φ(√(k/(k−1)) · t_{α/2, k−1}) instead of α/2, for k rounds or blocks. A p99 over about a dozen
+rounds is decided by its slowest block or two, and a plain percentile bootstrap over so few
+groups is too narrow (it divides by k, not k−1, and uses z, not t). Simulated with a known
+true ratio (tests/test_latency_intervals.py), 8 / 12 / 20 rounds, 300 runs each: plain
+percentile covered 93 / 94 / 95% with common drift and 84 / 94 / 94% with stalls that hit single
+blocks; expanded 98 / 97 / 96% and 92 / 95 / 95%. BCa (scipy's ``stats.bootstrap``) was tried
+first and covered only 85 / 88 / 92% and 84% at 12 rounds: its bias and acceleration, estimated
+from a dozen jackknife values, are too noisy here. Where the point still falls outside the
+interval (a lopsided resample distribution), the interval is widened to the point and its
+``method`` says so. Point and interval are always one estimator on the same groups: the
+percentile of the pooled samples of those groups (for a ratio, of the same rounds).
 """
 from __future__ import annotations
 
+import logging
+import math
 from dataclasses import dataclass
 
 import numpy as np
+from scipy import stats
+
+log = logging.getLogger(__name__)
 
 RESAMPLES, LEVEL = 2000, 0.95
 MIN_BLOCKS = 10  # below this a bootstrap over blocks has too few distinct resamples to trust its ends
@@ -62,18 +81,63 @@ def _resampled_percentiles(groups: list[np.ndarray], qs: list[float], draws: np.
     return out
 
 
-def _interval(estimates: np.ndarray, level: float) -> tuple[float, float]:
+EXPANDED, WIDENED = "expanded-percentile", "expanded-percentile, widened to its point"
+
+
+@dataclass(frozen=True)
+class GroupBootstrap:
+    """A statistic over groups of samples (blocks, or rounds of two artifacts), its interval, and how the
+    interval was made (``EXPANDED``, or ``WIDENED`` where it had to be stretched to contain its point)."""
+
+    point: float
+    low: float
+    high: float
+    method: str
+
+
+def percentile_of_groups(groups_a: list[np.ndarray], q: float, draws: np.ndarray,
+                         groups_b: list[np.ndarray] | None = None) -> np.ndarray:
+    """The statistic every block interval is about, for each row of ``draws`` (indices into the groups):
+    the q-th percentile of the chosen groups pooled, or, given ``groups_b``, its ratio to the same
+    percentile of ``groups_b`` drawn at the same indices (the same rounds)."""
+    draws = np.atleast_2d(np.asarray(draws, dtype=np.intp))
+    values = _resampled_percentiles(groups_a, [q], draws)[:, 0]
+    if groups_b is not None:
+        values = values / _resampled_percentiles(groups_b, [q], draws)[:, 0]
+    return values
+
+
+def expanded_tail(groups: int, level: float = LEVEL) -> float:
+    """Tail probability of the expanded percentile interval over ``groups`` resampled groups: the t
+    quantile with groups − 1 degrees of freedom, scaled by √(groups/(groups − 1)), as a normal probability."""
     alpha = (1 - level) / 2
-    return float(np.quantile(estimates, alpha)), float(np.quantile(estimates, 1 - alpha))
+    if groups < 2:
+        return alpha
+    return float(stats.norm.cdf(math.sqrt(groups / (groups - 1)) * stats.t.ppf(alpha, groups - 1)))
+
+
+def bootstrap_over_groups(groups_a: list[np.ndarray], q: float, groups_b: list[np.ndarray] | None = None,
+                          resamples: int = RESAMPLES, level: float = LEVEL, seed: int = 0) -> GroupBootstrap:
+    """Point and expanded percentile interval of :func:`percentile_of_groups` over all the groups,
+    resampling whole groups with replacement."""
+    k = len(groups_a)
+    point = float(percentile_of_groups(groups_a, q, np.arange(k), groups_b)[0])
+    draws = np.random.default_rng(seed).integers(0, k, size=(resamples, k))
+    estimates = percentile_of_groups(groups_a, q, draws, groups_b)
+    tail = expanded_tail(k, level)
+    low, high = float(np.quantile(estimates, tail)), float(np.quantile(estimates, 1 - tail))
+    if low <= point <= high:
+        return GroupBootstrap(point, low, high, EXPANDED)
+    log.debug("bootstrap interval [%.6g, %.6g] over %d groups misses its point %.6g: widened", low, high, k, point)
+    return GroupBootstrap(point, min(low, point), max(high, point), WIDENED)
 
 
 def block_bootstrap_ci(samples: BlockedSamples, q: float = 99.0, resamples: int = RESAMPLES, level: float = LEVEL,
                        seed: int = 0) -> tuple[float, float]:
-    """Percentile bootstrap interval of the q-th percentile, resampling whole blocks."""
-    rng = np.random.default_rng(seed)
-    k = len(samples.blocks)
-    estimates = _resampled_percentiles(samples.blocks, [q], rng.integers(0, k, size=(resamples, k)))[:, 0]
-    return _interval(estimates, level)
+    """Expanded percentile bootstrap interval of the q-th percentile of all the samples, resampling whole
+    blocks."""
+    estimate = bootstrap_over_groups(samples.blocks, q, resamples=resamples, level=level, seed=seed)
+    return estimate.low, estimate.high
 
 
 @dataclass
@@ -83,6 +147,7 @@ class Ratio:
     ratio: float
     ci: tuple[float, float]
     rounds: int  # rounds both were measured in: the pairs the interval rests on
+    method: str = EXPANDED
 
     @property
     def verdict(self) -> str:
@@ -95,21 +160,19 @@ class Ratio:
 
     def as_dict(self) -> dict:
         return {"ratio": round(self.ratio, 4), "ci": [round(self.ci[0], 4), round(self.ci[1], 4)],
-                "rounds": self.rounds, "verdict": self.verdict}
+                "rounds": self.rounds, "verdict": self.verdict, "method": self.method}
 
 
 def paired_ratio(a: BlockedSamples, b: BlockedSamples, q: float, resamples: int = RESAMPLES, level: float = LEVEL,
                  seed: int = 0) -> Ratio:
-    """Ratio of the q-th percentiles of ``a`` and ``b``, its interval from resampling the rounds they share."""
+    """Ratio of the q-th percentiles of ``a`` and ``b`` over the rounds both ran in, and its expanded percentile
+    interval from resampling those rounds (both artifacts draw the same rounds)."""
     ra, rb = a.by_round(), b.by_round()
     common = sorted(set(ra) & set(rb))
     if not common:
         raise ValueError("the two artifacts share no measurement round: a paired ratio needs one interleaved run")
-    ga, gb = [ra[r] for r in common], [rb[r] for r in common]
-    point = float(np.percentile(np.concatenate(ga), q) / np.percentile(np.concatenate(gb), q))
-    draws = np.random.default_rng(seed).integers(0, len(common), size=(resamples, len(common)))
-    ratios = _resampled_percentiles(ga, [q], draws)[:, 0] / _resampled_percentiles(gb, [q], draws)[:, 0]
-    return Ratio(point, _interval(ratios, level), len(common))
+    estimate = bootstrap_over_groups([ra[r] for r in common], q, [rb[r] for r in common], resamples, level, seed)
+    return Ratio(estimate.point, (estimate.low, estimate.high), len(common), estimate.method)
 
 
 def repeat_spread(per_repeat: list[dict[str, float]]) -> dict[str, dict[str, float]]:

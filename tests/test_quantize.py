@@ -22,6 +22,7 @@ from compress.stages.bench_stage import _refusal
 from compress.stages.int8_records import split_arrays
 from serve_bench.gate import evaluate, quantized_not_faster
 from export.onnx_export import export_onnx
+from tests.report_invariants import points_outside_intervals
 from tests.conftest import TINY
 from train.data import DataSpec, load_data
 
@@ -397,6 +398,7 @@ def test_no_rung_within_the_red_line_still_ships_the_closest_and_the_gate_refuse
     assert manifest["artifacts"]["quantize.onnx_cpu"]["meta"]["red_line"]["within"] is False
     report = json.loads((tmp_path / "run" / "bench" / "report" / "report.json").read_text())
     entry = next(a for a in report["artifacts"] if a["name"] == "quantize.onnx_cpu")
+    assert points_outside_intervals(report) == []  # INT8-vs-fp32 ratios included
     assert "no rung within the red line" in entry["refused"] and report["gate"]["release"] != "quantize.onnx_cpu"
     assert any(r.startswith("quantize.onnx_cpu: the quantize stage found no rung") for r in report["gate"]["reasons"])
 

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from tests.conftest import ROOT, run_cli
+from tests.report_invariants import points_outside_intervals
 from train.precision import choose_amp
 
 
@@ -28,6 +29,7 @@ def test_quickstart_reaches_97_percent_and_reruns_from_cache(tmp_path):
     assert quantized["red_line"]["within"] and quantized["rungs"][0]["calibration"]["samples"] == 256
     report = json.loads((run_dir / "bench" / "report" / "report.json").read_text())
     assert "quantize.onnx_cpu" in [a["name"] for a in report["artifacts"]]  # the gate was evaluated on it
+    assert points_outside_intervals(report) == []  # every figure inside its own interval, speed-up = 1/ratio
     again = run_cli("run", str(ROOT / "pipelines" / "quickstart.yaml"), "--run-dir", str(run_dir))
     assert again.returncode == 0
     stages = [s["name"] for s in manifest["stages"].values()]

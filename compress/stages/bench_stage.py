@@ -12,7 +12,7 @@ from compress.errors import ArtifactError, ConfigError
 from compress.stages.base import InputArtifact, Output, Stage, StageContext, StageResult
 from serve_bench.bench import ArtifactSpec, BenchSettings, TestSet, run_benchmark
 from serve_bench.gate import evaluate, quantized_not_faster
-from serve_bench.harness import HarnessSettings
+from serve_bench.harness import HarnessSettings, short_of_floors_flag
 from serve_bench.latency_intervals import too_few_blocks
 from serve_bench.machine_load import busy_machine_flag
 from serve_bench.report import test_set_facts, write_report
@@ -83,7 +83,8 @@ class BenchStage(Stage):
                         accuracy_meaningful=data.meaningful_accuracy, decision=pipeline.gate.decision)
         env = ctx.environment  # the runner's fingerprint, the same one the stage record names
         flags = quantized_not_faster(result.entries, env["isa"])
-        flags += [f for f in (too_few_blocks(result.entries), busy_machine_flag(result.entries)) if f]
+        flags += [f for f in (too_few_blocks(result.entries), short_of_floors_flag(result.entries),
+                              busy_machine_flag(result.entries)) if f]
         report = {"pipeline": pipeline.name, "baseline": baseline, "metric": metric, "artifacts": result.entries,
                   "gate": gate, "flags": flags, "environment": env, "settings": {**cfg.model_dump(mode="json"),
                                                                            "batch_size": batch},
