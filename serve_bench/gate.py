@@ -10,7 +10,7 @@ an artifact within the red line, with the test-set size that would.
 """
 from __future__ import annotations
 
-from serve_bench.paired import (LEVEL, PairedCounts, counts_of, drop_interval, needed_test_images,
+from serve_bench.paired import (LEVEL, POWER, PairedCounts, counts_of, drop_interval, needed_test_images,
                                smallest_certifiable_drop)
 
 DECISIONS: tuple[str, ...] = ("point", "confident")
@@ -73,7 +73,7 @@ def _needed_words(paired: dict, max_drop: float) -> str:
     if needed is not None:
         return (f"this test set of {paired['n']:,} images is too small to show it within the red line: at the "
                 f"observed disagreement ({paired['discordant']} of {paired['n']:,} images) that takes "
-                f"≥ {needed:,} test images")
+                f"≥ {needed:,} test images for an {POWER:.0%} chance")
     if counts.drop * 100 >= max_drop:
         return "its observed drop is itself at or past the red line, so no test set would show it within"
     return "no test set under a billion images would show it within the red line at this disagreement rate"

@@ -84,9 +84,9 @@ def test_counts_from_per_image_hits():
         paired_counts(base, art[:5])
 
 
-def test_needed_test_size_is_the_smallest_that_shows_the_drop_within_the_red_line():
+def test_needed_test_size_at_even_odds_is_where_the_expected_bound_meets_the_red_line():
     counts = PairedCounts(1000, 3, 2)  # a 0.1-point drop, 5 disagreements in 1,000
-    needed = needed_test_images(counts, 0.3)
+    needed = needed_test_images(counts, 0.3, power=0.5)
     assert needed == 5750
     assert drop_interval(counts.scaled(needed))[1] <= 0.3 < drop_interval(counts.scaled(needed - 1))[1]
     assert needed_test_images(PairedCounts(1000, 8, 2), 0.6) is None  # observed drop 0.6: no size shows it within
@@ -104,12 +104,12 @@ def test_confident_refuses_a_01_point_drop_against_a_03_point_red_line_on_1000_i
     artifacts = [_entry("torch", None, p99=4.0, p99_ci=(3.5, 4.5)), _entry("int8", PairedCounts(1000, 3, 2))]
     point = evaluate(artifacts, 5.0, 0.3, decision="point")
     assert point["release"] == "int8"  # 0.1 < 0.3 on the point estimate...
-    assert any("int8 is within the red line on the point estimate" in n and "≥ 5,750 test images" in n
+    assert any("int8 is within the red line on the point estimate" in n and "≥ 10,808 test images for an 80% chance" in n
                for n in point["notes"])  # ...and the report says the test set cannot back that up
     confident = evaluate(artifacts, 5.0, 0.3, decision="confident")
     assert confident["release"] == "torch" and confident["decision"] == "confident"
     reason = next(r for r in confident["reasons"] if r.startswith("int8:"))
-    assert "95% upper bound 0.70 > red line 0.3" in reason and "≥ 5,750 test images" in reason
+    assert "95% upper bound 0.70 > red line 0.3" in reason and "≥ 10,808 test images for an 80% chance" in reason
     assert "5 of 1,000 images" in reason
     note = confident["notes"][0]  # no artifact but the baseline can be shown within 0.3 on 1,000 images
     assert "cannot show any artifact but the baseline within a red line of 0.3" in note and "0.38" in note
@@ -132,3 +132,28 @@ def test_confident_on_a_report_without_intervals_says_what_to_do():
     assert evaluate(old, 2.0, 0.5, decision="point")["passed"]
     with pytest.raises(ValueError, match="choose one of point, confident"):
         evaluate(old, 2.0, 0.5, decision="strict")
+
+
+def _shown_within_rate(n: int, counts: PairedCounts, max_drop: float, runs: int = 4000, seed: int = 0) -> float:
+    """Share of simulated test sets of ``n`` images (true disagreement rates those of ``counts``) on which the
+    upper bound of the drop is at most ``max_drop``: by the score test at the red line, the same decision as
+    comparing Tango's upper bound, without a root search per draw."""
+    from serve_bench.paired import LEVEL, _z
+
+    rates = [counts.baseline_only / counts.n, counts.artifact_only / counts.n]
+    draws = np.random.default_rng(seed).multinomial(n, [*rates, 1 - sum(rates)], size=runs)
+    z = _z(LEVEL)
+    return float(np.mean([score_statistic(PairedCounts(n, b, c), max_drop / 100) <= -z for b, c, _ in draws]))
+
+
+def test_the_needed_test_size_shows_the_artifact_within_the_line_with_the_stated_power():
+    """The README's example: 3:2 disagreements in 1,000, red line 0.3. The expected-bound size (5,750) is a
+    coin flip; the reported size gives the stated 80%."""
+    from serve_bench.paired import POWER
+
+    counts = PairedCounts(1000, 3, 2)
+    needed = needed_test_images(counts, 0.3)
+    assert POWER == 0.8 and 1.7 < needed / 5750 < 2.2
+    assert abs(_shown_within_rate(needed, counts, 0.3) - POWER) < 0.03  # 4,000 draws: SE 0.006
+    assert _shown_within_rate(5750, counts, 0.3) < 0.56  # measured 0.50: what the old figure promised
+    assert paired_summary(counts, 0.3)["needed_test_images_power"] == POWER
