@@ -88,11 +88,30 @@ def _warn_if_foreign(report: dict, path: Path) -> None:
         _console(stderr=True).print(note, style="yellow", highlight=False)
 
 
+def _check_limit(flag: str, value: float | None, section: str, field: str) -> None:
+    """A limit given on the command line obeys the same rule as that field in a pipeline file (a negative red
+    line or a zero budget is refused there), checked by the same schema: bad input, exit 2, naming the flag."""
+    if value is None:
+        return
+    from pydantic import ValidationError
+
+    from compress.config import Latency, RedLine
+
+    model = {"latency": Latency, "red_line": RedLine}[section]
+    try:
+        model.model_validate({field: value})
+    except ValidationError as exc:
+        raise ConfigError(f"{flag} {value:g}: {exc.errors()[0]['msg']} (the rule of {section}.{field} in a pipeline "
+                          "file); give a value in that range") from None
+
+
 def _cmd_gate(args: argparse.Namespace) -> int:
     from serve_bench.gate import evaluate
 
     from compress.pipeline.bench_report import load_report, print_gate
 
+    _check_limit("--p99-ms", args.p99_ms, "latency", "p99_budget_ms")
+    _check_limit("--max-drop", args.max_drop, "red_line", "max_drop")
     report, path = load_report(Path(args.target))
     _warn_if_foreign(report, path)
     gate = report["gate"]
@@ -189,6 +208,8 @@ def _cmd_search(args: argparse.Namespace) -> int:
 
 
 def _cmd_release(args: argparse.Namespace) -> int:
+    from rich.markup import escape
+
     from compress.release.bundle import CARD_MD, make_release
 
     release = make_release(Path(args.run_dir), Path(args.to), anyway=args.anyway, artifact=args.artifact)
@@ -197,6 +218,12 @@ def _cmd_release(args: argparse.Namespace) -> int:
     out.print(f"released {release.artifact} to {release.folder}: {metric} {acc[metric]}% on {acc['test_images']} "
               f"test images, p99 {lat['p99']:.3g} ms (batch {lat['batch_size']}); card {release.folder / CARD_MD}",
               highlight=False, soft_wrap=True)
+    for engine in release.card["tensorrt"]:
+        out.print(f"TensorRT engine {engine['artifact']} ({engine.get('precision')}) shipped: the bench measured it "
+                  "and the gate passes it", highlight=False, soft_wrap=True)
+    for engine in release.card["tensorrt_withheld"]:
+        out.print(f"[yellow]TensorRT engine {engine['artifact']} ({engine.get('precision')}) not shipped[/]: "
+                  f"{escape(engine['reason'])}", highlight=False, soft_wrap=True)
     if not release.passed:
         out.print("[red]marked NOT PASSED[/]: the release gate did not release it (--anyway)", highlight=False)
     return 0
@@ -213,7 +240,12 @@ def _cmd_verify(args: argparse.Namespace) -> int:
         out.print(f"[green]ok[/] {escape(line)}", highlight=False, soft_wrap=True)
     for line in result.problems:
         out.print(f"[red]FAILED[/] {escape(line)}", highlight=False, soft_wrap=True)
-    out.print(f"{args.bundle}: {'verified' if result.ok else 'NOT verified'}", highlight=False, soft_wrap=True)
+    for line in result.unchecked:
+        out.print(f"[yellow]NOT CHECKED[/] {escape(line)}", highlight=False, soft_wrap=True)
+    why = [f"{len(result.problems)} check(s) failed"] if result.problems else []
+    why += [f"{len(result.unchecked)} check(s) asked for could not be made here"] if result.unchecked else []
+    verdict = "verified" if result.ok else f"NOT verified ({'; '.join(why)})"
+    out.print(f"{escape(args.bundle)}: {verdict}", highlight=False, soft_wrap=True)
     return 0 if result.ok else 1
 
 
@@ -279,8 +311,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     gate = sub.add_parser("gate", help="re-evaluate a saved report's release gate; exit 0 ship, 1 don't")
     gate.add_argument("target", metavar="RUN_DIR|REPORT", help="a run directory or a report.json")
-    gate.add_argument("--p99-ms", type=float, help="p99 budget in ms (default: the report's)")
-    gate.add_argument("--max-drop", type=float, help="accuracy red line in points (default: the report's)")
+    gate.add_argument("--p99-ms", type=float, help="p99 budget in ms, > 0 (default: the report's)")
+    gate.add_argument("--max-drop", type=float, help="accuracy red line in points, 0 to 100 (default: the report's)")
     gate.add_argument("--decision", choices=["point", "confident"],
                       help="confident: the drop's and the p99's 95%% upper bounds must be within the limits; "
                            "point: the estimates (default: the report's, i.e. the pipeline's gate.decision)")
@@ -323,17 +355,23 @@ def build_parser() -> argparse.ArgumentParser:
     search.set_defaults(func=_cmd_search)
 
     release = sub.add_parser("release", help="bundle the released artifact with its model card and checksums",
-                             description="Copies the artifact the run's release gate released (and its TensorRT "
-                                         "sibling), the report, the resolved pipeline, MODEL_CARD.md, "
-                                         "model_card.json and SHA256SUMS into a new folder. Exit 1 (nothing "
-                                         "written) when the gate did not release it, unless --anyway.")
+                             description="Copies the artifact the run's release gate released (and the TensorRT "
+                                         "engines of the same model that the bench measured and the gate passes), "
+                                         "the report, the resolved pipeline, MODEL_CARD.md, model_card.json and "
+                                         "SHA256SUMS into a new folder. Exit 1 (nothing written) when the gate did "
+                                         "not release it, unless --anyway; exit 2 (nothing written, --anyway or "
+                                         "not) when the file is not the one the report's bench measured.")
     release.add_argument("run_dir")
     release.add_argument("--to", required=True, help="the bundle folder (new, or empty)")
     release.add_argument("--anyway", action="store_true", help="bundle even where the gate said no (marked so)")
     release.add_argument("--artifact", help="with --anyway: this artifact instead of the fastest measured one")
     release.set_defaults(func=_cmd_release)
 
-    verify = sub.add_parser("verify", help="check a release bundle: digests, the file loads, the card's accuracy")
+    verify = sub.add_parser("verify", help="check a release bundle: digests, the file loads, the card's accuracy",
+                            description="Exit 0: every check asked for was made and held; 1: one failed, or could "
+                                        "not be made here (a TensorRT engine without TensorRT or its GPU, and then "
+                                        "its accuracy); 2: invalid input. On images other than the card's own, the "
+                                        "99%% interval of the difference of the two accuracies must contain 0.")
     verify.add_argument("bundle")
     verify.add_argument("images", nargs="?", help="a folder of labelled images (one sub-folder per class) to "
                                                   "reproduce the card's accuracy on, e.g. from compress images")

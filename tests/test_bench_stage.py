@@ -10,6 +10,7 @@ import yaml
 
 from compress.cli import main
 from tests.conftest import TINY
+from tests.report_invariants import points_outside_intervals
 
 FAST_BENCH = {"name": "bench", "kind": "bench", "min_iters": 200, "min_samples": 200, "min_duration_s": 0.0,
               "warmup_iters": 5, "warmup_s": 0.0, "block_iters": 50, "threads": 1, "settle_s": 0.0, "block_s": 0.0}
@@ -58,6 +59,7 @@ def test_every_gated_number_carries_its_interval(bench_run):
     folder = run_dir / "bench" / "report"
     report = json.loads((folder / "report.json").read_text())
     torch_entry, onnx_entry = report["artifacts"]
+    assert points_outside_intervals(report) == []
     for art in report["artifacts"]:
         lo, hi = art["accuracy_ci"]["top1"]
         assert lo < art["accuracy"]["top1"] < hi and hi - lo > 2  # 359 images: several points wide
@@ -116,6 +118,18 @@ def test_gate_decision_can_be_chosen_at_the_command_line(bench_run, capsys):
     assert "test images" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         main(["gate", str(run_dir), "--decision", "maybe"])
+
+
+@pytest.mark.parametrize("flag,value,rule", [("--max-drop", "-1", "greater than or equal to 0"),
+                                              ("--max-drop", "150", "less than or equal to 100"),
+                                              ("--p99-ms", "-5", "greater than 0"), ("--p99-ms", "0", "greater than 0")])
+def test_a_limit_outside_its_domain_is_bad_input_not_a_verdict(bench_run, capsys, flag, value, rule):
+    """The same values in a pipeline file are refused by validation; on the command line they were judged
+    (exit 1, "drop -0.20 points > red line -1")."""
+    _, _, run_dir = bench_run
+    assert main(["gate", str(run_dir), flag, value]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert f"{flag} {float(value):g}" in err and rule in err and "pipeline file" in err
 
 
 def test_compare_pairs_runs_on_the_same_test_split_and_refuses_others(bench_run, tmp_path, capsys):
@@ -206,7 +220,7 @@ def test_gate_command_re_evaluates_with_other_limits(bench_run, capsys):
     assert main(["gate", str(run_dir / "bench" / "report" / "report.json"), "--p99-ms", "0.000001"]) == 1
     out = capsys.readouterr().out
     assert "FAILED" in out and "no artifact meets both the accuracy red line and the p99 budget" in out
-    assert main(["gate", str(run_dir), "--max-drop", "-5"]) == 1
+    assert main(["gate", str(run_dir), "--max-drop", "-5"]) == 2  # outside the red line's domain: bad input
     assert main(["gate", str(run_dir / "nowhere")]) == 2
 
 
