@@ -33,6 +33,10 @@ class DataConfig(Strict):
     decode_cache: Literal["auto", "on", "off"] = Field(
         "auto", description="imagefolder: decode once into an on-disk uint8 cache read through a memory map "
                             "(auto: when the decoded images would exceed 2 GiB; off: always decode into memory)")
+    decode_cache_check: Literal["sample", "stat", "content"] = Field(
+        "sample", description="how a later run sees that a cached folder changed: sample (size, mtime, ctime and "
+                              "12 KiB of each file's head, middle and tail), stat (size, mtime, ctime; opens no "
+                              "file), content (every file hashed on every load; any byte change is seen)")
     cache_dir: str | None = Field(None, description="where decoded caches live; default $COMPRESS_CACHE_DIR, "
                                   "else ~/.cache/compress/decoded")
     decode_workers: int | None = Field(None, ge=1, description="processes decoding into the cache; default: one per CPU")

@@ -148,3 +148,139 @@ def test_the_cache_index_is_json_naming_the_content_key(folder, tmp_path):
     (index,) = (tmp_path / "index").iterdir()
     assert json.loads(index.read_text())["key"] == data.source["decode_cache"]["key"]
     assert os.path.isfile(tmp_path / data.source["decode_cache"]["key"] / "meta.json")
+
+
+# --- how a reused cache sees a changed file (data.decode_cache_check) ---------------------------------------
+
+_SIDE = 80  # an 80×80 RGB BMP is 19,254 bytes: larger than the three sampled blocks, so some bytes go unsampled
+
+
+def _bmp_folder(root, per_class: int = 8, classes: int = 3):
+    rng = np.random.default_rng(0)
+    for label in range(classes):
+        (root / f"class_{label}").mkdir(parents=True)
+        for i in range(per_class):
+            pixels = rng.integers(0, 256, (_SIDE, _SIDE, 3), dtype=np.uint8)
+            Image.fromarray(pixels).save(root / f"class_{label}" / f"{i}.bmp")
+    return root
+
+
+def _bmp_spec(folder, cache_dir, **kw) -> DataSpec:
+    return DataSpec(name="imagefolder", path=str(folder), image_size=_SIDE, cache_dir=str(cache_dir),
+                    decode_cache="on", decode_workers=1, **kw)
+
+
+def _row_of(bundle, folder, path) -> torch.Tensor:
+    from train.datasets import imagefolder_files
+
+    row = [p for p, _ in imagefolder_files(folder)[1]].index(path)
+    return bundle.train.images[torch.tensor([row])][0]
+
+
+def _rewrite_keeping_mtime(path, data: bytes) -> None:
+    """Replace a file's bytes with others of the same length and put its old mtime back (as tar -x, rsync -a)."""
+    before = os.stat(path)
+    assert len(data) == before.st_size
+    path.write_bytes(data)
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert os.stat(path).st_mtime_ns == before.st_mtime_ns and os.stat(path).st_size == before.st_size
+
+
+def _new_pixels(path, seed: int) -> np.ndarray:
+    import io
+
+    pixels = np.random.default_rng(seed).integers(0, 256, (_SIDE, _SIDE, 3), dtype=np.uint8)
+    out = io.BytesIO()
+    Image.fromarray(pixels).save(out, format="BMP")
+    _rewrite_keeping_mtime(path, out.getvalue())
+    return pixels
+
+
+def _ctime_follows_mtime(monkeypatch) -> None:
+    """A mount that reports ctime = mtime (some network and object-store file systems): ctime tells nothing."""
+    monkeypatch.setattr(decode_cache, "_stat_facts", lambda st: f"{st.st_size}\0{st.st_mtime_ns}")
+
+
+def test_a_same_size_replacement_with_its_mtime_kept_is_decoded_again(tmp_path):
+    folder = _bmp_folder(tmp_path / "bmp")
+    first = load_data(_bmp_spec(folder, tmp_path / "cache"))
+    victim = folder / "class_1" / "3.bmp"
+    old = _row_of(first, folder, victim).clone()
+    pixels = _new_pixels(victim, seed=99)
+    second = load_data(_bmp_spec(folder, tmp_path / "cache"))
+    assert second.source["decode_cache"]["reused"] is False  # not the stale cache
+    assert torch.equal(_row_of(second, folder, victim), torch.from_numpy(pixels).permute(2, 0, 1))
+    assert not torch.equal(_row_of(second, folder, victim), old)
+    assert second.digest() != first.digest()  # every stage keyed on the split digest runs again
+    third = load_data(_bmp_spec(folder, tmp_path / "cache"))  # unchanged since: reused, same digest
+    assert third.source["decode_cache"]["reused"] is True and third.digest() == second.digest()
+
+
+def test_where_ctime_tells_nothing_the_sampled_bytes_still_see_a_replaced_image(tmp_path, monkeypatch):
+    _ctime_follows_mtime(monkeypatch)
+    folder = _bmp_folder(tmp_path / "bmp")
+    first = load_data(_bmp_spec(folder, tmp_path / "cache"))
+    victim = folder / "class_0" / "5.bmp"
+    pixels = _new_pixels(victim, seed=7)
+    second = load_data(_bmp_spec(folder, tmp_path / "cache"))
+    assert second.source["decode_cache"]["reused"] is False
+    assert torch.equal(_row_of(second, folder, victim), torch.from_numpy(pixels).permute(2, 0, 1))
+    assert second.digest() != first.digest()
+
+
+def test_a_change_between_the_sampled_blocks_is_missed_by_sample_and_seen_by_content(tmp_path, monkeypatch):
+    """The rule the README states, both sides of it: with ctime telling nothing, sample misses a change
+    that lies wholly between its blocks; content sees any byte."""
+    _ctime_follows_mtime(monkeypatch)
+    folder = _bmp_folder(tmp_path / "bmp")
+    first = load_data(_bmp_spec(folder, tmp_path / "cache"))
+    victim = folder / "class_2" / "0.bmp"
+    data = bytearray(victim.read_bytes())
+    block = decode_cache.SAMPLE_BLOCK
+    middle = (len(data) - block) // 2
+    assert len(data) > 3 * block and block < middle
+    offset = (block + middle) // 2  # between the head block and the middle one, inside the pixel rows
+    data[offset] ^= 0xFF
+    _rewrite_keeping_mtime(victim, bytes(data))
+
+    stale = load_data(_bmp_spec(folder, tmp_path / "cache"))
+    assert stale.source["decode_cache"]["reused"] is True and stale.digest() == first.digest()
+
+    fresh = load_data(_bmp_spec(folder, tmp_path / "cache", decode_cache_check="content"))
+    assert fresh.source["decode_cache"]["reused"] is False and fresh.source["decode_cache"]["check"] == "content"
+    decoded = np.array(Image.open(victim).convert("RGB"))
+    assert torch.equal(_row_of(fresh, folder, victim), torch.from_numpy(decoded).permute(2, 0, 1))
+    assert not torch.equal(_row_of(fresh, folder, victim), _row_of(first, folder, victim))
+    assert fresh.digest() != first.digest()
+
+
+def test_the_stat_check_reuses_without_opening_a_file(tmp_path, monkeypatch):
+    folder = _bmp_folder(tmp_path / "bmp")
+    load_data(_bmp_spec(folder, tmp_path / "cache", decode_cache_check="stat"))
+
+    def no_reading(*args, **kwargs):
+        raise AssertionError("a file was read")
+
+    for name in ("_sampled_bytes", "_file_facts", "_build"):
+        monkeypatch.setattr(decode_cache, name, no_reading)
+    again = load_data(_bmp_spec(folder, tmp_path / "cache", decode_cache_check="stat"))
+    assert again.source["decode_cache"]["reused"] is True and again.source["decode_cache"]["check"] == "stat"
+    assert again.source["decode_cache"]["check_s"] >= 0
+
+
+def test_the_check_setting_is_validated_and_not_part_of_a_stage_key(tmp_path):
+    from pydantic import ValidationError
+
+    from compress.config import DataConfig
+    from compress.pipeline.runner import _without_locations
+    from train.datasets import DataError
+
+    with pytest.raises(ValidationError, match="decode_cache_check"):
+        DataConfig(name="imagefolder", path="x", decode_cache_check="full")
+    assert DataConfig(name="imagefolder", path="x").decode_cache_check == "sample"
+    folder = _bmp_folder(tmp_path / "bmp", per_class=2, classes=2)
+    with pytest.raises(DataError, match="data.decode_cache_check .* sample, stat, content"):
+        load_data(_bmp_spec(folder, tmp_path / "cache", decode_cache_check="full"))
+    # how the cache is checked is not which pixels: the split digest, in every stage key, covers those
+    keyed = _without_locations("data", {"name": "imagefolder", "decode_cache_check": "content"})
+    assert "decode_cache_check" not in keyed

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 from train import datasets
 from train.datasets import DataError, RawDataset
-from train.decode_cache import DiskImages, default_cache_dir, open_or_build
+from train.decode_cache import CHECKS, DiskImages, default_cache_dir, open_or_build
 
 DATASETS = ("digits", "mnist5k", "imagefolder", "cifar10", "synthetic")
 
@@ -38,6 +38,7 @@ class DataSpec:
     synthetic_samples: int = 1024
     synthetic_classes: int = 10
     decode_cache: str = "auto"  # auto | on | off: an image folder decoded to disk (train.decode_cache)
+    decode_cache_check: str = "sample"  # sample | stat | content: how a reused cache is checked (train.decode_cache)
     cache_dir: str | None = None
     decode_workers: int | None = None
 
@@ -174,6 +175,8 @@ def _reshape(images: torch.Tensor, size: int | None, channels: int | None) -> to
 def _cached_folder(spec: DataSpec) -> RawDataset | None:
     """An image folder through the on-disk decode cache (the images stay on disk, ``DiskImages``), or
     None where ``decode_cache`` says to decode into memory. The folder is listed once for both."""
+    if spec.decode_cache_check not in CHECKS:
+        raise DataError(f"data.decode_cache_check is {spec.decode_cache_check!r}; use one of {', '.join(CHECKS)}")
     if spec.name != "imagefolder" or spec.decode_cache == "off":
         return None
     classes, files = datasets.imagefolder_files(spec.path or "")
@@ -182,7 +185,7 @@ def _cached_folder(spec: DataSpec) -> RawDataset | None:
         return None
     cache_dir = Path(spec.cache_dir) if spec.cache_dir else default_cache_dir()
     workers = spec.decode_workers or max(1, os.cpu_count() or 1)
-    cached = open_or_build(files, size, spec.channels, cache_dir, workers)
+    cached = open_or_build(files, size, spec.channels, cache_dir, workers, spec.decode_cache_check)
     key = Path(cached.info["path"]).name
     return RawDataset(images=cached.images, labels=cached.labels, num_classes=len(classes), class_names=classes,  # type: ignore[arg-type]
                       source={"path": str(spec.path), "files": len(files),

@@ -6,11 +6,25 @@ training it feeds. So it is decoded once, by parallel worker processes, into one
 ``N×C×H×W`` uint8 file that batches are read from through a memory map.
 
 The cache is keyed by what determines its pixels: the content of every file (sha256), its class,
-and the decode settings. A second run with the same folder finds the folder's key in a small
-index of file sizes and modification times and opens the cache without reading an image; any
-changed file changes the stat listing, so the content is hashed again (and, when it differs,
-decoded again). The cache folder appears under its final name only when complete (written in a
-temporary folder, renamed), so a killed decode leaves nothing a later run could mistake for a cache.
+and the decode settings. Hashing every file on every run would cost what the first run's digest
+cost (``digest_s``), so a second run looks the folder up in a small index instead, keyed by a
+cheaper listing of the files; when the listing differs, every file is hashed again and, where the
+content differs, decoded again. What the listing holds is ``data.decode_cache_check`` (``CHECKS``):
+
+- ``sample`` (default): per file its path, class, size, modification time (mtime), inode change
+  time (ctime) and the sha256 of ``3 × SAMPLE_BLOCK`` bytes read at its head, middle and tail (the
+  whole file when it is no larger). The kernel sets ctime on every write, rename and ``utime``, and
+  no ordinary tool sets it back (``tar -x`` and ``rsync -a`` keep mtime, not ctime), so a replaced
+  file is seen by its ctime on a local file system; the sample sees it where ctime tells nothing
+  (mounts that report ctime = mtime) unless the change keeps size, mtime and ctime *and* lies
+  wholly between the sampled blocks of a file larger than ``3 × SAMPLE_BLOCK`` (a retouched region
+  of an uncompressed BMP/PPM/TIFF; a PNG keeps a checksum of all its pixels in its last bytes).
+- ``stat``: size, mtime and ctime only; no file is opened (for mounts where every open is a
+  network request). Misses a same-size change whose mtime and ctime are both kept.
+- ``content``: no index: every file is read and hashed on every load; any byte change is seen.
+
+The cache folder appears under its final name only when complete (written in a temporary folder,
+renamed), so a killed decode leaves nothing a later run could mistake for a cache.
 """
 from __future__ import annotations
 
@@ -22,7 +36,7 @@ import mmap
 import os
 import shutil
 import time
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,6 +48,8 @@ logger = logging.getLogger(__name__)
 CACHE_VERSION = 1  # bump when decoding changes: old caches are then never opened
 _DROP_EVERY_BYTES = 256 * 2**20
 _CHUNK = 512  # images per worker task
+CHECKS = ("sample", "stat", "content")  # data.decode_cache_check: how a later run sees that a file changed
+SAMPLE_BLOCK = 4096  # bytes read at the head, the middle and the tail of each file under check "sample"
 
 
 def default_cache_dir() -> Path:
@@ -127,11 +143,48 @@ def _decode_chunk(args: tuple[str, tuple, int, list[str], str, int]) -> int:
     return len(paths)
 
 
-def _stat_key(files: list[tuple[Path, int]], size: int, channels: int | None) -> str:
-    h = hashlib.sha256(f"v{CACHE_VERSION}:{size}:{channels}".encode())
-    for path, label in files:
-        st = path.stat()
-        h.update(f"{path}\0{label}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+def _stat_facts(st: os.stat_result) -> str:
+    """Size, mtime and ctime: the kernel moves ctime on every write, rename and utime of the file."""
+    return f"{st.st_size}\0{st.st_mtime_ns}\0{st.st_ctime_ns}"
+
+
+def _sampled_bytes(path: str, size: int) -> bytes:
+    """The head, middle and tail blocks of a file (all of it when it is no larger than the three)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        if size <= 3 * SAMPLE_BLOCK:
+            return os.pread(fd, size + 1, 0)  # one byte more: a file that grew since its stat reads differently
+        return b"".join(os.pread(fd, SAMPLE_BLOCK, offset)
+                        for offset in (0, (size - SAMPLE_BLOCK) // 2, size - SAMPLE_BLOCK))
+    finally:
+        os.close(fd)
+
+
+def _listing_marks(args: tuple[list[str], str]) -> list[str]:
+    """What the index compares per file under ``check`` ("stat" or "sample")."""
+    paths, check = args
+    marks = []
+    for path in paths:
+        st = os.stat(path)
+        mark = _stat_facts(st)
+        if check == "sample":
+            mark += "\0" + hashlib.sha256(_sampled_bytes(path, st.st_size)).hexdigest()
+        marks.append(mark)
+    return marks
+
+
+def _listing_key(files: list[tuple[Path, int]], size: int, channels: int | None, check: str, workers: int) -> str:
+    """The index key of the folder as it is now. Files are read by threads (stat, reads and sha256 release
+    the GIL), more than ``workers`` since they mostly wait on the disk: Python's own default count."""
+    chunks = [([str(p) for p, _ in part], check) for part in _chunks(files, _CHUNK)]
+    if len(chunks) > 1:
+        with ThreadPoolExecutor(max_workers=min(32, workers + 4)) as pool:
+            marks = [m for part in pool.map(_listing_marks, chunks) for m in part]
+    else:
+        marks = [m for chunk in chunks for m in _listing_marks(chunk)]
+    h = hashlib.sha256(f"v{CACHE_VERSION}:{check}:{size}:{channels}".encode())
+    for (path, label), mark in zip(files, marks):
+        h.update(f"{path}\0{label}\0{mark}\n".encode())
     return h.hexdigest()
 
 
@@ -148,16 +201,27 @@ def _fsync(path: Path) -> None:
 
 
 def open_or_build(files: list[tuple[Path, int]], size: int, channels: int | None, cache_dir: Path,
-                  workers: int) -> CachedFolder:
-    """The decoded cache of ``files`` at ``size``×``size``; decoded here only when no complete one exists."""
+                  workers: int, check: str = "sample") -> CachedFolder:
+    """The decoded cache of ``files`` at ``size``×``size``; decoded here only when no complete one exists.
+    ``check`` (one of ``CHECKS``) is how the index decides that the folder is unchanged."""
+    if check not in CHECKS:
+        raise ValueError(f"decode cache check {check!r} is not one of {', '.join(CHECKS)}")
     cache_dir = Path(cache_dir)
     (cache_dir / "index").mkdir(parents=True, exist_ok=True)
-    stat_key = _stat_key(files, size, channels)
-    index_file = cache_dir / "index" / f"{stat_key}.json"
-    if index_file.is_file():
-        found = _open(cache_dir / json.loads(index_file.read_text())["key"], files)
-        if found is not None:
-            return found
+    index_file, check_s = None, None
+    if check != "content":
+        started = time.perf_counter()
+        index_file = cache_dir / "index" / f"{_listing_key(files, size, channels, check, workers)}.json"
+        check_s = round(time.perf_counter() - started, 3)
+        if index_file.is_file():
+            found = _open(cache_dir / json.loads(index_file.read_text())["key"], files, check=check)
+            if found is not None:
+                found.info["check_s"] = check_s
+                return found
+        logger.info(f"decode cache: no index entry for the folder as it is now (check: {check}); "
+                    f"hashing its {len(files):,} files")
+    else:
+        logger.info(f"decode cache: hashing all {len(files):,} files (check: content)")
 
     started = time.perf_counter()
     paths = [str(p) for p, _ in files]
@@ -171,21 +235,23 @@ def open_or_build(files: list[tuple[Path, int]], size: int, channels: int | None
         h.update(f"{label}\0{sha}\n".encode())
     key = h.hexdigest()[:32]
     final = cache_dir / key
-    found = _open(final, files)
+    found = _open(final, files, check=check)
     if found is None:
         _build(final, files, size, chosen, workers, digest_s)
-        found = _open(final, files, log=False)
+        found = _open(final, files, log=False, check=check)
         assert found is not None, f"{final} was just built"
         found.info["reused"] = False
     else:
         found.info["digest_s"] = round(digest_s, 2)
-    tmp_index = index_file.with_name(f".{index_file.name}.{os.getpid()}")
-    tmp_index.write_text(json.dumps({"key": key}))
-    os.replace(tmp_index, index_file)
+    if index_file is not None:
+        found.info["check_s"] = check_s
+        tmp_index = index_file.with_name(f".{index_file.name}.{os.getpid()}")
+        tmp_index.write_text(json.dumps({"key": key}))
+        os.replace(tmp_index, index_file)
     return found
 
 
-def _open(folder: Path, files: list[tuple[Path, int]], log: bool = True) -> CachedFolder | None:
+def _open(folder: Path, files: list[tuple[Path, int]], log: bool = True, check: str = "sample") -> CachedFolder | None:
     meta_file = folder / "meta.json"
     if not meta_file.is_file():
         return None
@@ -195,9 +261,10 @@ def _open(folder: Path, files: list[tuple[Path, int]], log: bool = True) -> Cach
             (folder / "images.u8").stat().st_size != int(np.prod(shape)):
         return None
     labels = torch.from_numpy(np.load(folder / "labels.npy", allow_pickle=False))
-    info = {**meta, "path": str(folder), "reused": True}
+    info = {**meta, "path": str(folder), "reused": True, "check": check}
     if log:
-        logger.info(f"decode cache: reusing {folder} ({meta['bytes'] / 2**30:.2f} GiB, {shape[0]:,} images)")
+        logger.info(f"decode cache: reusing {folder} ({meta['bytes'] / 2**30:.2f} GiB, {shape[0]:,} images; "
+                    f"check: {check})")
     return CachedFolder(DiskImages(folder / "images.u8", shape), labels, info)
 
 

@@ -56,7 +56,7 @@ def _hash(obj: object) -> str:
 
 
 # Where and how data is decoded, not which pixels: the split digest covers the pixels.
-_DATA_LOCATION_FIELDS = ("decode_cache", "cache_dir", "decode_workers")
+_DATA_LOCATION_FIELDS = ("decode_cache", "cache_dir", "decode_workers", "decode_cache_check")
 
 
 def _without_locations(section: str, value: object) -> object:
