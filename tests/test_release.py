@@ -136,7 +136,7 @@ def test_verify_finds_a_changed_file_and_images_that_do_not_match_the_card(finis
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(image, target)
     result = run_cli("verify", str(bundle), str(swapped))
-    assert result.returncode == 1 and "outside these images' 95% interval" in result.stdout
+    assert result.returncode == 1 and "the interval excludes 0, so these images disagree with the card" in result.stdout
 
 
 def test_a_failed_gate_is_refused_unless_anyway_which_marks_the_bundle(finished, tmp_path):
@@ -268,6 +268,77 @@ def test_the_tensorrt_sibling_is_the_engine_of_the_same_model():
         manifest.artifacts[r.name] = r
     assert [e.name for e in _engines_of(manifest, manifest.artifacts["quantize.onnx_cpu"])] == ["export.engine"]
     assert [e.name for e in _engines_of(manifest, manifest.artifacts["other.onnx"])] == ["other.engine"]
+
+
+def test_a_file_re_made_after_the_bench_is_not_released_even_anyway(finished, tmp_path, capsys):
+    _, pipeline, run_dir = finished
+    run = tmp_path / "run"
+    shutil.copytree(run_dir, run)
+    before = _manifest(run)["artifacts"]["quantize.onnx_cpu"]["sha256"]
+    # re-quantize after the bench: the manifest gets the new file, the bench's report stays the old file's
+    assert main(["run", str(pipeline), "--run-dir", str(run), "--only", "quantize",
+                 "stages.quantize.calibration.samples=32", "tracking.mlflow=null"]) == 0
+    manifest = _manifest(run)
+    assert manifest["artifacts"]["quantize.onnx_cpu"]["sha256"] != before
+    assert before in manifest["stages"]["bench"]["input_digests"].values()
+    capsys.readouterr()
+    plain = [] if _report(run)["gate"]["release"] == "quantize.onnx_cpu" else ["--anyway"]
+    for extra in (plain, ["--anyway"]):
+        bundle = tmp_path / "bundle"
+        assert main(["release", str(run), "--to", str(bundle), "--artifact", "quantize.onnx_cpu", *extra]) == 2
+        err = capsys.readouterr().err
+        assert "it measured another quantize.onnx_cpu" in err and "--from bench" in err, err
+        assert not bundle.exists() and not list(tmp_path.glob(".bundle*"))
+
+
+def _add_engine(manifest, report: dict, run, name: str, made_from: str, precision: str, **entry) -> None:
+    """An engine of the same model, as an export stage on a TensorRT machine would record it, measured by the bench."""
+    from compress.pipeline.manifest import ArtifactRecord, digest_path
+
+    folder = run / "export" / name
+    folder.mkdir(parents=True)
+    (folder / "model.engine").write_bytes(f"engine {name}".encode())
+    sha, size = digest_path(folder)
+    manifest.artifacts[name] = ArtifactRecord(name=name, kind="trt-engine", path=f"export/{name}", sha256=sha,
+                                              size_bytes=size, stage="export", made_from=[made_from],
+                                              meta={"precision": precision})
+    bench = manifest.stages["bench"]
+    bench.input_digests[f"artifact:{name}"] = sha
+    bench.key_material["input_names"][f"artifact:{name}"] = name
+    fp32 = next(a for a in report["artifacts"] if a["name"] == "export.onnx")
+    report["artifacts"].append({**fp32, "name": name, "backend": "tensorrt", "format": "engine",
+                                "precision": precision, **entry})
+
+
+def test_releasing_the_fp32_file_ships_only_the_engines_the_gate_passed(finished, tmp_path, capsys):
+    from compress.pipeline.manifest import Manifest, digest_path
+
+    _, _, run_dir = finished
+    run = tmp_path / "run"
+    shutil.copytree(run_dir, run)
+    manifest, report = Manifest.load(run), _report(run)
+    _add_engine(manifest, report, run, "export.engine_fp16", "export.onnx", "fp16")
+    refusal = "the quantize stage found no rung within the red line (its test drop 3.1 points); refused"
+    _add_engine(manifest, report, run, "export.engine_int8", "quantize.onnx_trt", "int8", refused=refusal)
+    report["gate"]["release"] = "export.onnx"  # the gate chose the fp32 file
+    (run / "bench" / "report" / "report.json").write_text(json.dumps(report))
+    record = manifest.artifacts["bench.report"]
+    record.sha256, record.size_bytes = digest_path(run / "bench" / "report")
+    manifest.save(run)
+
+    bundle = tmp_path / "bundle"
+    capsys.readouterr()
+    assert main(["release", str(run), "--to", str(bundle)]) == 0
+    out = capsys.readouterr().out
+    assert (bundle / "tensorrt" / "export.engine_fp16" / "model.engine").is_file()
+    assert not (bundle / "tensorrt" / "export.engine_int8").exists()
+    card = json.loads((bundle / "model_card.json").read_text())
+    assert [e["artifact"] for e in card["tensorrt"]] == ["export.engine_fp16"]
+    assert card["tensorrt_withheld"] == [{"artifact": "export.engine_int8", "precision": "int8",
+                                          "reason": f"the release gate refused it ({refusal})"}]
+    assert ("`export.engine_int8` (int8) of the same model is not shipped: the release gate refused it"
+            in (bundle / "MODEL_CARD.md").read_text())
+    assert "export.engine_int8 (int8) not shipped" in out and "export.engine_fp16 (fp16) shipped" in out
 
 
 def test_verify_on_a_folder_that_names_no_class_is_bad_input(finished, tmp_path):

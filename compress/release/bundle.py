@@ -1,10 +1,11 @@
 """`compress release`: the artifact the gate released, as a folder a deployer can use alone.
 
-The bundle holds the file exactly as measured (same sha256 as in the run's manifest), its
-TensorRT sibling where one was built, the model card, the report the gate decided on, the
-resolved pipeline and ``SHA256SUMS``. It is written beside its final name and renamed into
-place when complete, so an interrupted release never leaves a partial bundle under that name,
-and an existing folder is never written into.
+The bundle holds the file exactly as measured (same sha256 as in the run's manifest and as the
+bench that decided read: ``measured``), the TensorRT engines of the same model that bench measured
+and the gate passes, the model card, the report the gate decided on, the resolved pipeline and
+``SHA256SUMS``. It is written beside its final name and renamed into place when complete, so an
+interrupted release never leaves a partial bundle under that name, and an existing folder is
+never written into.
 """
 from __future__ import annotations
 
@@ -19,6 +20,8 @@ from compress.errors import ArtifactError, CompressError, ConfigError
 from compress.pipeline.bench_report import load_report
 from compress.pipeline.manifest import ArtifactRecord, Manifest, now
 from compress.release.checksums import write_sums
+from compress.release.measured import (EngineChoice, deciding_bench, engines_to_ship, measured_digests,
+                                       report_artifacts, require_measured)
 from compress.release.model_card import build_card, render_markdown
 from export.external_data import UnsafeModelError, check_external_data
 from export.tensorrt_engine import ENGINE_FILE
@@ -65,14 +68,17 @@ def make_release(run_dir: Path, to: Path, *, anyway: bool = False, artifact: str
     if record is None:
         raise ArtifactError(f"{report_path} released {name}, which {run_dir}/manifest.json does not list; "
                             f"re-run the bench stage: compress run <pipeline> --run-dir {run_dir} --from <bench stage>")
-    for checked in [name, *_report_artifacts(manifest, report_path, run_dir)]:
+    for checked in [name, *report_artifacts(manifest, report_path, run_dir)]:
         problem = manifest.verify(run_dir, checked)
         if problem:
             raise ArtifactError(f"{checked}: {problem}; the bundle must hold what was measured — re-run the stage "
                                 "that made it and the bench stage")
+    bench = deciding_bench(manifest, run_dir, report_path)
+    require_measured(record, bench, run_dir)
+    engines = engines_to_ship(_engines_of(manifest, record), report, measured_digests(bench))
     entry = next(a for a in report["artifacts"] if a["name"] == name)
     with atomic_dir(to) as work:  # an existing `to` is empty, checked above
-        card = _assemble(work, run_dir, manifest, record, report, report_path, entry, anyway)
+        card = _assemble(work, run_dir, manifest, record, report, report_path, entry, anyway, engines)
         write_sums(work)
     return Release(to, name, card)
 
@@ -98,17 +104,10 @@ def _chosen(report: dict, artifact: str | None, anyway: bool, report_path: Path)
     return min(candidates, key=lambda a: a["latency_ms"]["p99"])["name"]
 
 
-def _report_artifacts(manifest: Manifest, report_path: Path, run_dir: Path) -> list[str]:
-    """The manifest name of the report folder the gate's report lives in (checked like the artifact)."""
-    folder = report_path.parent.resolve()
-    return [n for n, r in manifest.artifacts.items() if r.kind == "report"
-            and manifest.resolve_path(run_dir, r).resolve() == folder]
-
-
 def _decisive_config(manifest: Manifest, run_dir: Path, report_path: Path) -> Path:
     """The resolved pipeline the bench stage that wrote the report ran with (pipeline.resolved.yaml is only
     the latest run's, which may have changed settings since)."""
-    for name in _report_artifacts(manifest, report_path, run_dir):
+    for name in report_artifacts(manifest, report_path, run_dir):
         record = manifest.stages.get(manifest.artifacts[name].stage)
         if record is not None and record.resolved_config and (run_dir / record.resolved_config).is_file():
             return run_dir / record.resolved_config
@@ -138,7 +137,8 @@ def _copy_artifact(manifest: Manifest, run_dir: Path, record: ArtifactRecord, ta
 
 def _engines_of(manifest: Manifest, record: ArtifactRecord) -> list[ArtifactRecord]:
     """TensorRT engines of the same model: built from the released file, or from a sibling file of the same
-    source model (an INT8 engine is built from the quantize stage's TensorRT flavour)."""
+    source model (an INT8 engine is built from the quantize stage's TensorRT flavour). Candidates only:
+    ``engines_to_ship`` decides which of them ship."""
     source = record.meta.get("source_model")
     related = {record.name} | {n for n, r in manifest.artifacts.items()
                                if source and r.kind == "onnx" and r.meta.get("source_model") == source}
@@ -175,7 +175,7 @@ def _input_of(source: Path, record: ArtifactRecord, manifest: Manifest) -> tuple
 
 
 def _assemble(work: Path, run_dir: Path, manifest: Manifest, record: ArtifactRecord, report: dict,
-              report_path: Path, entry: dict, anyway: bool) -> dict:
+              report_path: Path, entry: dict, anyway: bool, choice: EngineChoice) -> dict:
     folder = FOLDERS.get(record.kind)
     if folder is None:
         raise ArtifactError(f"{record.name} is a {record.kind!r}; a release holds an onnx file, a torch model or a "
@@ -193,12 +193,14 @@ def _assemble(work: Path, run_dir: Path, manifest: Manifest, record: ArtifactRec
                 "precision": entry.get("precision"), "sha256": record.sha256, "size_bytes": record.size_bytes,
                 "run_dir": str(run_dir)}
     engines = []
-    for engine in _engines_of(manifest, record):
+    for engine in choice.shipped:
         copied = _copy_artifact(manifest, run_dir, engine, work / "tensorrt" / engine.name)
         engines.append({"artifact": engine.name, "file": f"tensorrt/{engine.name}/{ENGINE_FILE}",
                         "files": [f"tensorrt/{engine.name}/{c}" for c in copied], "sha256": engine.sha256,
                         **{k: engine.meta.get(k) for k in ("precision", "gpu_name", "compute_capability",
                                                            "tensorrt_version", "profile")}})
+    withheld = [{"artifact": engine.name, "precision": engine.meta.get("precision"), "reason": reason}
+                for engine, reason in choice.withheld]
     shutil.copytree(report_path.parent, work / "report")
     resolved = _decisive_config(manifest, run_dir, report_path)
     shutil.copy2(resolved, work / PIPELINE_FILE)
@@ -208,13 +210,16 @@ def _assemble(work: Path, run_dir: Path, manifest: Manifest, record: ArtifactRec
                 "data_split_digest": manifest.data.get("split_hash")}
     gate_passed = bool(report["gate"].get("passed")) and report["gate"].get("release") == record.name
     card = build_card(report=report, entry=entry, released=released, input_spec=input_spec, classes=classes,
-                      tensorrt=engines, pipeline=pipeline, lineage=_lineage(manifest, record.name),
-                      anyway=anyway and not gate_passed, created=now(), version=__version__)
+                      tensorrt=engines, tensorrt_withheld=withheld, pipeline=pipeline,
+                      lineage=_lineage(manifest, record.name), anyway=anyway and not gate_passed, created=now(),
+                      version=__version__)
     (work / CARD_JSON).write_text(json.dumps(card, indent=2))
     (work / CARD_MD).write_text(render_markdown(card, environment_line(report.get("environment") or {})))
     if card["released_anyway"]:
         (work / GATE_FAILED_FILE).write_text(
             f"{record.name} was bundled with --anyway: the release gate of {report_path} did not release it.\n"
             + "".join(f"- {reason}\n" for reason in report["gate"].get("reasons") or []))
+    for engine, reason in choice.withheld:
+        logger.info("TensorRT engine %s not shipped: %s", engine.name, reason)
     logger.info("bundled %s from %s", record.name, run_dir)
     return card

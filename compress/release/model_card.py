@@ -13,9 +13,10 @@ LATENCY_KEYS = ("p50", "p90", "p95", "p99", "p99.9", "mean", "max")
 
 
 def build_card(*, report: dict, entry: dict, released: dict, input_spec: dict, classes: list[str],
-               tensorrt: list[dict], pipeline: dict, lineage: list[dict], anyway: bool, created: str,
-               version: str) -> dict:
-    """``entry``: the released artifact's row of the report; ``released``: what the bundle holds of it."""
+               tensorrt: list[dict], tensorrt_withheld: list[dict], pipeline: dict, lineage: list[dict],
+               anyway: bool, created: str, version: str) -> dict:
+    """``entry``: the released artifact's row of the report; ``released``: what the bundle holds of it;
+    ``tensorrt``: the engines of the same model it ships, ``tensorrt_withheld`` those it does not, with why."""
     gate, data, metric = report["gate"], report.get("data") or {}, report["metric"]
     accuracy = {"metric": metric, "data": data.get("name"), "split": "test", "test_images": data.get("test_images"),
                 "test_digest": data.get("test_digest"), "meaningful": data.get("meaningful_accuracy", True),
@@ -36,7 +37,8 @@ def build_card(*, report: dict, entry: dict, released: dict, input_spec: dict, c
                                               "max_accuracy_drop", "reasons", "notes")},
             "input": input_spec, "classes": classes, "accuracy": accuracy, "latency": latency,
             "size_bytes": entry.get("size_bytes"), "params": entry.get("params"), "macs": entry.get("macs"),
-            "quantization": entry.get("quantization"), "tensorrt": tensorrt, "pipeline": pipeline,
+            "quantization": entry.get("quantization"), "tensorrt": tensorrt,
+            "tensorrt_withheld": tensorrt_withheld, "pipeline": pipeline,
             "lineage": lineage, "flags": report.get("flags", []), "report": "report/report.json"}
 
 
@@ -68,6 +70,9 @@ def render_markdown(card: dict, environment_line: str) -> str:
     for engine in card["tensorrt"]:
         lines.append(f"- TensorRT engine `{engine['file']}` ({engine.get('precision')}), built for "
                      f"{engine.get('gpu_name')} with TensorRT {engine.get('tensorrt_version')}: it runs only there")
+    for engine in card.get("tensorrt_withheld") or []:
+        lines.append(f"- TensorRT engine `{engine['artifact']}` ({engine.get('precision')}) of the same model is not "
+                     f"shipped: {engine['reason']}")
     lines += ["", "## Intended input", "",
               f"- one {spec['layout']} float32 tensor, {spec['channels']}×{spec['height']}×{spec['width']} "
               f"({spec['color']}), any batch size",

@@ -5,7 +5,12 @@ against ``SHA256SUMS``; the released file loads (onnx's checker, then an onnxrun
 and states the input and classes the card states; and, given a folder of labelled images, the
 file reproduces the card's accuracy. Given the very test images the card was judged on (same
 pixels, labels and order, recognised by the test split's digest), the accuracy must be equal;
-given other images it must agree within chance (the card's figure inside their 95% interval).
+given other images it must agree within chance, both figures being samples: the 99% interval of
+the difference of the two accuracies must contain 0 (``card_agreement``).
+
+A check that was asked for and could not be made here (a TensorRT engine on a machine without
+TensorRT or its GPU, and then its accuracy) is said as such and leaves the bundle not verified:
+"verified" means every check asked for was made and held.
 """
 from __future__ import annotations
 
@@ -15,6 +20,7 @@ from pathlib import Path
 
 from compress.errors import ArtifactError, DataInputError
 from compress.release.bundle import CARD_JSON
+from compress.release.card_agreement import AGREEMENT_LEVEL, agrees, difference_interval, hits_of
 from compress.release.checksums import check_sums
 from compress.release.model_card import CARD_FORMAT
 from export.external_data import UnsafeModelError, check_external_data
@@ -30,11 +36,12 @@ BACKENDS = {"onnx": "onnxruntime", "torch-model": "torch", "trt-engine": "tensor
 @dataclass
 class Verification:
     checks: list[str] = field(default_factory=list)  # what was checked and held, one line each
-    problems: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)  # what was checked and did not hold
+    unchecked: list[str] = field(default_factory=list)  # what was asked for and could not be checked, and why
 
     @property
     def ok(self) -> bool:
-        return not self.problems
+        return not self.problems and not self.unchecked
 
 
 def load_card(folder: Path) -> dict:
@@ -61,16 +68,21 @@ def verify_bundle(folder: Path, images: Path | None = None, threads: int | None 
         result.checks.append(f"sha256 of all {count} files match SHA256SUMS")
     released = card["released"]
     path = folder / released["file"]
+    accuracy_not_run = f"the card's accuracy on {images}: not measured, the file could not run"
     if released["kind"] == "onnx" and not _onnx_loads(path, card, result):
+        result.unchecked += [accuracy_not_run] if images is not None else []
         return result
     backend = BACKENDS[released["kind"]]
     try:
         runner = make_runner(backend, path, threads=threads).load()
     except (RunnerError, RuntimeError, OSError, ValueError) as exc:  # the runtimes' load errors
-        if backend == "tensorrt":
-            result.checks.append(f"{released['file']} not loaded here: {exc}")
-            return result
-        result.problems.append(f"{released['file']} does not load in {backend}: {exc}")
+        if backend != "tensorrt":
+            result.problems.append(f"{released['file']} does not load in {backend}: {exc}")
+        else:  # an engine runs only with TensorRT on the GPU it was built for: elsewhere it cannot be checked
+            where = ("run compress verify where TensorRT and the engine's GPU are; `sha256sum -c SHA256SUMS` "
+                     "checks the digests alone")
+            result.unchecked.append(f"{released['file']} was not loaded: {exc}; {where}")
+        result.unchecked += [accuracy_not_run] if images is not None else []
         return result
     try:
         result.checks.append(f"{released['file']} loads in {backend}")
@@ -83,11 +95,12 @@ def verify_bundle(folder: Path, images: Path | None = None, threads: int | None 
 
 def _onnx_loads(path: Path, card: dict, result: Verification) -> bool:
     import onnx
+    from google.protobuf.message import DecodeError
 
     try:
         check_external_data(path)
         onnx.checker.check_model(str(path), full_check=True)
-    except (UnsafeModelError, onnx.checker.ValidationError, OSError) as exc:
+    except (UnsafeModelError, onnx.checker.ValidationError, DecodeError, OSError) as exc:  # DecodeError: not ONNX
         result.problems.append(f"{path.name} fails onnx's checker: {exc}")
         return False
     before = len(result.problems)
@@ -114,17 +127,28 @@ def _reproduce(runner, images: Path, card: dict, result: Verification) -> None:
     measured = accuracy(logits, folder.labels)
     intervals = accuracy_intervals(measured)
     same = digest_of_test_split(folder.images, folder.labels) == acc_card.get("test_digest")
-    got, want = measured[metric], acc_card[metric]
-    words = (f"{metric} {got}% on {measured['n']} images of {images} "
-             f"[{intervals[metric][0]:g}, {intervals[metric][1]:g}]; card {want}% on {acc_card['test_images']}")
+    got, want, n = measured[metric], acc_card[metric], measured["n"]
+    words = (f"{metric} {got}% on {n} images of {images} [{intervals[metric][0]:g}, {intervals[metric][1]:g}] "
+             f"(95% Wilson); card {want}% on {acc_card['test_images']}")
     if same:
         if all(measured.get(k) == acc_card.get(k) for k in measured if k.startswith("top")):
             result.checks.append(f"{words}: the card's test images (same digest), same accuracy")
         else:
             result.problems.append(f"{words}: the card's very test images (same digest) but another accuracy")
-    elif intervals[metric][0] <= want <= intervals[metric][1]:
-        result.checks.append(f"{words}: other images than the card's test split; the card's figure lies in "
-                             "their 95% interval")
+        return
+    card_n = acc_card.get("test_images")
+    if not card_n:
+        result.unchecked.append(f"{words}: the card does not record how many test images its figure comes from, "
+                                "so other images cannot be compared with it; give the card's own test images")
+        return
+    counts = (hits_of(got, n), n, hits_of(want, card_n), card_n)
+    lower, upper = (float(b) for b in difference_interval(*counts))
+    level = f"{AGREEMENT_LEVEL:.0%}"
+    words += (f"; difference {got - want:+.2f} points, {level} interval [{lower:+.2f}, {upper:+.2f}] "
+              "(Newcombe, both figures being samples)")
+    if agrees(*counts):
+        result.checks.append(f"{words}: other images than the card's test split; they agree with the card")
     else:
-        result.problems.append(f"{words}: the card's figure lies outside these images' 95% interval; the file, "
-                               "its preprocessing or these images' labels differ from what the card describes")
+        result.problems.append(f"{words}: the interval excludes 0, so these images disagree with the card; the "
+                               "file, its preprocessing or these images' labels differ from what the card "
+                               "describes (or these images come from another distribution)")
