@@ -1,5 +1,7 @@
 """`compress search` end to end on Ray: a tiny pipeline, 4 trials on 2 workers, interrupted and
-continued, and the chosen configuration rebuilt bit for bit by `compress run` on the written file."""
+continued, every trial scored on the validation split against the reference baseline, the finalists
+measured on the test split, and the chosen configuration rebuilt bit for bit by `compress run` on the
+written file."""
 from __future__ import annotations
 
 import json
@@ -9,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import yaml
@@ -72,8 +75,10 @@ def test_a_search_runs_on_ray_continues_after_an_interruption_and_its_choice_rep
     assert "continue with: compress search" in first_log
     measured_first = {int(n) for n in MEASURED.findall(first_log)}
     assert measured_first
-    ended = {n: json.loads((run_dir / "trials" / f"{n:03d}" / "manifest.json").read_text())["stages"]["bench"]["ended"]
-             for n in measured_first}
+    def scored(n: int) -> Path:
+        return run_dir / "trials" / f"{n:03d}" / "validation-bench" / "report.json"
+
+    ended = {n: scored(n).stat().st_mtime_ns for n in measured_first}
 
     second = run_cli("search", str(search_file), "--run-dir", str(run_dir), timeout=900)
     assert second.returncode == 0, second.stderr[-3000:]
@@ -84,8 +89,13 @@ def test_a_search_runs_on_ray_continues_after_an_interruption_and_its_choice_rep
     assert len(finished) == 4, statuses
     for n in measured_first:  # measured before the interruption: kept, not measured again
         assert statuses[n] in ("feasible", "over the limits")
-        bench = json.loads((run_dir / "trials" / f"{n:03d}" / "manifest.json").read_text())["stages"]["bench"]
-        assert bench["ended"] == ended[n]
+        assert scored(n).stat().st_mtime_ns == ended[n]
+    for t in report["trials"]:  # scored on validation, against the reference run's baseline
+        if t["status"] in ("feasible", "over the limits"):
+            assert t["outcome"]["split"] == "val" and t["outcome"]["p99_ratio"] > 0
+            val = json.loads(scored(t["trial"]).read_text())
+            assert val["split"] == "val" and val["contenders"][0]["run_dir"] == str(run_dir / "reference")
+            assert not (run_dir / t["dir"] / "bench").exists()  # the test split is left for the final bench
     for t in report["trials"]:
         if t["status"] == "interrupted":  # asked again with the same settings, into the same folder
             retry = next(r for r in report["trials"] if r.get("retry_of") == t["trial"])
@@ -96,9 +106,12 @@ def test_a_search_runs_on_ray_continues_after_an_interruption_and_its_choice_rep
         assert os.stat(folder / "train" / "model" / ref_model.name).st_ino == os.stat(ref_model).st_ino
 
     final = report["final"]
-    assert [e["name"].split(":")[0] for e in final["entries"]][:2] == ["baseline", "hand-set"]
+    assert final["split"] == "test" and [c["role"] for c in final["contenders"]][:2] == ["baseline", "hand-set"]
+    assert [c["trial"] for c in final["contenders"][2:]] == final["finalists"]
+    assert final["gate"]["correction"]["method"] == "none"  # the point rule: nothing to correct, and it says so
     chosen = report["chosen"]
-    assert chosen is not None and final["chosen"] == chosen["artifact"]
+    assert chosen is not None and final["chosen"]["artifact"] == chosen["artifact"]
+    assert final["chosen"]["trial"] == chosen["trial"]
     assert set(final["chosen_vs_hand_set"]["p99"]) >= {"ratio", "ci", "verdict"}
     for name in ("search.md", "search.html", "pareto.png"):
         assert (run_dir / "report" / name).stat().st_size > 0

@@ -17,8 +17,8 @@ from compress.search.objective import outcome_of, values
 from compress.search.search_report import pareto_plot, render_markdown, trial_table
 from compress.search.settings import load_search
 from compress.search.trial_dirs import seed_trial, shared_stages
-from serve_bench.paired import PairedCounts, drop_interval
 from tests.conftest import TINY
+from tests.search_entries import entry, split_report
 
 FULL = {**copy.deepcopy(TINY), "red_line": {"metric": "top1", "max_drop": 2.0}, "stages": [
     *copy.deepcopy(TINY["stages"]),
@@ -45,6 +45,14 @@ def test_a_typo_in_a_space_path_is_refused_before_anything_runs(tmp_path):
     assert "space.stages.quantize.calibration.method = 'nonsense'" in text
     assert main(["search", str(path)]) == 2
     assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("path, values", [("latency.batch_size", [1, 32]), ("stages.bench.threads", [1, 2]),
+                                          ("stages.bench.min_duration_s", [1.0, 3.0])])
+def test_a_space_may_not_vary_how_trials_are_measured(tmp_path, path, values):
+    """Trials chosen on batch-32 speed-ups would be judged at batch 1 in the final bench (the hand-set protocol)."""
+    with pytest.raises(ConfigError, match=rf"space\.{path}: the measurement protocol .* not a setting to search"):
+        load_search(_write(tmp_path, {"space": {path: values}}))
 
 
 @pytest.mark.parametrize("space, message", [
@@ -131,40 +139,41 @@ def test_a_trial_directory_starts_with_hard_links_to_the_shared_stages_and_skips
     assert seed_trial(reference, trial, ["train"]) == []  # a trial directory with a manifest is left as it is
 
 
-def _entry(name, p99, baseline_only, artifact_only, p99_ci, macs=1000):
-    """A report entry as the bench writes it, its drop interval computed from the per-image counts."""
-    counts = PairedCounts(1000, baseline_only, artifact_only)
-    low, high = drop_interval(counts)
-    drop = (baseline_only - artifact_only) / 10
-    return {"name": name, "accuracy": {"top1": 95.0 - drop}, "accuracy_ci": {"top1": [93.0, 96.0]},
-            "accuracy_drop": drop, "macs": macs, "size_bytes": 10,
-            "accuracy_paired": {"drop_ci": [low, high], "n": 1000, "baseline_only": baseline_only,
-                                "artifact_only": artifact_only, "discordant": baseline_only + artifact_only},
-            "latency_ms": {"p50": p99 / 2, "p99": p99, "p99_ci_blocks": p99_ci, "p50_ci_blocks": [p99 / 3, p99]}}
+_entry = entry
 
 
 def _report(decision, entries):
-    return {"baseline": "train.model", "metric": "top1", "data": {"meaningful_accuracy": True},
-            "gate": {"decision": decision, "max_accuracy_drop": 1.0, "p99_budget_ms": 5.0},
-            "artifacts": [_entry("train.model", 4.0, 0, 0, [3.9, 4.1]), *entries]}
+    return split_report(decision, entries)
 
 
 def test_a_trial_scores_its_fastest_artifact_within_the_rule_and_misses_say_by_how_much():
     fast_risky = _entry("quantize.onnx_cpu", 0.2, 20, 15, [0.19, 0.21])  # drop 0.5, upper bound above 1
     slower_safe = _entry("export.onnx", 0.4, 2, 1, [0.38, 0.45])  # drop 0.1, upper bound below 1
     assert fast_risky["accuracy_paired"]["drop_ci"][1] > 1.2 and slower_safe["accuracy_paired"]["drop_ci"][1] < 0.7
-    point = outcome_of(_report("point", [fast_risky, slower_safe]))
+    # On the test split the pipeline's rule decides: `confident` takes the upper bounds.
+    point = outcome_of(split_report("point", [fast_risky, slower_safe], split="test"))
     assert point["candidate"] == "quantize.onnx_cpu" and point["feasible"]
-    confident = outcome_of(_report("confident", [fast_risky, slower_safe]))
+    confident = outcome_of(split_report("confident", [fast_risky, slower_safe], split="test"))
     assert confident["candidate"] == "export.onnx" and confident["feasible"]
     upper = slower_safe["accuracy_paired"]["drop_ci"][1]
-    assert confident["constraints"] == [pytest.approx(upper - 1.0, abs=1e-4), pytest.approx(0.45 - 5.0)]
-    assert values(confident, "fastest_within_red_line", "tpe") == [0.4]
+    # each miss relative to its limit (red line 1 point, budget 5 ms)
+    assert confident["constraints"] == [pytest.approx((upper - 1.0) / 1.0, abs=1e-4),
+                                        pytest.approx((0.45 - 5.0) / 5.0, abs=1e-4)]
+    # speed is the p99 ratio to the baseline measured in the same bench (0.4 ms against 4 ms)
+    assert values(confident, "fastest_within_red_line", "tpe") == [pytest.approx(0.1)]
     assert values(confident, "most_accurate_within_budget", "tpe") == [pytest.approx(0.1)]
-    assert values(confident, "fastest_within_red_line", "nsga2") == [0.4, pytest.approx(0.1)]
-    out = outcome_of(_report("confident", [fast_risky]))
+    assert values(confident, "fastest_within_red_line", "nsga2") == [pytest.approx(0.1), pytest.approx(0.1)]
+    # On the validation split a trial is chosen, not certified: point estimates, whatever the rule.
+    chosen = outcome_of(_report("confident", [fast_risky, slower_safe]))
+    assert chosen["split"] == "val" and chosen["decision"] == "point"
+    assert chosen["candidate"] == "quantize.onnx_cpu" and chosen["feasible"]
+    assert chosen["constraints"] == [pytest.approx(-0.5, abs=1e-4),
+                                     pytest.approx((fast_risky["latency_ms"]["p99"] - 5.0) / 5.0, abs=1e-4)]
+    over = _entry("quantize.onnx_cpu", 0.2, 30, 10, [0.19, 0.21])  # drop 2 points: over the line on the estimate
+    out = outcome_of(_report("confident", [over]))
     assert not out["feasible"] and out["candidate"] == "quantize.onnx_cpu"
-    assert out["constraints"][0] > 0.2 and out["why"].startswith("quantize.onnx_cpu: ")
+    assert out["constraints"][0] == pytest.approx(1.0) and out["why"].startswith("trial-0:quantize.onnx_cpu: ")
+    assert "test set" not in out["why"]
 
 
 def test_the_search_report_lists_every_trial_with_its_status_and_draws_the_front():
@@ -182,7 +191,7 @@ def test_the_search_report_lists_every_trial_with_its_status_and_draws_the_front
                    "note": "stopped after prune: …", "retry_of": 0}]}
     rows = trial_table(report)
     assert [r[1] for r in rows] == ["hand-set", "feasible", "over the limits", "pruned"]
-    assert rows[2][-1].startswith("export.onnx: accuracy drop 3.00 points > red line 1")
+    assert rows[2][-1].startswith("trial-0:export.onnx: accuracy drop 3.00 points > red line 1")
     assert rows[3][-1] == "retry of trial 0. stopped after prune: …"
     assert "Nothing chosen: no trial was within the limits." in render_markdown(report)
     assert pareto_plot(report)[:8] == b"\x89PNG\r\n\x1a\n"
@@ -215,8 +224,8 @@ def test_the_study_asks_tells_and_recovers_interrupted_trials_without_ray(tmp_pa
     assert retry.user_attrs["retry_of"] == second.number
     assert search._finished(study, optuna) == 1  # the interrupted trial does not count
     done = study.trials[0]
-    assert done.values == [0.4, pytest.approx(0.1)] and done.user_attrs["status"] == "feasible"
-    assert done.constraints == {"drop": pytest.approx(good["constraints"][0]), "p99": pytest.approx(0.45 - 5.0)}
+    assert done.values == [pytest.approx(0.1), pytest.approx(0.1)] and done.user_attrs["status"] == "feasible"
+    assert done.constraints == {"drop": pytest.approx(good["constraints"][0]), "p99": pytest.approx((0.4 - 5.0) / 5)}  # point p99 on validation
 
     changed = _write(tmp_path, {"space": {"stages.prune.target.macs": {"low": 0.1, "high": 0.6}}, "sampler": "nsga2"})
     with pytest.raises(ConfigError, match="holds a search with another space"):
@@ -236,8 +245,13 @@ def test_a_trial_far_past_the_red_line_after_pruning_is_stopped_with_the_reason(
         return Manifest(pipeline="tiny", stages={"train": record("train", "train", {"best_val_top1": 95.0}),
                                                  "prune": record("prune", "prune", {"val_top1": pruned_val})})
 
-    reason = _hopeless(manifest(89.0), pipeline, "prune", margin=3.0)  # 6 points down: 4 past the line
-    assert reason.startswith("stopped after prune: validation top-1 89.00% against the baseline's 95.00%")
-    assert "4.00 past the red line of 2" in reason
+    stop = _hopeless(manifest(89.0), pipeline, "prune", margin=3.0)  # 6 points down: 4 past the line
+    assert stop.reason.startswith("stopped after prune: validation top-1 89.00% against the baseline's 95.00%")
+    assert "4.00 past the red line of 2" in stop.reason and stop.drop == pytest.approx(6.0)
     assert _hopeless(manifest(91.0), pipeline, "prune", margin=3.0) is None  # 2 past the line: it may recover
     assert _hopeless(manifest(89.0), pipeline, "prune", margin=5.0) is None
+    # a trial that trained its own baseline is judged against the reference run's: 97% there, so 8 points down
+    reference = Manifest(pipeline="tiny", stages={"train": manifest(0).stages["train"].model_copy(
+        update={"metrics": {"best_val_top1": 97.0}})})
+    stop = _hopeless(manifest(89.0), pipeline, "prune", margin=3.0, reference=reference)
+    assert "against the baseline's 97.00%" in stop.reason and stop.drop == pytest.approx(8.0)

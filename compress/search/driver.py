@@ -2,15 +2,21 @@
 the finalists re-measured together against the hand-set pipeline.
 
 The order of work, and why:
-1. The hand-set pipeline runs as it is, into ``reference/``: it trains the baseline every trial
-   shares and gives the result the search has to beat.
+1. The hand-set pipeline runs as it is (all but its bench stage), into ``reference/``: it trains
+   the baseline every trial is judged against and gives the result the search has to beat.
 2. Trials are asked from Optuna (ask-and-tell, so the study lives in this process and its
    journal file; Ray workers only run pipelines). Each trial's build phase runs on Ray beside
    others; its measurement waits until no build is running and holds every CPU and the one
    bench resource, because a p99 measured next to a training process measures the neighbour.
-3. The finalists (best feasible trials), the hand-set result and the baseline are measured
-   again in one interleaved bench: separate measurements of one artifact move by up to 3× on a
-   shared machine, so only one run's numbers may be compared, and the statistical gate decides.
+   A trial (and the hand-set run) is scored on the **validation** split, beside the reference
+   baseline: its drop against that baseline and its p99 as a ratio to it, in the same bench.
+3. The finalists (best feasible trials on validation), the hand-set result and the baseline are
+   measured again in one interleaved bench on the **test** split, touched there for the first
+   time; the final gate corrects for choosing among the finalists on it (final_gate).
+
+Measurements run in the environment of this process (measure_env): Ray starts its workers at
+niceness 15 with OMP_NUM_THREADS set to the task's CPUs, and a bench's worker processes inherit
+both; the final bench runs here, after Ray is shut down.
 
 The journal in the search directory holds every trial; an interrupted search continues from it
 (trials that were running are recorded as interrupted and asked again with the same settings,
@@ -30,7 +36,9 @@ from rich.console import Console
 
 from compress.errors import ConfigError, StageError
 from compress.pipeline.run_lock import RunLock
+from compress.search.contenders import Limits
 from compress.search.finals import SearchResult, finish
+from compress.search.measure_env import RAY_NICENESS, MeasurementEnvironment
 from compress.search.objective import directions, values
 from compress.search.settings import SearchPlan
 from compress.search.trial_dirs import shared_stages
@@ -72,10 +80,25 @@ def _sampler(optuna, plan: SearchPlan):
                                       multivariate=True)
 
 
+SCORED_ON = "validation split, p99 as a ratio to the reference baseline in the same bench"
+
+
 def _space_record(plan: SearchPlan) -> str:
+    """What a study's stored trials stand for: a search directory holding another one is not continued."""
     return json.dumps({"pipeline": str(plan.base_path), "space": plan.settings.space_dict(),
                        "objective": plan.settings.objective, "sampler": plan.settings.sampler,
-                       "threads": plan.settings.threads()}, sort_keys=True)
+                       "threads": plan.settings.threads(), "limits": Limits.of(plan.base).as_dict(),
+                       "scored_on": SCORED_ON}, sort_keys=True)
+
+
+def _record_differences(stored: str, current: str) -> list[str]:
+    try:
+        old = json.loads(stored)
+    except ValueError:
+        return ["the stored record is unreadable"]
+    new = json.loads(current)
+    return [f"{key}: {json.dumps(old.get(key))} there, {json.dumps(new[key])} now" for key in sorted(new)
+            if old.get(key) != new[key]]
 
 
 class Search:
@@ -84,6 +107,9 @@ class Search:
         self.dir = Path(run_dir or plan.run_dir)
         self.settings = plan.settings
         self.shared = shared_stages(plan.base, list(plan.settings.space))
+        self.limits = Limits.of(plan.base)
+        # Captured before Ray starts: what a plain run's measurement would inherit from this process.
+        self.environment = MeasurementEnvironment.here()
         self._ray = None
         self._tasks: dict[str, Any] = {}
 
@@ -104,20 +130,25 @@ class Search:
             ray.init(address=s.address, **options)
             where = f"the Ray cluster at {s.address}"
         else:
+            # Workers at a plain process's priority (Ray's default is niceness 15, which a measurement inherits).
             ray.init(num_cpus=os.cpu_count(), resources={s.bench_resource: 1}, include_dashboard=False,
-                     object_store_memory=128 * 2**20, **options)
+                     object_store_memory=128 * 2**20, _system_config=dict(RAY_NICENESS), **options)
             where = "a local Ray instance"
         if on_term is not None and threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, on_term)
         cpus = s.bench_cpus or os.cpu_count() or 1
         threads = self.settings.threads()
         self._ray = ray
-        self._tasks = {
-            "build": ray.remote(num_cpus=threads, max_retries=0)(build),
-            "measure": ray.remote(num_cpus=cpus, resources={s.bench_resource: 1}, max_retries=0)(measure),
-        }
+        self._tasks = {"build": ray.remote(num_cpus=threads, max_retries=0)(build), "measure": self.measure_task(measure)}
         self.say(f"on {where}: {self.settings.parallel} trials built at once with {threads} thread"
                  f"{'s' if threads > 1 else ''} each; measurements one at a time on {cpus} CPUs")
+
+    def measure_task(self, function):
+        """``function`` as a Ray task holding what a measurement holds: every CPU of the bench machine and its
+        one bench resource (the measure phase, and the test that its environment is a plain run's)."""
+        s = self.settings.ray
+        return self._ray.remote(num_cpus=s.bench_cpus or os.cpu_count() or 1, resources={s.bench_resource: 1},
+                                max_retries=0)(function)
 
     def _call(self, phase: str, spec: TrialSpec):
         return self._tasks[phase].remote(spec.as_dict())
@@ -130,13 +161,14 @@ class Search:
                                                                     f"{str(exc).splitlines()[0] if str(exc) else ''}"}
 
     # --- trials -------------------------------------------------------------------------------
-    def _spec(self, label: str, run_dir: Path, params: dict) -> TrialSpec:
+    def _spec(self, label: str, run_dir: Path, params: dict, number: int | None = None) -> TrialSpec:
         is_reference = label == REFERENCE
         return TrialSpec(label=label, run_dir=str(run_dir), raw=self.plan.trial_run_raw(params),
                          source=f"{self.plan.base_path}" + ("" if is_reference else f" (trial {label})"),
                          reference=None if is_reference else str(self.dir / REFERENCE),
                          shared=[] if is_reference else self.shared,
-                         early_stop_after=self.settings.early_stop_after, hopeless_margin=self.settings.hopeless_margin)
+                         early_stop_after=self.settings.early_stop_after, hopeless_margin=self.settings.hopeless_margin,
+                         limits=self.limits.as_dict(), environment=self.environment.as_dict(), number=number)
 
     def _reference(self) -> dict:
         """The hand-set pipeline, run as it is: the shared baseline and the result to beat."""
@@ -156,12 +188,21 @@ class Search:
         self.say(f"reference: {self._describe(outcome)}")
         return built
 
+    def _say_what_trials_share(self) -> None:
+        trains = [s.name for s in self.plan.base.stages if s.kind == "train"]
+        if trains and trains[0] not in self.shared:
+            self.say(f"the space reaches stage {trains[0]!r}: each trial trains its own model there, and every trial "
+                     "is still judged against the reference run's baseline", "yellow")
+
     @staticmethod
     def _describe(o: dict) -> str:
         ci = o.get("p99_ci") or [o["p99"], o["p99"]]
         text = f"{o['candidate']} p99 {o['p99']:.3f} ms [{ci[0]:.3f}, {ci[1]:.3f}]"
+        if o.get("p99_ratio") is not None:
+            rci = o.get("p99_ratio_ci") or [o["p99_ratio"]] * 2
+            text += f" (×{o['p99_ratio']:.3f} [{rci[0]:.3f}, {rci[1]:.3f}] of the baseline's)"
         if o.get("accuracy") is not None and o.get("drop") is not None:
-            text += f", {o['metric']} {o['accuracy']:.2f}% (drop {o['drop']:+.2f})"
+            text += f", validation {o['metric']} {o['accuracy']:.2f}% (drop {o['drop']:+.2f})"
         return text + (", within the limits" if o["feasible"] else f", OUT: {o['why']}")
 
     def _recover(self, study, optuna) -> None:
@@ -187,7 +228,7 @@ class Search:
         folder = trial.user_attrs.get("dir") or f"trials/{trial.number:03d}"
         trial.set_user_attr("dir", folder)
         trial.set_user_attr("status", "running")
-        return trial, self._spec(str(trial.number), self.dir / folder, params)
+        return trial, self._spec(str(trial.number), self.dir / folder, params, trial.number)
 
     def _tell_built(self, study, optuna, trial, result: dict) -> bool:
         """True when the trial goes on to be measured."""
@@ -203,6 +244,10 @@ class Search:
         trial.set_user_attr("status", result["status"])
         if result["status"] == "pruned":
             trial.set_user_attr("reason", result["reason"])
+            # Infeasible with its miss, relative to the red line: told as a plain PRUNED trial, TPE counts it
+            # among the good ones (a pruned trial without intermediate values scores like the best) and copies it.
+            trial.set_constraint("drop", round(self.limits.drop_miss(result["drop"]), 4))
+            trial.set_constraint("p99", 0.0)  # not measured
             study.tell(trial, state=optuna.trial.TrialState.PRUNED)
             self.say(f"trial {trial.number}: {result['reason']}", "yellow")
             return
@@ -218,7 +263,7 @@ class Search:
         outcome = result["outcome"]
         trial.set_user_attr("measure_s", result["seconds"])
         trial.set_user_attr("outcome", outcome)
-        for key, value in zip(("drop", "p99"), outcome["constraints"]):  # ≤ 0: within; the samplers read these
+        for key, value in zip(("drop", "p99"), outcome["constraints"]):  # relative misses, ≤ 0 within: the samplers read these
             trial.set_constraint(key, value)
         trial.set_user_attr("status", "feasible" if outcome["feasible"] else "over the limits")
         study.tell(trial, values(outcome, self.settings.objective, self.settings.sampler))
@@ -259,6 +304,7 @@ class Search:
             self._start_ray()
             try:
                 reference = self._reference()
+                self._say_what_trials_share()
                 self._recover(study, optuna)
                 self._loop(study, optuna)
             finally:
@@ -280,9 +326,11 @@ class Search:
         if stored is None:
             study.set_user_attr("search", record)
         elif stored != record:
-            raise ConfigError(f"{self.dir} holds a search with another space, objective, sampler or thread count "
-                              f"than {self.plan.path} now gives: its stored trials would mislead the sampler; pass "
-                              "another run_dir (or put the search file back as it was to continue it)")
+            raise ConfigError(f"{self.dir} holds a search with another space, objective, sampler, thread count, limits "
+                              f"or scoring than {self.plan.path} now gives ("
+                              + "; ".join(_record_differences(stored, record)) + "): its trials were built and "
+                              "judged for those, so continuing would choose under the old ones; pass another "
+                              "run_dir (or put the files back as they were to continue it)")
         previous = self._finished(study, optuna)
         if previous:
             self.say(f"continuing {self.dir / JOURNAL}: {previous} of {self.settings.trials} trials finished before")

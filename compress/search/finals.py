@@ -1,6 +1,11 @@
-"""The end of a search: the finalists measured again with the hand-set result and the baseline in
-one interleaved bench, the statistical gate over the finalists, the chosen configuration written
-out as a plain pipeline file, and the search report."""
+"""The end of a search: the finalists (chosen on the validation split) measured with the hand-set result
+and the baseline in one interleaved bench on the test split, the final gate over the finalists with its
+correction for choosing among them, the chosen configuration written out as a plain pipeline file, and
+the search report.
+
+Every entry of that bench is a ``Contender`` (its role, its run, its artifact, its trial number): the
+search finds a trial's entry by that identity, never by parsing the entry's name.
+"""
 from __future__ import annotations
 
 import json
@@ -10,15 +15,16 @@ from pathlib import Path
 
 import yaml
 
-from compress.pipeline.compare import compare_runs
-from compress.search.objective import rank_key
+from compress.search.contenders import HAND_SET, TRIAL, Contender
+from compress.search.final_gate import judge_finalists
+from compress.search.objective import best_first
 from compress.search.search_report import REPORT_DIR, write_search_report
+from compress.search.split_bench import entry_of, measure_split, still_stands
 from serve_bench.gate import evaluate
 from serve_bench.latency_intervals import paired_ratio
 from serve_bench.report import load_blocked
 from train.atomic_io import atomic_write_text
 
-BASELINE, HAND_SET = "baseline", "hand-set"
 CHOSEN_FILE = "chosen.yaml"
 
 
@@ -29,21 +35,16 @@ class SearchResult:
 
 
 def ranked(study, objective: str) -> list:
-    """Measured trials within the limits, best first (the objective, then the other figure); of trials whose
-    candidates are the same file (a setting that changed nothing), only the best."""
-    feasible = [t for t in study.trials if t.user_attrs.get("status") == "feasible"]
-    out, seen = [], set()
-    for t in sorted(feasible, key=lambda t: rank_key(t.user_attrs["outcome"], objective)):
-        digest = t.user_attrs["outcome"].get("sha256")
-        if digest is None or digest not in seen:
-            out.append(t)
-            seen.add(digest)
-    return out
+    """Measured trials within the limits on the validation split, best first (the objective, then the other
+    figure); of trials whose candidates are the same file (a setting that changed nothing), only the best."""
+    measured = {t.number: t for t in study.trials if t.user_attrs.get("status") == "feasible"}
+    order = best_first([(n, t.user_attrs["outcome"]) for n, t in measured.items()], objective)
+    return [measured[n] for n in order]
 
 
 def _entry_summary(entry: dict) -> dict:
     lat, paired = entry["latency_ms"], entry.get("accuracy_paired") or {}
-    return {"name": entry["name"], "run": entry.get("run"),
+    return {"name": entry["name"], "contender": entry.get("contender"), "run": entry.get("run"),
             "artifact": entry.get("run_artifact"), "macs": entry.get("macs"), "size_bytes": entry.get("size_bytes"),
             "accuracy": entry.get("accuracy"), "accuracy_ci": entry.get("accuracy_ci"),
             "drop": entry.get("accuracy_drop"), "drop_ci": paired.get("drop_ci"),
@@ -51,33 +52,41 @@ def _entry_summary(entry: dict) -> dict:
             "p99_ci": lat.get("p99_ci_blocks"), "latency_ratio": entry.get("latency_ratio")}
 
 
-def final_bench(search, best: list, reference: dict) -> dict:
-    """One interleaved measurement of the baseline, the hand-set result and every finalist."""
-    ref_dir = search.dir / "reference"
+def contenders_for(search, best: list, reference: dict) -> list[Contender]:
+    """The baseline, the hand-set result and every finalist, each from its own run directory."""
+    ref_dir = str(search.dir / "reference")
     ref_report = json.loads(Path(reference["report"]).read_text())
+    baseline = Contender.from_dict(next(e for e in ref_report["artifacts"]
+                                        if e["name"] == ref_report["baseline"])["contender"])
+    return [baseline, Contender(HAND_SET, reference["outcome"]["candidate"], ref_dir)] + [
+        Contender(TRIAL, t.user_attrs["outcome"]["candidate"], str(search.dir / t.user_attrs["dir"]), trial=t.number)
+        for t in best]
+
+
+def final_bench(search, best: list, reference: dict) -> dict:
+    """One interleaved measurement on the test split of the baseline, the hand-set result and every finalist,
+    and the final gate over the finalists."""
+    contenders = contenders_for(search, best, reference)
     out = search.dir / time.strftime("final-%Y%m%d-%H%M%S")
-    labels = [BASELINE, HAND_SET] + [f"trial-{t.number}" for t in best]
-    picks = [ref_report["baseline"], reference["outcome"]["candidate"]] + \
-        [t.user_attrs["outcome"]["candidate"] for t in best]
-    run_dirs = [ref_dir, ref_dir] + [search.dir / t.user_attrs["dir"] for t in best]
-    report = compare_runs(run_dirs, out, search.console, picks=picks, labels=labels)
-    entries = report["artifacts"]
-    finalists = [e for e in entries if e["name"].startswith("trial-")]
-    hand_set = next(e for e in entries if e["name"].startswith(f"{HAND_SET}:"))
-    gate = report["gate"]
+    limits = search.limits
+    report = measure_split(contenders, search.plan.base, limits, "test", out)
+    hand_set = entry_of(report, contenders[1])
+    finalists = [entry_of(report, c) for c in contenders[2:]]
     meaningful = (report.get("data") or {}).get("meaningful_accuracy", True)
-    decided = evaluate(finalists, gate["p99_budget_ms"], gate["max_accuracy_drop"], accuracy_meaningful=meaningful,
-                       decision=gate["decision"])
-    hand_set_gate = evaluate([hand_set], gate["p99_budget_ms"], gate["max_accuracy_drop"],
-                             accuracy_meaningful=meaningful, decision=gate["decision"])
-    result = {"folder": out.name, "decision": gate["decision"], "max_drop": gate["max_accuracy_drop"],
-              "p99_budget_ms": gate["p99_budget_ms"], "entries": [_entry_summary(e) for e in entries],
-              "gate": decided, "hand_set_passes": hand_set_gate["passed"], "chosen": decided["release"],
+    latencies = load_blocked(out)
+    decided = judge_finalists(finalists, limits, meaningful, latencies, search.settings.objective)
+    hand_set_gate = evaluate([hand_set], limits.p99_budget_ms, limits.max_drop, accuracy_meaningful=meaningful,
+                             decision=limits.decision)
+    chosen = next((Contender.from_dict(e["contender"]) for e in finalists if e["name"] == decided["release"]), None)
+    result = {"folder": out.name, "split": "test", "limits": limits.as_dict(), "decision": limits.decision,
+              "max_drop": limits.max_drop, "p99_budget_ms": limits.p99_budget_ms, "metric": limits.metric,
+              "finalists": [t.number for t in best], "contenders": [c.as_dict() for c in contenders],
+              "entries": [_entry_summary(e) for e in report["artifacts"]], "gate": decided,
+              "hand_set_passes": hand_set_gate["passed"], "chosen": chosen.as_dict() if chosen else None,
               "flags": report.get("flags", [])}
-    if decided["release"]:
-        latencies = load_blocked(out)
+    if chosen is not None:
         result["chosen_vs_hand_set"] = {
-            q: paired_ratio(latencies[decided["release"]], latencies[hand_set["name"]], p).as_dict()
+            q: paired_ratio(latencies[chosen.name], latencies[hand_set["name"]], p).as_dict()
             for q, p in (("p50", 50.0), ("p99", 99.0))}
     return result
 
@@ -88,7 +97,7 @@ def write_chosen(search, trial, final: dict) -> Path:
     raw["name"] = f"{search.settings.name}-chosen"
     vs = (final.get("chosen_vs_hand_set") or {}).get("p99")
     lines = [f"# Chosen by `compress search {search.plan.path}`: trial {trial.number}, "
-             f"{final['chosen']} in {search.dir / final['folder']}.",
+             f"{final['chosen']['artifact']} in {search.dir / final['folder']}.",
              f"# It is {search.plan.base_path} with: " + ", ".join(f"{k}={v!r}" for k, v in trial.params.items()) + ".",
              f"# `threads: {raw['threads']}` is the thread count its weights were trained with: the same count "
              "gives the same bits.",
@@ -101,9 +110,10 @@ def write_chosen(search, trial, final: dict) -> Path:
     return path
 
 
-def _measured_before(search, best: list) -> dict | None:
-    """The last final bench, where it measured these same finalists: a finished search run again reports it
-    rather than measuring (and choosing) anew."""
+def measured_before(search, best: list, reference: dict) -> dict | None:
+    """The last final bench, where it measured these same finalists under the same limits, and its report still
+    stands for the files, bench settings, images and machine of now: a finished search run again reports it
+    rather than measuring (and choosing) anew; edited limits, a re-made file or other settings measure anew."""
     path = search.dir / REPORT_DIR / "search.json"
     try:
         final = json.loads(path.read_text()).get("final")
@@ -111,28 +121,32 @@ def _measured_before(search, best: list) -> dict | None:
         return None
     if not final or not (search.dir / final["folder"]).is_dir():
         return None
-    measured = [e["name"].split(":", 1)[0] for e in final["entries"]][2:]
-    return final if measured == [f"trial-{t.number}" for t in best] else None
+    same = final.get("finalists") == [t.number for t in best] and final.get("limits") == search.limits.as_dict()
+    if not same or not still_stands(contenders_for(search, best, reference), search.plan.base, search.limits, "test",
+                                    search.dir / final["folder"]):
+        return None
+    return final
 
 
 def finish(search, study, optuna, reference: dict) -> SearchResult:
     best = ranked(study, search.settings.objective)[: search.settings.finalists]
     final, chosen = None, None
     if best:
-        final = _measured_before(search, best)
+        final = measured_before(search, best, reference)
         if final is not None:
             search.say(f"the finalists ({', '.join(f'trial {t.number}' for t in best)}) were measured together "
                        f"before, in {search.dir / final['folder']}: that bench stands")
         else:
-            search.say(f"finalists: {', '.join(f'trial {t.number}' for t in best)}, with the hand-set result and "
-                       "the baseline, in one interleaved bench")
+            search.say(f"finalists (on the validation split): {', '.join(f'trial {t.number}' for t in best)}, with "
+                       "the hand-set result and the baseline, in one interleaved bench on the test split")
             final = final_bench(search, best, reference)
         if final["chosen"]:
-            number = int(final["chosen"].split(":", 1)[0].removeprefix("trial-"))
+            number = final["chosen"]["trial"]
             trial = next(t for t in best if t.number == number)
-            chosen = {"trial": number, "params": trial.params, "artifact": final["chosen"],
+            chosen = {"trial": number, "params": trial.params, "artifact": final["chosen"]["artifact"],
                       "dir": trial.user_attrs["dir"], "pipeline": str(write_chosen(search, trial, final))}
     else:
-        search.say("no trial was within the limits: nothing to re-measure", "yellow")
+        search.say("no trial was within the limits on the validation split: nothing to measure on the test split",
+                   "yellow")
     report = write_search_report(search, study, optuna, reference, final, chosen)
     return SearchResult(report=report, chosen=chosen)

@@ -22,6 +22,24 @@ from compress.pipeline.pipeline_file import (Pipeline, build_pipeline, fmt_path,
 OBJECTIVES = ("fastest_within_red_line", "most_accurate_within_budget")
 # Settings a trial may not change: they name the run or pin what every trial must share.
 FIXED_PATHS = ("name", "run_dir", "threads")
+# The limits every trial and the final gate are judged against: the search's question, not a setting to vary.
+LIMIT_PATHS = ("red_line", "latency.p99_budget_ms", "gate")
+# Data settings that change where or how images are decoded, not which pixels a model sees.
+DATA_LOCATION_FIELDS = ("decode_cache", "decode_cache_check", "cache_dir", "decode_workers")
+
+
+def _fixed_reason(path: str) -> str | None:
+    """Why a space may not vary ``path``, or None where it may."""
+    if path in FIXED_PATHS or path.endswith((".name", ".kind")):
+        return f"a trial may not change {path}"
+    if any(path == p or path.startswith(p + ".") for p in LIMIT_PATHS):
+        return ("the limits (red_line, latency.p99_budget_ms, gate) are what every trial is judged against, not a "
+                "setting to search; set them in the hand-set pipeline")
+    if path.startswith("data.") and path.split(".")[1] not in DATA_LOCATION_FIELDS:
+        return ("every trial is judged against the reference baseline on the reference's images; a trial that "
+                "changes the data would be measured on other images (or at another size): search the data as "
+                "separate hand-set pipelines")
+    return None
 
 
 class Range(Strict):
@@ -84,8 +102,9 @@ class SearchSettings(Strict):
     @model_validator(mode="after")
     def _check(self) -> "SearchSettings":
         for path, spec in self.space.items():
-            if path in FIXED_PATHS or path.endswith((".name", ".kind")):
-                raise ValueError(f"space.{path}: a trial may not change {path}")
+            reason = _fixed_reason(path)
+            if reason:
+                raise ValueError(f"space.{path}: {reason}")
             if isinstance(spec, list):
                 if not spec:
                     raise ValueError(f"space.{path}: give at least one choice")
@@ -147,7 +166,15 @@ def _check_space(plan: SearchPlan) -> None:
     """Every path must name a real setting and every end and choice must make a valid pipeline:
     a typo found after an hour of trials is an hour lost."""
     problems = []
+    benches = {s.name for s in plan.base.stages if s.kind == "bench"}
+    for path in plan.settings.space:
+        if path == "latency.batch_size" or path.split(".")[:2] in (["stages", b] for b in benches):
+            problems.append(f"  space.{path}: the measurement protocol (latency.batch_size and the bench stage's "
+                            "settings) is how every trial and the final bench are measured, not a setting to search; "
+                            "set it in the hand-set pipeline")
     for path, spec in plan.settings.space.items():
+        if any(p.startswith(f"  space.{path}:") for p in problems):
+            continue
         for value in _probes(spec):
             try:
                 plan.trial_pipeline({path: value})

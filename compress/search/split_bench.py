@@ -1,0 +1,188 @@
+"""A search's own bench: artifacts of several run directories measured in one interleaved run against the
+reference run's baseline, on a named split of the reference pipeline's data.
+
+Two uses, two splits. Each trial (and the hand-set run) is scored on the **validation** split: its
+deployable artifacts beside the reference baseline, so its drop is paired with the one baseline
+every trial shares (a trial that trained its own is still judged against the reference's) and its
+speed is a ratio to that baseline measured in the same run, which survives the machine's drift
+between trials where an absolute p99 does not. The **test** split is touched once, by the final
+bench of the finalists and the hand-set result: nothing is chosen on the figures it reports
+except by the final gate, which corrects for choosing among several (see final_gate).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from pathlib import Path
+
+from compress.errors import ArtifactError
+from compress.pipeline.fingerprint import environment, environment_key
+from compress.pipeline.manifest import Manifest
+from compress.pipeline.pipeline_data import load_section
+from compress.pipeline.pipeline_file import Pipeline
+from compress.pipeline.runner import ARTIFACT_ROLE, input_refs
+from compress.search.contenders import Contender, Limits
+from compress.search.measure_env import MeasurementEnvironment
+from compress.stages.base import InputArtifact
+from compress.stages.bench_stage import BenchConfig, artifact_spec, run_relative
+from compress.stages.data_match import check_same_data
+from serve_bench.bench import BenchSettings, TestSet, run_benchmark
+from serve_bench.gate import evaluate
+from serve_bench.harness import HarnessSettings, short_of_floors_flag
+from serve_bench.latency_intervals import too_few_blocks
+from serve_bench.machine_load import busy_machine_flag
+from serve_bench.report import REPORT_JSON, save_samples, test_set_facts, write_report
+from train.atomic_io import atomic_dir
+from train.data import BatchStream, DataBundle
+
+logger = logging.getLogger(__name__)
+
+SPLITS = {"val": "validation", "test": "test"}
+VALIDATION_BENCH = "validation-bench"  # the folder of a run's validation bench
+FORMAT = "compress-search-bench/1"
+
+
+def bench_config(pipeline: Pipeline) -> BenchConfig:
+    """The measurement protocol: the pipeline's last bench stage's settings (a search file is refused
+    without one)."""
+    return [s for s in pipeline.stages if s.kind == "bench"][-1]  # type: ignore[return-value]
+
+
+def deployables(pipeline: Pipeline) -> list[str]:
+    """The artifacts the pipeline's bench stage measures (the baseline among them), in its order."""
+    refs = input_refs(pipeline)[bench_config(pipeline).name]
+    return [name for role, name in refs.items() if role.startswith(ARTIFACT_ROLE)]
+
+
+def baseline_of(pipeline: Pipeline, manifest: Manifest) -> str:
+    """The artifact the bench stage takes as its baseline: the one it names, else the first torch model."""
+    named = bench_config(pipeline).baseline
+    if named:
+        return named
+    found = next((n for n in deployables(pipeline) if n in manifest.artifacts
+                  and manifest.artifacts[n].kind == "torch-model"), None)
+    if found is None:
+        raise ArtifactError(f"{pipeline.source}: its bench stage has no torch model to take as the baseline; name one "
+                            "with the bench stage's `baseline:`")
+    return found
+
+
+def split_set(data: DataBundle, split: str) -> TestSet:
+    """A split as the arrays every artifact is judged on, in a fixed order (so results pair image by image)."""
+    images, labels = next(BatchStream(getattr(data, split), data, len(getattr(data, split)), shuffle=False,
+                                      drop_last=False).epoch(0))
+    return TestSet(images.numpy(), labels.numpy())
+
+
+def _settings(cfg: BenchConfig, pipeline: Pipeline) -> BenchSettings:
+    harness = HarnessSettings(**cfg.model_dump(include=set(HarnessSettings.model_fields)))
+    return BenchSettings(harness=harness, batch_size=cfg.batch_size or pipeline.config.latency.batch_size,
+                         threads=cfg.threads, device=cfg.device, device_only=cfg.device_only,
+                         min_samples=cfg.min_samples, per_class=cfg.per_class, repeats=cfg.repeats)
+
+
+def _input(contender: Contender) -> InputArtifact:
+    run_dir = Path(contender.run_dir)
+    manifest = Manifest.load(run_dir)
+    if manifest is None:
+        raise ArtifactError(f"{run_dir}: no manifest.json, so no artifact {contender.artifact} to measure")
+    record = manifest.artifacts.get(contender.artifact)
+    problem = manifest.verify(run_dir, contender.artifact)
+    if record is None or problem:
+        raise ArtifactError(f"{run_dir}: artifact {contender.artifact}: {problem}; run that run's stages again")
+    return InputArtifact(contender.artifact, record.kind, manifest.resolve_path(run_dir, record), record.meta,
+                         record.size_bytes, record.sha256)
+
+
+def _key(inputs: list[InputArtifact], contenders: list[Contender], cfg: BenchConfig, split: TestSet,
+         limits: Limits, batch_size: int) -> str:
+    """What a cached split bench stands for: the same files, protocol (the bench stage's settings and the batch
+    size they may leave to the pipeline's ``latency.batch_size``), images, limits and machine."""
+    material = {"contenders": [[c.as_dict(), a.sha256] for c, a in zip(contenders, inputs)],
+                "settings": cfg.model_dump(mode="json", exclude={"name"}), "batch_size": batch_size,
+                "split": split.digest,
+                "limits": limits.as_dict(), "environment": environment_key(environment()), "format": FORMAT}
+    return hashlib.sha256(json.dumps(material, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def measured_before(out: Path, key: str) -> dict | None:
+    try:
+        report = json.loads((out / REPORT_JSON).read_text())
+    except (OSError, ValueError):
+        return None
+    return report if report.get("key") == key else None
+
+
+def _prepare(contenders: list[Contender], pipeline: Pipeline, limits: Limits, split: str) -> tuple:
+    """The data, the split's images, the bench settings, the contenders' files (checked to be made on this data)
+    and the key a report of this measurement carries."""
+    if split not in SPLITS:
+        raise ValueError(f"split {split!r}: one of {', '.join(SPLITS)}")
+    data = load_section(pipeline.config.data, pipeline.source)
+    images = split_set(data, split)
+    cfg = bench_config(pipeline)
+    inputs = [_input(c) for c in contenders]
+    for contender, artifact in zip(contenders, inputs):
+        check_same_data(artifact, data, source=f"the search's {SPLITS[split]} bench ({contender.label})",
+                        independent=pipeline.config.data.independent_test)
+    key = _key(inputs, contenders, cfg, images, limits, cfg.batch_size or pipeline.config.latency.batch_size)
+    return data, images, cfg, inputs, key
+
+
+def still_stands(contenders: list[Contender], pipeline: Pipeline, limits: Limits, split: str, out: Path) -> bool:
+    """Whether the report in ``out`` measured these very files with this protocol, on these images, under these
+    limits, on this machine (a re-made reference, edited bench settings or another CPU: it does not)."""
+    return measured_before(out, _prepare(contenders, pipeline, limits, split)[4]) is not None
+
+
+def measure_split(contenders: list[Contender], pipeline: Pipeline, limits: Limits, split: str, out: Path,
+                  reuse: bool = False) -> dict:
+    """Measure ``contenders`` (the first is the baseline) on ``split`` of ``pipeline``'s data, with its bench
+    stage's protocol, judged under ``limits``; the report is written to ``out`` and returned. ``reuse``: a
+    report already in ``out`` for the same files, protocol, images, limits and machine stands."""
+    data, images, cfg, inputs, key = _prepare(contenders, pipeline, limits, split)
+    if reuse and (cached := measured_before(out, key)) is not None:
+        return cached
+    specs = []
+    for contender, artifact in zip(contenders, inputs):
+        spec = artifact_spec(artifact, cfg)
+        spec.name = contender.name
+        spec.extra = {"contender": contender.as_dict(), "run": contender.run_dir, "run_artifact": contender.artifact}
+        if split == "val":
+            # The quantize stage refuses a file whose *test* drop passed the line; a score on validation must
+            # not see the test split, and this bench measures the drop on validation itself.
+            spec.refused = None
+        specs.append(spec)
+    settings = _settings(cfg, pipeline)
+    logger.info("measuring %s on the %s split (%d images), baseline %s", ", ".join(s.name for s in specs),
+                SPLITS[split], len(images.labels), specs[0].name)
+    result = run_benchmark(specs, specs[0].name, images, settings, limits.metric, limits.max_drop)
+    for entry in result.entries:
+        entry["path"] = run_relative(entry["path"], Path(entry["run"]))
+    gate = evaluate(result.entries, limits.p99_budget_ms, limits.max_drop, accuracy_meaningful=data.meaningful_accuracy,
+                    decision=limits.decision)
+    report = {"format": FORMAT, "key": key, "split": split, "pipeline": pipeline.config.name,
+              "baseline": specs[0].name, "metric": limits.metric, "limits": limits.as_dict(),
+              "contenders": [c.as_dict() for c in contenders], "artifacts": result.entries, "gate": gate,
+              "flags": [f"{name}: {why}" for name, why in result.unpaired.items()]
+              + [f for f in (too_few_blocks(result.entries), short_of_floors_flag(result.entries),
+                             busy_machine_flag(result.entries)) if f],
+              "environment": environment(), "measured_in": MeasurementEnvironment.here().as_dict(),
+              "settings": {**cfg.model_dump(mode="json"), "batch_size": settings.batch_size},
+              "data": {**test_set_facts(pipeline.config.data.name, images, data.meaningful_accuracy), "split": split}}
+    with atomic_dir(out) as folder:
+        if split == "test":
+            write_report(folder, report, result.latencies, result.predictions)
+        else:  # the figures a trial is scored by; the readable report of a search is the search report
+            (folder / REPORT_JSON).write_text(json.dumps(report, indent=2, default=str) + "\n")
+            save_samples(folder, result.latencies)
+    return report
+
+
+def entry_of(report: dict, contender: Contender) -> dict:
+    """A contender's entry in a split bench report, found by its identity (never by parsing a name)."""
+    for entry in report["artifacts"]:
+        if Contender.from_dict(entry["contender"]) == contender:
+            return entry
+    raise KeyError(f"{contender.name} was not measured in this bench")
