@@ -88,30 +88,19 @@ def _warn_if_foreign(report: dict, path: Path) -> None:
         _console(stderr=True).print(note, style="yellow", highlight=False)
 
 
-def _check_limit(flag: str, value: float | None, section: str, field: str) -> None:
-    """A limit given on the command line obeys the same rule as that field in a pipeline file (a negative red
-    line or a zero budget is refused there), checked by the same schema: bad input, exit 2, naming the flag."""
-    if value is None:
-        return
-    from pydantic import ValidationError
-
-    from compress.config import Latency, RedLine
-
-    model = {"latency": Latency, "red_line": RedLine}[section]
-    try:
-        model.model_validate({field: value})
-    except ValidationError as exc:
-        raise ConfigError(f"{flag} {value:g}: {exc.errors()[0]['msg']} (the rule of {section}.{field} in a pipeline "
-                          "file); give a value in that range") from None
-
-
 def _cmd_gate(args: argparse.Namespace) -> int:
     from serve_bench.gate import evaluate
 
     from compress.pipeline.bench_report import load_report, print_gate
 
-    _check_limit("--p99-ms", args.p99_ms, "latency", "p99_budget_ms")
-    _check_limit("--max-drop", args.max_drop, "red_line", "max_drop")
+    from compress.config import Latency, RedLine, limit_problem
+
+    for flag, value, section, field in (("--p99-ms", args.p99_ms, Latency, "latency.p99_budget_ms"),
+                                        ("--max-drop", args.max_drop, RedLine, "red_line.max_drop")):
+        problem = None if value is None else limit_problem(value, section, field.split(".")[1])
+        if problem:  # the same value in a pipeline file is refused by validation: bad input, not a verdict
+            raise ConfigError(f"{flag} {value:g}: {problem} (the rule of {field} in a pipeline file); give a value "
+                              "in that range")
     report, path = load_report(Path(args.target))
     _warn_if_foreign(report, path)
     gate = report["gate"]
@@ -208,44 +197,20 @@ def _cmd_search(args: argparse.Namespace) -> int:
 
 
 def _cmd_release(args: argparse.Namespace) -> int:
-    from rich.markup import escape
-
-    from compress.release.bundle import CARD_MD, make_release
+    from compress.release.bundle import make_release
+    from compress.release.console_view import print_release
 
     release = make_release(Path(args.run_dir), Path(args.to), anyway=args.anyway, artifact=args.artifact)
-    acc, lat, metric = release.card["accuracy"], release.card["latency"], release.card["accuracy"]["metric"]
-    out = _console(stderr=False)
-    out.print(f"released {release.artifact} to {release.folder}: {metric} {acc[metric]}% on {acc['test_images']} "
-              f"test images, p99 {lat['p99']:.3g} ms (batch {lat['batch_size']}); card {release.folder / CARD_MD}",
-              highlight=False, soft_wrap=True)
-    for engine in release.card["tensorrt"]:
-        out.print(f"TensorRT engine {engine['artifact']} ({engine.get('precision')}) shipped: the bench measured it "
-                  "and the gate passes it", highlight=False, soft_wrap=True)
-    for engine in release.card["tensorrt_withheld"]:
-        out.print(f"[yellow]TensorRT engine {engine['artifact']} ({engine.get('precision')}) not shipped[/]: "
-                  f"{escape(engine['reason'])}", highlight=False, soft_wrap=True)
-    if not release.passed:
-        out.print("[red]marked NOT PASSED[/]: the release gate did not release it (--anyway)", highlight=False)
+    print_release(release, _console(stderr=False))
     return 0
 
 
 def _cmd_verify(args: argparse.Namespace) -> int:
-    from rich.markup import escape
-
+    from compress.release.console_view import print_verification
     from compress.release.verify import verify_bundle
 
     result = verify_bundle(Path(args.bundle), Path(args.images) if args.images else None, threads=args.threads)
-    out = _console(stderr=False)
-    for line in result.checks:
-        out.print(f"[green]ok[/] {escape(line)}", highlight=False, soft_wrap=True)
-    for line in result.problems:
-        out.print(f"[red]FAILED[/] {escape(line)}", highlight=False, soft_wrap=True)
-    for line in result.unchecked:
-        out.print(f"[yellow]NOT CHECKED[/] {escape(line)}", highlight=False, soft_wrap=True)
-    why = [f"{len(result.problems)} check(s) failed"] if result.problems else []
-    why += [f"{len(result.unchecked)} check(s) asked for could not be made here"] if result.unchecked else []
-    verdict = "verified" if result.ok else f"NOT verified ({'; '.join(why)})"
-    out.print(f"{escape(args.bundle)}: {verdict}", highlight=False, soft_wrap=True)
+    print_verification(result, args.bundle, _console(stderr=False))
     return 0 if result.ok else 1
 
 

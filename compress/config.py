@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 NAME_PATTERN = r"^[A-Za-z][A-Za-z0-9_-]*$"
 
@@ -175,3 +175,14 @@ class StageConfig(Strict):
         default_factory=dict,
         description="role -> 'stage' or 'stage.artifact'; default model: the latest earlier stage that makes one",
     )
+
+
+
+def limit_problem(value: float, section: type[Strict], field: str) -> str | None:
+    """Why ``value`` is not a valid ``field`` of ``section`` (RedLine, Latency), or None: a limit given on the
+    command line obeys the rule that field has in a pipeline file."""
+    try:
+        section.model_validate({field: value})
+    except ValidationError as exc:
+        return exc.errors()[0]["msg"]
+    return None

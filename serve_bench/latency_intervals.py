@@ -17,7 +17,7 @@ about the bootstrap", Am. Stat. 2015): the percentile interval taken at the tail
 Φ(√(k/(k−1)) · t_{α/2, k−1}) instead of α/2, for k rounds or blocks. A p99 over about a dozen
 rounds is decided by its slowest block or two, and a plain percentile bootstrap over so few
 groups is too narrow (it divides by k, not k−1, and uses z, not t). Simulated with a known
-true ratio (tests/test_latency_intervals.py), 8 / 12 / 20 rounds, 300 runs each: plain
+true ratio (the scenario of tests/test_latency_intervals.py), 8 / 12 / 20 rounds, 300 runs each: plain
 percentile covered 93 / 94 / 95% with common drift and 84 / 94 / 94% with stalls that hit single
 blocks; expanded 98 / 97 / 96% and 92 / 95 / 95%. BCa (scipy's ``stats.bootstrap``) was tried
 first and covered only 85 / 88 / 92% and 84% at 12 rounds: its bias and acceleration, estimated
