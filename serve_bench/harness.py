@@ -5,8 +5,11 @@ blocks until every artifact has both a minimum number of requests and a minimum 
 duration. Every round runs one block of EVERY artifact, also of those that already have
 enough: a ratio of two artifacts is paired round by round, so a block measured in a round
 the other artifact skipped would be unpaired, and the ratio's point (over all blocks) and its
-interval (over the shared rounds) would be two different statistics. Inputs are real images,
-rotated so no cache sees the same input twice in a row.
+interval (over the shared rounds) would be two different statistics. The order within a round
+rotates, so no artifact always follows the same one: the runtime that ran the block before may
+still have its threads winding down (``settle_s`` is the pause for that), and with a fixed order
+the same artifact would pay for it in every round.
+Inputs are real images, rotated so no cache sees the same input twice in a row.
 """
 from __future__ import annotations
 
@@ -81,8 +84,11 @@ def measure_interleaved(workers: dict[str, BenchWorker], settings: HarnessSettin
     def capped() -> bool:
         return any(count >= settings.max_iters for count in counts.values())
 
+    names = list(workers)
     while not all(enough(n) for n in workers) and not capped():
-        for name, worker in workers.items():
+        shift = (current - first_round) % len(names)
+        for name in names[shift:] + names[:shift]:  # each artifact takes every place in the round in turn
+            worker = workers[name]
             time.sleep(settings.settle_s)
             before = sampler.snapshot()
             latencies_ns, block_wall = worker.call("block", block[name], counts[name], settings.concurrency)
