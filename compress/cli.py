@@ -160,7 +160,8 @@ def _cmd_stage(args: argparse.Namespace) -> int:
             raise ConfigError(f"--pipeline {args.pipeline}: cannot read it ({exc})") from exc
         base = {k: v for k, v in base.items() if k != "stages"} if isinstance(base, dict) else {}
     else:
-        base = {"data": {"name": args.data}, "model": {"name": args.model}}
+        base = {"data": {"name": args.data},  # an ONNX file (model.onnx=...) has no architecture name
+                "model": {} if any(o.startswith("model.onnx=") for o in args.overrides) else {"name": args.model}}
     raw = {**base, "name": f"{args.kind}-alone", "stages": [{"name": args.kind, "kind": args.kind}]}
     if args.seed is not None:
         raw["seed"] = args.seed

@@ -25,6 +25,9 @@ class DataConfig(Strict):
     std: list[float] | None = Field(None, description="per-channel std; default: measured on the train split")
     val_fraction: float = Field(0.1, gt=0, lt=1)
     test_fraction: float = Field(0.2, gt=0, lt=1)
+    test_path: str | None = Field(None, description="imagefolder: a folder of your own (the same class sub-folders) "
+                                  "that is the whole test split, kept apart from data.path (test_fraction is then "
+                                  "unused): how to measure a model trained elsewhere on images you know are new to it")
     calib_size: int = Field(256, gt=0, description="calibration images, a seeded subset of the train split")
     split_seed: int = Field(0, ge=0, description="seed of the split permutation; kept apart from the run seed so "
                             "runs with different seeds are measured on the same test images")
@@ -48,6 +51,8 @@ class DataConfig(Strict):
     def _check(self) -> "DataConfig":
         if self.name in ("imagefolder", "cifar10") and not self.path:
             raise ValueError(f"data.path is required for {self.name}")
+        if self.test_path and self.name != "imagefolder":
+            raise ValueError("data.test_path is a test folder beside an imagefolder data.path; use name: imagefolder")
         if (self.mean is None) != (self.std is None):
             raise ValueError("give both mean and std, or neither (then both are measured on the train split)")
         if self.std is not None and any(s <= 0 for s in self.std):
@@ -58,9 +63,31 @@ class DataConfig(Strict):
 
 
 class ModelConfig(Strict):
-    name: str = Field(..., description="resnet20/32/56, a torchvision model name, or 'package.module:callable'")
-    weights: str | None = Field(None, description="local state dict (.safetensors, or .pt read with weights_only)")
+    """The model: an architecture by name (with trained weights, the run starts from them instead of training),
+    or an ONNX classifier file trained elsewhere. Either one is the run's first artifact, ``model``."""
+
+    name: str | None = Field(None, description="resnet20/32/56, a torchvision model name, 'timm:<name>', or "
+                                               "'package.module:callable'")
+    weights: str | None = Field(None, description="local state dict (.safetensors, or .pt read with weights_only): "
+                                                  "the trained model the run starts from")
+    onnx: str | None = Field(None, description="an ONNX classifier file as the model (instead of name): "
+                                               "quantize, export, bench and release it; pruning, distillation "
+                                               "and QAT need the torch model (name + weights)")
     args: dict[str, Any] = Field(default_factory=dict, description="extra keyword arguments of the builder")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> "ModelConfig":
+        if (self.name is None) == (self.onnx is None):
+            raise ValueError("give model.name (an architecture, with weights: to start from a trained model) or "
+                             "model.onnx (an ONNX file), not both and not neither")
+        if self.onnx is not None and (self.weights or self.args):
+            raise ValueError("model.onnx carries its own weights and architecture: drop model.weights and model.args")
+        return self
+
+    @property
+    def given(self) -> bool:
+        """A model the user already trained (weights or an ONNX file): the run starts from it."""
+        return bool(self.weights or self.onnx)
 
 
 class RedLine(Strict):

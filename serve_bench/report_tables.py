@@ -47,9 +47,11 @@ def main_table(report: dict) -> Table:
             "only baseline / only artifact right", "p50 ms", "p99 ms", "p99 CI per request", "p99 CI blocks",
             "speed-up p99 [CI]", "throughput /s", "size MB"]
     rows = []
+    # † : the model came from outside and nothing vouches that the test images are new to it (see the flag)
+    mark = " †" if ((report.get("data") or {}).get("test_independence") or {}).get("status") == "unknown" else ""
     for a in report["artifacts"]:
         lat, acc_ci = a["latency_ms"], (a.get("accuracy_ci") or {}).get(metric)
-        accuracy = fmt(a["accuracy"].get(metric), 2) + (f" [{acc_ci[0]:.2f}, {acc_ci[1]:.2f}]" if acc_ci else "")
+        accuracy = fmt(a["accuracy"].get(metric), 2) + (f" [{acc_ci[0]:.2f}, {acc_ci[1]:.2f}]" if acc_ci else "") + mark
         rows.append([a["name"], a["backend"], a["precision"], accuracy, _drop(a), _disagree(a), fmt(lat["p50"]),
                      fmt(lat["p99"]), interval(lat.get("p99_ci")), interval(lat.get("p99_ci_blocks")), _speedup(a),
                      f"{a['throughput']:,.0f}", f"{a['size_bytes'] / 2**20:.2f}"])

@@ -390,7 +390,7 @@ def test_no_rung_within_the_red_line_still_ships_the_closest_and_the_gate_refuse
     from tests.test_bench_stage import FAST_BENCH
 
     # A reference no quantized file can come near: every rung misses the red line.
-    monkeypatch.setattr(quantize_stage, "torch_accuracy", lambda *a: {"top1": 100.0, "top5": 100.0, "n": 1})
+    monkeypatch.setattr(quantize_stage, "reference_accuracy", lambda *a: {"top1": 100.0, "top5": 100.0, "n": 1})
     code, manifest = _tiny_quantize_run(tmp_path, {}, 0.5, dict(FAST_BENCH))
     assert code == 0  # the gate releases the baseline instead
     quantize = manifest["stages"]["quantize"]
@@ -420,7 +420,7 @@ def test_a_model_qat_cannot_capture_keeps_the_earlier_rung_marked_over_the_red_l
     def refuse(*_):
         raise qat_pt2e.QATUnavailable("torch.export could not capture the model: data-dependent control flow")
 
-    monkeypatch.setattr(quantize_stage, "torch_accuracy", lambda *a: {"top1": 100.0, "top5": 100.0, "n": 1})
+    monkeypatch.setattr(quantize_stage, "reference_accuracy", lambda *a: {"top1": 100.0, "top5": 100.0, "n": 1})
     monkeypatch.setattr(qat_rung, "prepare", refuse)
     code, manifest = _tiny_quantize_run(tmp_path, {"qat": {"enabled": True}}, 0.5)
     assert code == 0

@@ -112,13 +112,13 @@ def test_a_failed_attempt_keeps_the_completed_record_and_its_cache(tmp_path, tin
     path, run_dir = write_pipeline(tiny_config), tmp_path / "run"
     first, _ = _run(path, run_dir)
     model_digest = first.artifacts["train.model"].sha256
-    broken = tmp_path / "broken.safetensors"  # present (so the pre-run check passes), unreadable when loaded
-    broken.write_bytes(b"not a safetensors file")
-    with pytest.raises(ConfigError, match=r"broken.safetensors"):
-        _run(path, run_dir, [f"model.weights={broken}"])
+    # an argument the builder refuses: not checked before the run (only building the model tells), so the
+    # train stage itself fails
+    with pytest.raises(ConfigError, match=r"no_such_argument"):
+        _run(path, run_dir, ["model.args={width: 4, no_such_argument: 1}"])
     record = Manifest.load(run_dir).stages["train"]
     assert record.status == "completed" and record.last_attempt["status"] == "failed"
-    assert "broken.safetensors" in record.last_attempt["error"]
+    assert "no_such_argument" in record.last_attempt["error"]
     manifest, log = _run(path, run_dir)
     assert "train: cached, skipped" in log and manifest.artifacts["train.model"].sha256 == model_digest
 

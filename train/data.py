@@ -33,6 +33,7 @@ class DataSpec:
     std: list[float] | None = None
     val_fraction: float = 0.1
     test_fraction: float = 0.2
+    test_path: str | None = None  # imagefolder: a folder of the user's own that is the whole test split
     calib_size: int = 256
     split_seed: int = 0
     synthetic_samples: int = 1024
@@ -142,6 +143,8 @@ def _load_raw(spec: DataSpec) -> RawDataset:
     if spec.name == "imagefolder":
         if not spec.path:
             raise DataError("data.path is required for imagefolder: the folder with one sub-folder per class")
+        if spec.test_path:
+            return datasets.load_imagefolder_with_test(spec.path, spec.test_path, spec.image_size, spec.channels)
         return datasets.load_imagefolder(spec.path, spec.image_size, spec.channels)
     if spec.name == "cifar10":
         if not spec.path:
@@ -178,6 +181,10 @@ def _cached_folder(spec: DataSpec) -> RawDataset | None:
     if spec.decode_cache_check not in CHECKS:
         raise DataError(f"data.decode_cache_check is {spec.decode_cache_check!r}; use one of {', '.join(CHECKS)}")
     if spec.name != "imagefolder" or spec.decode_cache == "off":
+        return None
+    if spec.test_path:  # the two folders are decoded into memory together
+        if spec.decode_cache == "on":
+            raise DataError("data.test_path is decoded into memory with data.path: set decode_cache: auto or off")
         return None
     classes, files = datasets.imagefolder_files(spec.path or "")
     size = spec.image_size or datasets.first_image_size(files)

@@ -162,6 +162,26 @@ def load_imagefolder(root: str | Path, image_size: int | None, channels: int | N
     )
 
 
+def load_imagefolder_with_test(root: str | Path, test_root: str | Path, image_size: int | None,
+                                channels: int | None) -> RawDataset:
+    """An image folder plus a test folder of the user's own: the test split is exactly the second folder
+    (its ``official_test``), so no image of the first can land in it. Both must name the same classes, and
+    share one size and channel count (the first folder's where none is set)."""
+    main = load_imagefolder(root, image_size, channels)
+    size = image_size or int(main.images.shape[-1])
+    test = load_imagefolder(test_root, size, channels or int(main.images.shape[1]))
+    if test.class_names != main.class_names:
+        raise DataError(f"data.test_path: {test_root} has classes {test.class_names}, but {root} has "
+                        f"{main.class_names}; the test folder needs the same class sub-folders")
+    if test.images.shape[1] != main.images.shape[1]:  # a grey-only test folder beside an RGB one
+        test.images = test.images.expand(-1, main.images.shape[1], -1, -1).contiguous()
+    n = len(main.labels)
+    return RawDataset(images=torch.cat([main.images, test.images]), labels=torch.cat([main.labels, test.labels]),
+                      num_classes=main.num_classes, class_names=main.class_names,
+                      official_test=torch.arange(n, n + len(test.labels)),
+                      source={**main.source, "test_path": str(test_root), "test_files": len(test.labels)})
+
+
 class _ArrayOnlyUnpickler(pickle.Unpickler):
     """CIFAR-10's python batches are pickles; allow only what a numpy array needs to rebuild.
 

@@ -1,10 +1,13 @@
-"""Models by name: torchvision classifiers, the CIFAR ResNets, or a user's ``module:callable``.
+"""Models by name: torchvision classifiers, the CIFAR ResNets, timm's ``timm:<name>``, or a user's
+``module:callable``.
 
 A model is always rebuilt from (name, arguments), never unpickled; the class count and
-input channels come from the data set so one pipeline file works on any data.
+input channels come from the data set so one pipeline file works on any data. Nothing is
+ever downloaded: pretrained weights come from the pipeline's ``model.weights`` file.
 """
 from __future__ import annotations
 
+import difflib
 import importlib
 import importlib.util
 import inspect
@@ -33,7 +36,115 @@ def _torchvision_builders() -> dict[str, Callable[..., nn.Module]]:
 
 
 def known_models() -> list[str]:
+    """The registry's names; timm's ~1,300 are written ``timm:<name>`` and listed by timm.list_models()."""
     return sorted(_CIFAR) + sorted(_torchvision_builders())
+
+
+TIMM_PREFIX = "timm:"
+# Arguments the pipeline decides, never the model section: the data gives the class count and
+# channels, and weights only ever come from model.weights (timm would download or unpickle them).
+_TIMM_RESERVED = {"pretrained": "timm weights are never downloaded; give a local state dict as model.weights",
+                  "checkpoint_path": "give the weights file as model.weights (read without unpickling)",
+                  "pretrained_cfg_overlay": "weights come from model.weights, not from a pretrained config",
+                  "num_classes": "the class count comes from the data",
+                  "in_chans": "the input channels come from the data (data.channels)"}
+
+
+def _unknown(name: str) -> ModelError:
+    return ModelError(f"model.name {name!r} is not known; use one of {', '.join(known_models())}, "
+                      "'timm:<name>' or 'package.module:callable'")
+
+
+def _timm():
+    try:
+        import timm
+    except ImportError as exc:
+        raise ModelError(f"model.name 'timm:…' needs the timm package, which is not installed ({exc}); "
+                         "pip install timm") from exc
+    return timm
+
+
+def _timm_name(spec: str) -> str:
+    """The timm architecture a ``timm:<name>`` spec names; ModelError with close matches if timm has none."""
+    timm, name = _timm(), spec[len(TIMM_PREFIX):]
+    if not name:
+        raise ModelError(f"model.name {spec!r}: write 'timm:<name>', e.g. 'timm:convnext_atto'")
+    if timm.is_model(name):
+        return name
+    # Candidates sharing the family prefix first (timm.list_models takes a wildcard pattern), so
+    # 'convnext_atom' suggests the ConvNeXts; the whole list when the prefix itself is misspelt.
+    family = timm.list_models(f"{name.split('_')[0]}*")
+    close = (difflib.get_close_matches(name, family, n=5, cutoff=0.5)
+             or difflib.get_close_matches(name, timm.list_models(), n=5, cutoff=0.5))
+    hint = f"close matches: {', '.join(TIMM_PREFIX + c for c in close)}" if close else \
+        "timm.list_models('<pattern>*') lists the names"
+    raise ModelError(f"model.name {spec!r}: timm {timm.__version__} has no model {name!r}; {hint}")
+
+
+def _timm_builder(spec: str, num_classes: int, in_channels: int, args: dict) -> Callable[[], nn.Module]:
+    name = _timm_name(spec)
+    for key, why in _TIMM_RESERVED.items():
+        if key in args:
+            raise ModelError(f"model.args.{key} is not accepted for {spec!r}: {why}")
+    import timm
+
+    def build() -> nn.Module:
+        model = timm.create_model(name, pretrained=False, num_classes=num_classes, in_chans=in_channels, **args)
+        heads_follow_weights(model)
+        return model
+
+    return build
+
+
+_SHAPED: dict[type, type] = {}
+
+
+def _attention_macs(module: nn.Module, inputs: tuple, output: torch.Tensor) -> None:
+    """torch-pruning's MACs counter hook for the weight-shaped Attention. The counter does not look
+    inside a module it has a hook for, so this counts all of it: the qkv, proj (and gate) Linears,
+    and the two matmuls per head (QKᵀ and AV) that no Linear holds."""
+    batch, tokens = inputs[0].shape[0], inputs[0].shape[1]
+    linears = [m for m in (module.qkv, getattr(module, "gate", None), module.proj) if isinstance(m, nn.Linear)]
+    per_token = sum(m.in_features * m.out_features for m in linears) + 2 * module.num_heads * tokens * module.head_dim
+    module.__flops__ += int(batch * tokens * per_token)
+
+
+def _shaped_attention(base: type) -> type:
+    if base not in _SHAPED:
+        _SHAPED[base] = type(base.__name__, (base,), {
+            "__module__": base.__module__,
+            "__doc__": f"{base.__doc__ or ''}\n\nHead count read from the qkv weights (train.models.heads_follow_weights).",
+            "num_heads": property(lambda self: self.qkv.out_features // (3 * self.head_dim)),
+            "attn_dim": property(lambda self: self.qkv.out_features // 3),
+        })
+        try:  # torch-pruning's MACs counter looks hooks up by exact type; without one it counts no matmul
+            from torch_pruning.utils import op_counter
+        except ImportError:
+            pass
+        else:
+            op_counter.MODULES_MAPPING.setdefault(_SHAPED[base], _attention_macs)
+    return _SHAPED[base]
+
+
+def heads_follow_weights(model: nn.Module) -> None:
+    """Make every timm ``Attention`` in ``model`` read its head count from its qkv weights.
+
+    Why: a pruned model is saved as weights plus its pruning history and rebuilt by replaying
+    that history on a fresh model (train.model_io). Replay resizes the qkv and proj Linears, but
+    timm's Attention keeps ``num_heads`` and ``attn_dim`` as plain ints set once in __init__,
+    which nothing would update, and its forward reshapes by them. With the head width fixed
+    (pruning removes whole heads only) both follow from qkv's width, so they are right on the
+    pruned model, after every reload, and in an exported graph, with nothing more to record.
+    """
+    try:
+        from timm.layers import Attention
+    except ImportError:
+        return
+    for module in model.modules():
+        if type(module) is Attention:
+            module.__class__ = _shaped_attention(Attention)
+            for attr in ("num_heads", "attn_dim"):
+                module.__dict__.pop(attr, None)
 
 
 def _resolve_callable(spec: str) -> Callable[..., nn.Module]:
@@ -61,7 +172,7 @@ def code_file(spec: str) -> Path | None:
     module that cannot be found (building the model will say why).
     """
     module_name, sep, _ = spec.partition(":")
-    if not sep or not module_name:
+    if not sep or not module_name or spec.startswith(TIMM_PREFIX):
         return None
     try:
         found = importlib.util.find_spec(module_name)
@@ -82,14 +193,16 @@ def _accepts(fn: Callable, name: str) -> bool:
 
 def check_model(name: str, in_channels: int | None, weights: str | None = None) -> None:
     """What can be known about a model section without building it: the name resolves (a registry
-    model, or a user callable that imports), a torchvision model gets 3-channel input, the weights
-    file exists. Raises ModelError with the fix."""
-    if ":" in name:
+    model, a timm architecture, or a user callable that imports), a torchvision model gets
+    3-channel input, the weights file exists. Raises ModelError with the fix. A timm model takes
+    any channel count (timm adapts its stem to ``in_chans``)."""
+    if name.startswith(TIMM_PREFIX):
+        _timm_name(name)
+    elif ":" in name:
         _resolve_callable(name)
     elif name not in _CIFAR:
         if name not in _torchvision_builders():
-            raise ModelError(f"model.name {name!r} is not known; use one of {', '.join(known_models())} or "
-                             "'package.module:callable'")
+            raise _unknown(name)
         if in_channels is not None and in_channels != 3:
             raise ModelError(f"model.name {name!r} is a torchvision model and expects 3-channel input, the data has "
                              f"{in_channels}; set data.channels: 3")
@@ -98,10 +211,20 @@ def check_model(name: str, in_channels: int | None, weights: str | None = None) 
 
 
 def build_model(name: str, num_classes: int, in_channels: int, args: dict | None = None) -> nn.Module:
-    """Construct a freshly initialised model; raises ModelError with the fix on bad input."""
+    """Construct a freshly initialised model; raises ModelError with the fix on bad input.
+
+    ``timm:<name>`` is ``timm.create_model(name, pretrained=False, num_classes, in_chans, **args)``:
+    never a download (weights come from model.weights, loaded by the caller).
+    """
     args = dict(args or {})
-    if name in _CIFAR:
-        builder: Callable[..., nn.Module] = _CIFAR[name]
+    rejects: tuple[type[Exception], ...] = (TypeError,)
+    if name.startswith(TIMM_PREFIX):
+        builder: Callable[..., nn.Module] = _timm_builder(name, num_classes, in_channels, args)
+        kwargs: dict = {}
+        # timm checks shapes with asserts and ValueErrors (embed_dim not divisible by num_heads, …).
+        rejects = (TypeError, ValueError, AssertionError)
+    elif name in _CIFAR:
+        builder = _CIFAR[name]
         kwargs = {"num_classes": num_classes, "in_channels": in_channels, **args}
     elif ":" in name:
         builder = _resolve_callable(name)
@@ -113,7 +236,7 @@ def build_model(name: str, num_classes: int, in_channels: int, args: dict | None
     else:
         builders = _torchvision_builders()
         if name not in builders:
-            raise ModelError(f"model.name {name!r} is not known; use one of {', '.join(known_models())} or 'package.module:callable'")
+            raise _unknown(name)
         if in_channels != 3:
             raise ModelError(
                 f"model.name {name!r} is a torchvision model and expects 3-channel input, the data has {in_channels}; "
@@ -123,8 +246,8 @@ def build_model(name: str, num_classes: int, in_channels: int, args: dict | None
         kwargs = {"weights": None, "num_classes": num_classes, **args}
     try:
         model = builder(**kwargs)
-    except TypeError as exc:
-        raise ModelError(f"model {name!r} rejected its arguments {sorted(kwargs)}: {exc}") from exc
+    except rejects as exc:
+        raise ModelError(f"model {name!r} rejected its arguments {sorted(kwargs or args)}: {exc}") from exc
     if not isinstance(model, nn.Module):
         raise ModelError(f"model {name!r} returned {type(model).__name__}, not a torch.nn.Module")
     return model

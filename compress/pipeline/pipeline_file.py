@@ -181,6 +181,30 @@ def _validate_stage(i: int, entry: dict, raw_stages: list, seen: dict[str, int],
     return stage
 
 
+_NEEDS_TORCH = ("train", "prune", "distill")
+
+
+def _start_from_model(config: PipelineConfig, raw_stages: list, stages: list[StageConfig], seen: dict[str, int],
+                      problems: list[tuple[tuple, str]]) -> None:
+    """A model section with trained weights or an ONNX file is the run's first artifact: a ``kind: model``
+    stage named ``model`` goes in front (unless the file writes one), so the first stage takes it by default
+    and any stage can name it in ``inputs:``."""
+    from compress.stages.model_stage import NAME, ModelSourceConfig
+
+    entries = [s for s in raw_stages if isinstance(s, dict)]
+    if any(s.get("kind") == "model" for s in entries):
+        return
+    for i, entry in enumerate(raw_stages):
+        if isinstance(entry, dict) and entry.get("name") == NAME:
+            problems.append((("stages", i, "name"), f"the name {NAME!r} is taken by the model section's artifact "
+                             f"(model.weights / model.onnx); rename this stage"))
+        if config.model.onnx and isinstance(entry, dict) and entry.get("kind") in _NEEDS_TORCH:
+            problems.append((("stages", i, "kind"), f"a {entry['kind']} stage needs the torch model, and model.onnx "
+                             "is an ONNX file: give model.name and model.weights instead, or drop the stage"))
+    stages.append(ModelSourceConfig(name=NAME, kind="model"))
+    seen[NAME] = -1
+
+
 def build_pipeline(raw: Any, source: str, lines: dict[tuple, int] | None = None,
                    overridden: dict[tuple, str] | None = None) -> Pipeline:
     lines, overridden = lines or {}, overridden or {}
@@ -205,6 +229,8 @@ def build_pipeline(raw: Any, source: str, lines: dict[tuple, int] | None = None,
     stages: list[StageConfig] = []
     raw_stages = raw.get("stages") if isinstance(raw.get("stages"), list) else []
     seen: dict[str, int] = {}
+    if config is not None and config.model.given:
+        _start_from_model(config, raw_stages, stages, seen, problems)
     for i, entry in enumerate(raw_stages):
         if not isinstance(entry, dict):
             continue  # already reported by PipelineConfig

@@ -11,12 +11,14 @@ its arguments and the data's shape, whether training converges, whether TensorRT
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 from pydantic import BaseModel
 
 from compress.config import ModelConfig
 from compress.errors import ConfigError
 from compress.pipeline.pipeline_file import Pipeline
-from train.datasets import DataError, check_source
+from train.datasets import DataError, check_source, imagefolder_files
 from train.models import ModelError, check_model
 
 NOT_CHECKED = ("whether every image decodes, whether a user model accepts its arguments and the data's shape, "
@@ -49,11 +51,23 @@ def preflight(pipeline: Pipeline) -> None:
     except DataError as exc:
         problems.append(("data.path" if config.data.path or config.data.name in ("imagefolder", "cifar10")
                          else "data.name", str(exc)))
+    if config.data.test_path:
+        try:
+            imagefolder_files(config.data.test_path)
+        except DataError as exc:
+            problems.append(("data.test_path", str(exc).removeprefix("imagefolder: ")))
     channels = config.data.channels or _NATIVE_CHANNELS.get(config.data.name)
     sections = _model_sections(config.model, ("model",))
-    for i, stage in enumerate(pipeline.stages):
-        sections += [(("stages", i, *loc), section) for loc, section in _model_sections(stage, ())]
+    for stage in pipeline.stages:  # by name: a brought model's stage goes in front, so indexes would shift
+        sections += [(("stages", stage.name, *loc), section) for loc, section in _model_sections(stage, ())]
     for loc, section in sections:
+        if section.onnx is not None:
+            if loc != ("model",):
+                problems.append((_path((*loc, "onnx")), "an ONNX file cannot be trained or distilled; give name "
+                                 "(and weights) of the torch model"))
+            elif not Path(section.onnx).is_file():
+                problems.append(("model.onnx", f"{section.onnx} does not exist; give the path of an .onnx file"))
+            continue
         try:
             check_model(section.name, channels, section.weights)
         except ModelError as exc:

@@ -73,14 +73,16 @@ ARTIFACT_ROLE = "artifact:"  # roles of a collecting stage: one per artifact it 
 
 
 def _first_train_model(earlier: list[tuple[str, type]]) -> str | None:
-    return next((f"{n}.model" for n, c in earlier if c.kind == "train"), None)
+    """The red line's baseline: the first train stage's model, else the model the user brought (``model.model``)."""
+    return next((f"{n}.model" for n, c in earlier if c.kind == "train"),
+                next((f"{n}.model" for n, c in earlier if c.kind == "model"), None))
 
 
 def input_refs(pipeline: Pipeline) -> dict[str, dict[str, str]]:
     """Artifact name each stage reads per input role.
 
     Defaults: ``model`` is the latest earlier model; ``teacher`` (and a ``baseline``) is the
-    first train stage's model, the trained baseline; a role in the stage's ``latest_of`` is
+    first train stage's model, the trained baseline (the brought model where nothing trains); a role in the stage's ``latest_of`` is
     the latest earlier artifact of that role (an INT8 export reads the latest Q/DQ file).
     """
     refs: dict[str, dict[str, str]] = {}

@@ -4,10 +4,14 @@ Liu et al. 2017 ("Learning Efficient Convolutional Networks through Network Slim
 an L1 penalty drives the BN scale γ of unimportant channels towards zero, then channels
 are removed by |γ|. torch-pruning's dependency graph keeps residual adds, concatenations,
 depthwise and grouped convolutions consistent, and records a history that rebuilds the
-pruned architecture from the original one.
+pruned architecture from the original one. Models without BatchNorm (ConvNeXt's LayerNorm,
+ViTs) are ranked by weight magnitude instead, and ViT-style attention loses whole heads
+(compress.pruning.structure), which the same history records.
 """
 from __future__ import annotations
 
+import logging
+import warnings
 from dataclasses import dataclass, field
 from typing import Callable, Literal
 
@@ -17,6 +21,9 @@ from pydantic import Field, model_validator
 from torch import nn
 
 from compress.config import Strict
+from compress.pruning import structure
+
+log = logging.getLogger(__name__)
 
 
 class PruningError(Exception):
@@ -106,6 +113,8 @@ class SurgerySettings(Strict):
     round_to: int | None = Field(None, ge=1, description="channel counts rounded to multiples of this (e.g. 8)")
     max_layer_ratio: float = Field(0.9, gt=0, lt=1, description="no layer loses more than this share of its channels")
     steps: int = Field(16, ge=1, description="iterative steps towards a MACs target")
+    head_ratio: float = Field(0.25, ge=0, lt=1, description="share of attention heads removed, whole heads, in ViT-style "
+                                                           "attention (timm's Attention) before the channels; 0 keeps all")
 
 
 @dataclass
@@ -117,51 +126,114 @@ class PruneResult:
     params_after: int
     channels_before: dict[str, int] = field(default_factory=dict)
     channels_after: dict[str, int] = field(default_factory=dict)
+    importance: str = "bn_scale"
+    not_pruned: dict[str, list[str]] = field(default_factory=dict)  # reason → layers whose output width it kept
+    unwrapped: list[str] = field(default_factory=list)  # loose parameters pruned along an inferred dimension
+    heads_before: dict[str, int] = field(default_factory=dict)
+    heads_after: dict[str, int] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)  # what torch-pruning warned about
 
 
 def _channels(model: nn.Module) -> dict[str, int]:
-    return {name: m.out_channels for name, m in model.named_modules() if isinstance(m, nn.Conv2d)}
+    return {name: m.out_channels if isinstance(m, nn.Conv2d) else m.out_features
+            for name, m in model.named_modules() if isinstance(m, (nn.Conv2d, nn.Linear))}
+
+
+HEADS_ONLY = "attention width: pruned by whole heads only (see heads_before/heads_after)"
+
+
+def _kept_whole(model: nn.Module, protected: list[nn.Module]) -> dict[nn.Module, str]:
+    """The layers the pruner ignores, each with the reason the report gives."""
+    names = {m: n for n, m in model.named_modules()}
+    reasons: dict[nn.Module, str] = {}
+    heads, other = structure.attention_layers(model)
+    for name, attn in other.items():
+        for m in structure.head_projections(attn):
+            reasons[m] = f"attention {name} ({type(attn).__name__}): heads and head widths kept, only timm's Attention " \
+                         "can have its head count follow its weights"
+    for attn in heads.values():
+        reasons[attn.qkv] = HEADS_ONLY
+    classifier = protected[-1] if protected else None
+    for layer in protected:
+        why = "the classifier: keeps its class count" if layer is classifier else f"protected ({names.get(layer, '?')})"
+        for m in layer.modules():
+            reasons[m] = why
+    return reasons
+
+
+def _importance(model: nn.Module, settings: SurgerySettings) -> tp.importance.Importance:
+    if settings.importance == "magnitude":
+        return tp.importance.MagnitudeImportance(p=2)
+    if not batchnorm_layers(model):
+        raise PruningInputError("the model has no BatchNorm layers; BN-scale importance cannot rank its channels. "
+                                "Use importance: magnitude")
+    gammas = gamma_values(model)
+    if float(gammas.max() - gammas.min()) < 1e-8:
+        raise PruningInputError("every BatchNorm scale has the same value, so BN-scale ranking would prune nothing "
+                                "meaningful; run the sparsity phase first (sparsity.epochs > 0, lambda > 0)")
+    return tp.importance.BNScaleImportance()
 
 
 def prune(model: nn.Module, example: torch.Tensor, target: PruneTarget, protected: list[nn.Module],
           settings: SurgerySettings | None = None) -> PruneResult:
-    """Prune ``model`` in place towards the target; raises PruningError when it cannot."""
+    """Prune ``model`` in place towards the target; raises PruningError when it cannot.
+
+    ``protected[-1]`` is taken to be the classifier (reported as such). Whole attention heads go
+    first (``head_ratio``), then channels step by step until the target; everything the pruner
+    may not touch, and why, is in ``not_pruned``. torch-pruning's warnings are logged and kept.
+    """
     settings = settings or SurgerySettings()
-    if settings.importance == "bn_scale":
-        if not batchnorm_layers(model):
-            raise PruningInputError("the model has no BatchNorm layers; BN-scale importance cannot rank its channels. "
-                               "Use importance: magnitude")
-        gammas = gamma_values(model)
-        if float(gammas.max() - gammas.min()) < 1e-8:
-            raise PruningInputError("every BatchNorm scale has the same value, so BN-scale ranking would prune nothing "
-                               "meaningful; run the sparsity phase first (sparsity.epochs > 0, lambda > 0)")
-        importance = tp.importance.BNScaleImportance()
-    else:
-        importance = tp.importance.MagnitudeImportance(p=2)
+    importance = _importance(model, settings)
     model.eval()
     macs_before, params_before = tp.utils.count_ops_and_params(model, example)
-    channels_before = _channels(model)
-    by_macs = target.macs is not None
-    pruner = tp.pruner.MetaPruner(
-        model, example, importance=importance, global_pruning=settings.global_pruning,
-        pruning_ratio=settings.max_layer_ratio if by_macs else target.ratio,
-        max_pruning_ratio=settings.max_layer_ratio, iterative_steps=settings.steps if by_macs else 1,
-        ignored_layers=protected, round_to=settings.round_to)
-    macs = macs_before
-    for _ in range(settings.steps if by_macs else 1):
-        pruner.step()
+    channels_before, heads_before = _channels(model), structure.head_counts(model)
+    reasons = _kept_whole(model, protected)
+    ignored = list(dict.fromkeys([*protected, *reasons]))  # the pruner ignores these and their submodules
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        graph = tp.DependencyGraph().build_dependency(model, example_inputs=example)
+        found = structure.survey(model, graph, importance, settings.importance, reasons)
+        if found.rankable == 0 and settings.importance == "bn_scale":
+            raise PruningInputError("no prunable channel group of this model carries a BatchNorm scale, so BN-scale "
+                                    "importance ranks nothing; use importance: magnitude")
+        attentions = {n: a for n, a in structure.attention_layers(model)[0].items()
+                      if reasons.get(a.qkv) == HEADS_ONLY and settings.head_ratio > 0}  # not inside a protected layer
+        for name in structure.prune_heads(graph, attentions, importance, settings.head_ratio, settings.global_pruning,
+                                          settings.max_layer_ratio):
+            found.not_pruned.setdefault(f"{settings.importance} cannot rank its heads", []).append(name)
+        history = list(graph.pruning_history())
+        by_macs = target.macs is not None
+        pruner = tp.pruner.MetaPruner(
+            model, example, importance=importance, global_pruning=settings.global_pruning,
+            pruning_ratio=settings.max_layer_ratio if by_macs else target.ratio,
+            max_pruning_ratio=settings.max_layer_ratio, iterative_steps=settings.steps if by_macs else 1,
+            ignored_layers=ignored, round_to=settings.round_to)
         macs, _ = tp.utils.count_ops_and_params(model, example)
-        if by_macs and macs <= target.macs * macs_before:
-            break
+        for _ in range(settings.steps if by_macs else 1):
+            if by_macs and macs <= target.macs * macs_before:
+                break
+            pruner.step()
+            macs, _ = tp.utils.count_ops_and_params(model, example)
+    notes = list(dict.fromkeys(str(w.message).split("\n")[0] for w in caught))
+    for note in notes:
+        log.warning("torch-pruning: %s", note)
     if macs >= macs_before:
         raise PruningError("the pruner removed no channel: every layer is protected or at its max_layer_ratio")
     if by_macs and macs > target.macs * macs_before:
         raise PruningError(f"reached {macs / macs_before:.1%} of the MACs, not the {target.macs:.0%} target, "
                            f"with max_layer_ratio {settings.max_layer_ratio}; raise it or relax the target")
+    try:
+        with torch.no_grad():
+            model(example)
+    except Exception as exc:  # a layer torch-pruning resized but whose forward was not told
+        raise PruningError(f"the pruned model no longer runs ({type(exc).__name__}: {exc}); list the layer it names "
+                           "under protected") from exc
     params_after = sum(p.numel() for p in model.parameters())
-    history = [[name, bool(out), [int(i) for i in idxs]] for name, out, idxs in pruner.pruning_history()]
+    history += pruner.pruning_history()
+    history = [[name, bool(out), [int(i) for i in idxs]] for name, out, idxs in history]
     return PruneResult(history, int(macs_before), int(macs), int(params_before), int(params_after),
-                       channels_before, _channels(model))
+                       channels_before, _channels(model), settings.importance, found.not_pruned, found.unwrapped,
+                       heads_before, structure.head_counts(model), notes)
 
 
 def latency_ratio(original: nn.Module, pruned: nn.Module, example: torch.Tensor, rounds: int = 10, block: int = 20) -> float:

@@ -12,8 +12,9 @@ from compress.release.bundle import CARD_MD
 def print_release(release, out: Console) -> None:
     """The released file with its headline figures, each TensorRT engine shipped or withheld (and why)."""
     acc, lat, metric = release.card["accuracy"], release.card["latency"], release.card["accuracy"]["metric"]
+    unknown = (acc.get("test_independence") or {}).get("status") == "unknown"
     out.print(f"released {release.artifact} to {release.folder}: {metric} {acc[metric]}% on {acc['test_images']} "
-              f"test images, p99 {lat['p99']:.3g} ms (batch {lat['batch_size']}); card {release.folder / CARD_MD}",
+              f"test images{' (training data unknown: see the card)' if unknown else ''}, p99 {lat['p99']:.3g} ms (batch {lat['batch_size']}); card {release.folder / CARD_MD}",
               highlight=False, soft_wrap=True)
     for engine in release.card["tensorrt"]:
         out.print(f"TensorRT engine {engine['artifact']} ({engine.get('precision')}) shipped: the bench measured it "

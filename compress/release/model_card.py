@@ -24,7 +24,9 @@ def build_card(*, report: dict, entry: dict, released: dict, input_spec: dict, c
                 **{f"{k}_ci": v for k, v in (entry.get("accuracy_ci") or {}).items()},
                 "baseline": report["baseline"], "drop": entry.get("accuracy_drop"),
                 "drop_ci": (entry.get("accuracy_paired") or {}).get("drop_ci"),
-                "eval_batch": (report.get("settings") or {}).get("eval_batch", 64)}
+                "eval_batch": (report.get("settings") or {}).get("eval_batch", 64),
+                # where the model came from outside the run: what the test split's independence rests on
+                "test_independence": data.get("test_independence")}
     lat = entry["latency_ms"]
     latency = {"batch_size": (report.get("settings") or {}).get("batch_size", 1),
                **{k: lat[k] for k in LATENCY_KEYS if k in lat},
@@ -88,6 +90,10 @@ def render_markdown(card: dict, environment_line: str) -> str:
               f"- drop vs `{acc['baseline']}`: {acc['drop']} points{_interval(acc.get('drop_ci'))} (paired, 95%)"]
     if not acc["meaningful"]:
         lines.append("- the labels of this data are random: the accuracy means nothing")
+    independence = acc.get("test_independence")
+    if independence:
+        lines.append(("- **training data unknown**: " if independence["status"] == "unknown" else "- test images: ")
+                     + independence["note"])
     lines += ["", "## Latency", "",
               f"Batch {lat['batch_size']}, {lat['samples']} timed requests, runner {json.dumps(lat['runner'])}.", "",
               "| " + " | ".join(f"{k} ms" for k in LATENCY_KEYS if k in lat) + " |",

@@ -10,6 +10,7 @@ from rich.table import Table
 from compress.config import StageConfig
 from compress.errors import ArtifactError, ConfigError
 from compress.stages.base import InputArtifact, Output, Stage, StageContext, StageResult
+from compress.stages.provenance import UNKNOWN, test_independence
 from serve_bench.bench import ArtifactSpec, BenchSettings, TestSet, run_benchmark
 from serve_bench.gate import evaluate, quantized_not_faster
 from serve_bench.harness import HarnessSettings, short_of_floors_flag
@@ -25,7 +26,8 @@ BACKENDS = {"torch-model": "torch", "onnx": "onnxruntime", "trt-engine": "tensor
 class BenchConfig(StageConfig, HarnessSettings):
     kind: Literal["bench"] = "bench"
     artifacts: list[str] | None = Field(None, description="artifact names; default: every earlier deployable one")
-    baseline: str | None = Field(None, description="a torch-model artifact; default: the first train stage's model")
+    baseline: str | None = Field(None, description="default: the first train stage's model, else the brought "
+                                                   "model (model.model)")
     batch_size: int | None = Field(None, ge=1, description="default: the pipeline's latency.batch_size")
     threads: int | None = Field(None, ge=1, description="intra-op threads; default: physical cores")
     inter_op_threads: int = Field(1, ge=1, description="onnxruntime inter-op threads")
@@ -60,7 +62,9 @@ class BenchStage(Stage):
         specs = [artifact_spec(a, cfg) for a in inputs.values()]
         if not specs:
             raise ArtifactError(f"stage {ctx.name!r} found no deployable artifact to measure; add a train stage first")
-        baseline = cfg.baseline or next((s.name for s in specs if s.backend == "torch"), None)
+        # the torch model of the run, else the file the user brought (a model.onnx run has no torch model)
+        baseline = cfg.baseline or next((s.name for s in specs if s.backend == "torch"),
+                                        next((s.name for s in specs if s.stage == "model"), None))
         if baseline not in {s.name for s in specs}:
             raise ArtifactError(f"stage {ctx.name!r}: baseline {baseline!r} is not among the measured artifacts "
                                 f"({', '.join(s.name for s in specs)})")
@@ -85,10 +89,14 @@ class BenchStage(Stage):
         flags = quantized_not_faster(result.entries, env["isa"])
         flags += [f for f in (too_few_blocks(result.entries), short_of_floors_flag(result.entries),
                               busy_machine_flag(result.entries)) if f]
+        independence = test_independence(pipeline.model, pipeline.data)
+        if independence and independence["status"] == UNKNOWN:
+            flags.append(f"† {independence['note']}")
         report = {"pipeline": pipeline.name, "baseline": baseline, "metric": metric, "artifacts": result.entries,
                   "gate": gate, "flags": flags, "environment": env, "settings": {**cfg.model_dump(mode="json"),
                                                                            "batch_size": batch},
-                  "data": test_set_facts(data.name, test, data.meaningful_accuracy)}
+                  "data": {**test_set_facts(data.name, test, data.meaningful_accuracy),
+                           "test_independence": independence}}
         with ctx.atomic_output_dir("report") as folder:
             write_report(folder, report, result.latencies, result.predictions)
         ctx.console.print(summary_table(report))

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import importlib.util
+import shutil
 from pathlib import Path
 from typing import Literal
 
@@ -10,9 +11,9 @@ from pydantic import Field, model_validator
 from compress.config import StageConfig, Strict
 from compress.errors import ArtifactError, ConfigError
 from compress.stages.base import InputArtifact, Output, Stage, StageContext, StageResult
-from compress.stages.model_source import model_from_artifact
+from compress.stages.int8_records import input_onnx
+from compress.stages.model_source import model_from_artifact, onnx_description
 from compress.stages.onnx_labels import label_onnx
-from export.external_data import UnsafeModelError, check_external_data
 from export.onnx_export import export_onnx
 from export.parity import as_dicts, check_parity
 from export.tensorrt_engine import BuildSettings, build_engine, unavailable_reason
@@ -94,12 +95,12 @@ class ExportStage(Stage):
                                       f"quantize stage with trt in its flavours before this one (its onnx_trt "
                                       f"file is used) or set "
                                       f"inputs: {{qdq: <artifact>}}")
-                source = (_input_onnx(given), given.meta, given.name)
+                source = (input_onnx(given), given.meta, given.name)
             elif source is None:
                 if "onnx" not in inputs:
                     raise ConfigError(f"stages.{ctx.name}: formats [tensorrt] without onnx needs an ONNX input "
                                       f"(inputs: {{onnx: <stage>}}) or add onnx to formats")
-                source = (_input_onnx(inputs["onnx"]), inputs["onnx"].meta, inputs["onnx"].name)
+                source = (input_onnx(inputs["onnx"]), inputs["onnx"].meta, inputs["onnx"].name)
             engine, metrics["tensorrt"] = self._tensorrt(ctx, cfg, *source)
             if engine is not None:
                 outputs.append(engine)
@@ -110,6 +111,8 @@ class ExportStage(Stage):
         if "model" not in inputs:
             raise ArtifactError(f"stage {ctx.name!r} exports a model but has none: add a train stage before it "
                                 f"or set stages.{ctx.name}.inputs.model")
+        if inputs["model"].kind == "onnx":
+            return self._pass_through(ctx, cfg, inputs["model"])
         if cfg.simplify and importlib.util.find_spec("onnxslim") is None:
             raise ConfigError(f"stages.{ctx.name}.simplify: true needs onnxslim: pip install 'compress[simplify]'")
         data = ctx.data
@@ -140,6 +143,27 @@ class ExportStage(Stage):
         # made from the model alone: a Q/DQ input wired for an engine build is not part of this file
         return Output("onnx", "onnx", ctx.stage_dir / "onnx", meta=meta, made_from=[inputs["model"].name]), metrics
 
+    def _pass_through(self, ctx: StageContext, cfg: ExportConfig, given: InputArtifact) -> tuple[Output, dict]:
+        """A brought ONNX file (model.onnx) is already the deployable file: copied as it is, with this project's
+        metadata (preprocessing, classes, lineage) added. Converting its precision or simplifying it would need
+        the parity check against a torch model it does not have, so those settings are refused."""
+        changes = [f for f, v in (("precision", cfg.precision != "fp32"), ("simplify", cfg.simplify),
+                                  ("io_dtype", cfg.io_dtype != "fp32")) if v]
+        if changes:
+            raise ConfigError(f"stages.{ctx.name}.{changes[0]}: {given.name} is an ONNX file the user brought, "
+                              "which export passes through unchanged (fp32, not simplified); drop the setting")
+        source = input_onnx(given)
+        with ctx.atomic_output_dir("onnx") as folder:
+            for name in given.meta.get("files", [source.name]):
+                shutil.copy2(source.parent / name, folder / name)
+            label_onnx(folder / source.name, ctx, given, onnx_description(given), data_identity=ctx.data.identity())
+        ctx.log(f"{given.name} passed through as ONNX opset {given.meta.get('opset')} (no parity check: nothing "
+                "was converted)")
+        meta = {k: v for k, v in given.meta.items() if k not in ("description", "origin", "test_top1")}
+        meta.update(source_model=given.name, passed_through=True, parity=None)
+        metrics = {"opset": given.meta.get("opset"), "precision": "fp32", "passed_through": True, "parity": None}
+        return Output("onnx", "onnx", ctx.stage_dir / "onnx", meta=meta, made_from=[given.name]), metrics
+
     def _tensorrt(self, ctx: StageContext, cfg: ExportConfig, onnx_file: Path, source_meta: dict,
                   source_name: str) -> tuple[Output | None, dict]:
         reason = unavailable_reason()
@@ -161,18 +185,11 @@ class ExportStage(Stage):
         return Output("engine", "trt-engine", ctx.stage_dir / "engine", meta=meta, made_from=[source_name]), meta
 
 
-def _input_onnx(artifact: InputArtifact) -> Path:
-    path = artifact.path / artifact.meta.get("file", "model.onnx") if artifact.path.is_dir() else artifact.path
-    try:
-        check_external_data(path)
-    except UnsafeModelError as exc:
-        raise ArtifactError(f"input {artifact.name}: {exc}") from exc
-    return path
-
-
 def _summary(metrics: dict) -> str:
     parts = []
-    if "onnx" in metrics:
+    if "onnx" in metrics and metrics["onnx"].get("passed_through"):
+        parts.append(f"onnx opset {metrics['onnx']['opset']}: the brought file, passed through")
+    elif "onnx" in metrics:
         results = metrics["onnx"]["parity"]["results"]
         parts.append(f"onnx opset {metrics['onnx']['opset']} {metrics['onnx']['precision']}: parity rel "
                      f"{max(r['rel_diff'] for r in results):.1e}, top-1 {min(r['top1_agreement'] for r in results):.1f}%")

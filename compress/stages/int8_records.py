@@ -7,9 +7,12 @@ import numpy as np
 import onnx
 import torch
 
+from compress.errors import ArtifactError
 from compress.quantization import measure as int8_measure
 from compress.quantization.ladder import Attempt
 from compress.stages.base import InputArtifact
+from compress.stages.model_source import model_from_artifact
+from export.external_data import UnsafeModelError, check_external_data
 from train.data import BatchStream, DataBundle
 from train.evaluate import evaluate
 
@@ -24,6 +27,26 @@ def split_arrays(data: DataBundle, name: str, limit: int | None = None) -> tuple
 def torch_accuracy(model: torch.nn.Module, data: DataBundle, split: str) -> dict:
     """The float reference, measured the way every train stage measures: the project's evaluate loop."""
     return evaluate(model.cpu(), BatchStream(getattr(data, split), data, 256, shuffle=False, drop_last=False))
+
+
+def input_onnx(artifact: InputArtifact) -> Path:
+    """The ONNX file of an input artifact (a folder holding it, or the file), its external data checked first."""
+    path = artifact.path / artifact.meta.get("file", "model.onnx") if artifact.path.is_dir() else artifact.path
+    try:
+        check_external_data(path)
+    except UnsafeModelError as exc:
+        raise ArtifactError(f"input {artifact.name}: {exc}") from exc
+    return path
+
+
+def reference_accuracy(artifact: InputArtifact, data: DataBundle, split: str, model: torch.nn.Module | None) -> dict:
+    """A red line's reference on ``split``: the torch model through the evaluate loop, an ONNX file (a brought
+    model.onnx) through onnxruntime, as the bench measures it. ``model``: the artifact already loaded."""
+    if artifact.kind == "onnx":
+        return int8_measure.split_accuracy(input_onnx(artifact), *split_arrays(data, split))
+    if model is None:
+        model = model_from_artifact(artifact, data)[0]
+    return torch_accuracy(model, data, split)
 
 
 def _compact(record: dict) -> dict:

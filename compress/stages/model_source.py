@@ -37,10 +37,14 @@ def source_digests(cfg: ModelConfig) -> dict:
     user module's source. A path string alone would call a retrained weights file, or edited model
     code, "cached"."""
     digests: dict = {}
+    if cfg.onnx:
+        path = Path(cfg.onnx)
+        digests["onnx"] = _content_digest(path) if path.is_file() else f"missing: {path}"
+        return digests
     if cfg.weights:
         path = Path(cfg.weights)
         digests["weights"] = _content_digest(path) if path.is_file() else f"missing: {path}"
-    code = code_file(cfg.name)
+    code = code_file(cfg.name or "")
     if code is not None:
         digests["code"] = _content_digest(code)
     return digests
@@ -84,6 +88,10 @@ def trained_on(description: dict, data: DataBundle) -> dict:
 
 
 def model_from_artifact(artifact: InputArtifact, data: DataBundle) -> tuple[nn.Module, dict]:
+    if artifact.kind == "onnx":
+        raise ConfigError(f"input {artifact.name} is an ONNX file, and this stage trains or rewrites a torch model "
+                          "(training, pruning, distillation and QAT need one): give model.name and model.weights "
+                          "instead of model.onnx, or drop the stage (quantize, export and bench take ONNX files)")
     try:
         model, description = load_model(artifact.path)
     except ModelError as exc:
@@ -95,6 +103,15 @@ def model_from_artifact(artifact: InputArtifact, data: DataBundle) -> tuple[nn.M
             f"but data {data.name} has {data.num_classes} classes and {data.input_shape[0]} channels"
         )
     return model, description
+
+
+def onnx_description(artifact: InputArtifact) -> dict:
+    """The description an imported ONNX file's artifact carries (what a torch model's model.json holds)."""
+    description = artifact.meta.get("description")
+    if not description:
+        raise ArtifactError(f"input {artifact.name} is an ONNX file without the description this stage needs "
+                            "(made by an older version); re-run the stage that made it")
+    return description
 
 
 def model_meta(metrics: dict, description: dict) -> dict:

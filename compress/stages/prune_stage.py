@@ -1,4 +1,9 @@
-"""``kind: prune``: BN-scale sparsity training, channel surgery, finetune; saved as history, not pickle."""
+"""``kind: prune``: BN-scale sparsity training, channel surgery, finetune; saved as history, not pickle.
+
+What the surgery cannot reach (the classifier, protected layers and what is coupled to them,
+groups the importance cannot rank, attention kept to whole heads, loose parameters pruned along
+a dimension torch-pruning infers) is listed in the stage's metrics, report and log line.
+"""
 from __future__ import annotations
 
 import copy
@@ -14,7 +19,7 @@ from torch import nn
 from compress.config import StageConfig
 from compress.distillation.loss import DistillSettings, check_pair
 from compress.errors import ConfigError
-from compress.pruning.channel_pruning import (PruneResult, PruneTarget, SurgerySettings, bn_l1_hook,
+from compress.pruning.channel_pruning import (PruneResult, PruneTarget, SurgerySettings, batchnorm_layers, bn_l1_hook,
                                               gamma_histogram, latency_ratio, prune, unprunable_batchnorms)
 from compress.stages.base import InputArtifact, Output, Stage, StageContext, StageResult
 from compress.stages.model_source import model_from_artifact, model_meta, trained_on
@@ -47,12 +52,42 @@ class PruneConfig(StageConfig, SurgerySettings, Distributable):
 
 
 def _protected(model: nn.Module, names: list[str], field: str) -> list[nn.Module]:
+    """The user's protected modules, then the classifier (last: the pruner reports it as such)."""
     modules = dict(model.named_modules())
     missing = [n for n in names if n not in modules]
     if missing:
         raise ConfigError(f"{field}.protected: no module named {', '.join(missing)}")
-    linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
-    return [modules[n] for n in names] + linears[-1:]  # the classifier keeps its class count
+    classifier = model.get_classifier() if callable(getattr(model, "get_classifier", None)) else None  # timm's
+    if not isinstance(classifier, nn.Linear):
+        classifier = ([m for m in model.modules() if isinstance(m, nn.Linear)] or [None])[-1]
+    return [modules[n] for n in names] + ([classifier] if classifier is not None else [])  # it keeps its class count
+
+
+def _check_criterion(cfg: PruneConfig, model: nn.Module, field: str) -> None:
+    """BN-scale pruning on a model without BatchNorm (ConvNeXt, ViT) is a ConfigError, not a fallback.
+
+    Why not fall back to magnitude quietly: the pipeline would record bn_scale while doing
+    something else (its cache key, resolved file and search trials would say so too), and its
+    sparsity phase would spend every epoch on a penalty with nothing to act on. The fix is one
+    line, and saying so before any training costs the user nothing.
+    """
+    if batchnorm_layers(model):
+        return
+    norms = sorted({type(m).__name__ for m in model.modules() if isinstance(m, (nn.LayerNorm, nn.GroupNorm))})
+    what = f"it normalises with {', '.join(norms)}" if norms else "it has no normalisation layer to rank by"
+    if cfg.importance == "bn_scale":
+        raise ConfigError(f"{field}.importance: bn_scale (network slimming) ranks channels by BatchNorm scales, but the "
+                          f"model has no BatchNorm layers ({what}); set importance: magnitude and sparsity.epochs: 0")
+    if cfg.sparsity.epochs > 0:
+        raise ConfigError(f"{field}.sparsity.epochs: the sparsity phase drives BatchNorm scales to zero and the model has "
+                          f"no BatchNorm layers ({what}); set sparsity.epochs: 0")
+
+
+def _not_pruned_line(result: PruneResult) -> str:
+    """One line saying what kept its width and why (the report file lists every layer)."""
+    parts = [f"{reason}: {', '.join(names[:3])}{f' and {len(names) - 3} more' if len(names) > 3 else ''}"
+             for reason, names in result.not_pruned.items()]
+    return "; ".join(parts) or "nothing"
 
 
 def _surgery_once(ctx: StageContext, model: nn.Module, example: torch.Tensor, target: PruneTarget,
@@ -101,6 +136,7 @@ class PruneStage(Stage):
         model, description = model_from_artifact(inputs["model"], data)
         original = copy.deepcopy(model).eval()  # the unpruned model, for the latency ratio
         protected = _protected(model, cfg.protected, field)
+        _check_criterion(cfg, model, field)
         example = torch.zeros(1, *data.input_shape)
         report: dict = {"gamma_before": gamma_histogram(model)}
         runs: dict[str, TrainingRun] = {}  # phase → training run, for the precision record
@@ -126,9 +162,15 @@ class PruneStage(Stage):
             device = torch.device("cuda", torch.cuda.current_device())
         after_surgery = evaluate(model.to(device), eval_stream(data, "val", cfg.finetune, device, ctx.group),
                                  group=ctx.group)["top1"]
+        heads = (f", attention heads {sum(result.heads_before.values())} → {sum(result.heads_after.values())}"
+                 if result.heads_before else "")
         ctx.log(f"pruned to {result.macs_after / result.macs_before:.1%} of the MACs "
-                f"({result.params_after:,} of {result.params_before:,} params); val top1 right after surgery "
-                f"{after_surgery:.2f}%")
+                f"({result.params_after:,} of {result.params_before:,} params{heads}, {result.importance} importance); "
+                f"val top1 right after surgery {after_surgery:.2f}%")
+        ctx.log(f"not pruned: {_not_pruned_line(result)}")
+        if result.unwrapped:
+            ctx.log(f"parameters outside any layer, pruned along the dimension torch-pruning inferred: "
+                    f"{', '.join(result.unwrapped)}")
         run = None
         if cfg.finetune.epochs > 0:
             hooks = Hooks()
@@ -156,12 +198,18 @@ class PruneStage(Stage):
                    "val_top1": run.metrics["best_val_top1"] if run is not None else round(after_surgery, 3),
                    **test_metrics(test),
                    "cpu_latency_ratio": round(ratio, 3),
+                   "importance": result.importance, "not_pruned": result.not_pruned,
+                   "unwrapped_parameters": result.unwrapped,
+                   **({"heads_before": sum(result.heads_before.values()), "heads_after": sum(result.heads_after.values())}
+                      if result.heads_before else {}),
                    "params": result.params_after, "macs": result.macs_after,
                    "precision": {phase: {"name": r.precision.name, "reason": r.precision.reason}
                                  for phase, r in runs.items()},
                    "summary": f"MACs {result.macs_after / result.macs_before:.1%}, test top1 {test['top1']:.2f}%, "
                               f"latency ×{ratio:.2f}"}
-        report.update(channels_before=result.channels_before, channels_after=result.channels_after, metrics=metrics)
+        report.update(channels_before=result.channels_before, channels_after=result.channels_after,
+                      heads_before=result.heads_before, heads_after=result.heads_after,
+                      torch_pruning_warnings=result.warnings, metrics=metrics)
         with ctx.atomic_output_dir("model") as folder:
             save_model(model, folder, trained_on(description, data))
         with ctx.atomic_output_dir("report") as folder:
@@ -171,9 +219,10 @@ class PruneStage(Stage):
             curves = [{"epoch": row["epoch"], **{f"{phase}.{k}": v for k, v in row.items() if k not in ("epoch", "step")}}
                       for phase, r in runs.items() for row in r.result.history]
             (folder / "history.json").write_text(json.dumps(curves, indent=2))
-            from compress.pruning.plots import gamma_plot
+            if report["gamma_before"]["counts"]:  # a model without BatchNorm has no scales to plot
+                from compress.pruning.plots import gamma_plot
 
-            (folder / "gamma.png").write_bytes(gamma_plot(report))
+                (folder / "gamma.png").write_bytes(gamma_plot(report))
         return StageResult(outputs=[Output("model", "torch-model", ctx.stage_dir / "model",
                                            meta=model_meta(metrics, description)),
                                     Output("report", "report", ctx.stage_dir / "report")], metrics=metrics)

@@ -17,8 +17,8 @@ from compress.quantization.ptq import Calibration, preprocess
 from compress.quantization.qdq_lint import lint_qdq
 from compress.quantization.qdq_rewrite import int8_to_uint8_activations, weights_to_7bit
 from compress.stages.base import InputArtifact, Output, Stage, StageContext, StageResult
-from compress.stages.int8_records import onnx_meta, rung_records, split_arrays, torch_accuracy
-from compress.stages.model_source import model_from_artifact
+from compress.stages.int8_records import input_onnx, onnx_meta, reference_accuracy, rung_records, split_arrays
+from compress.stages.model_source import model_from_artifact, onnx_description
 from compress.stages.onnx_labels import label_onnx
 from compress.stages.qat_rung import QATSettings, run_qat
 from export.onnx_export import export_onnx
@@ -81,21 +81,26 @@ class QuantizeStage(Stage):
             raise ConfigError(f"{field}.calibration.samples: {cfg.calibration.samples} is more than the "
                               f"{len(data.calib)} calibration images; lower it or raise data.calib_size")
         torch.manual_seed(ctx.pipeline.seed)
-        model, description = model_from_artifact(inputs["model"], data)
+        given_onnx = inputs["model"].kind == "onnx"  # a file the user brought (model.onnx): no torch model
+        model, description = (None, onnx_description(inputs["model"])) if given_onnx else \
+            model_from_artifact(inputs["model"], data)
         ref_artifact = inputs.get("baseline") or inputs["model"]
-        reference = model if ref_artifact.name == inputs["model"].name else model_from_artifact(ref_artifact, data)[0]
         calib, _ = split_arrays(data, "calib", cfg.calibration.samples)
         val_x, val_y = split_arrays(data, "val")
         test_x, test_y = split_arrays(data, "test")
-        ref_val, ref_test = torch_accuracy(reference, data, "val"), torch_accuracy(reference, data, "test")
+        ref_val, ref_test = (reference_accuracy(ref_artifact, data, split, model if ref_artifact.name ==
+                                                inputs["model"].name else None) for split in ("val", "test"))
         ctx.log(f"reference {ref_artifact.name}: val {red.metric} {ref_val[red.metric]:.2f}%, test "
                 f"{ref_test[red.metric]:.2f}%; red line {red.max_drop:g} points")
 
         work = ctx.stage_dir / "work"
         shutil.rmtree(work, ignore_errors=True)
         work.mkdir(parents=True)
-        export_onnx(model, torch.from_numpy(val_x[:2]), work / "float.onnx", opset=cfg.opset)
-        float_onnx = preprocess(work / "float.onnx", work / "float.prep.onnx")
+        if given_onnx:
+            float_onnx = preprocess(input_onnx(inputs["model"]), work / "float.prep.onnx")
+        else:
+            export_onnx(model, torch.from_numpy(val_x[:2]), work / "float.onnx", opset=cfg.opset)
+            float_onnx = preprocess(work / "float.onnx", work / "float.prep.onnx")
         settings = LadderSettings(
             flavours=tuple(cfg.flavours), calibration=Calibration(**cfg.calibration.model_dump(exclude={"samples"})),
             metric=red.metric, max_drop=red.max_drop, max_float_layers=cfg.fallback.max_float_layers,
@@ -152,10 +157,14 @@ class QuantizeStage(Stage):
         if not ctx.data.meaningful_accuracy:
             ctx.log(f"{ctx.data.name} data: the labels are random, so an accuracy drop measures noise; the "
                     "ladder stays at PTQ (nothing to recover) and the red line is not judged", style="yellow")
+        qat = cfg.qat.enabled and model is not None
+        if cfg.qat.enabled and model is None:
+            ctx.log(f"{field}.qat: QAT trains the torch model, and {inputs['model'].name} is an ONNX file: the ladder "
+                    "stops at the fallback rung (give model.name and model.weights to climb to QAT)", style="yellow")
         rungs = [] if not ctx.data.meaningful_accuracy else [
             *([("fallback", ladder.fallback)] if cfg.fallback.enabled else []),
             *([("qat", lambda _: self._qat(ctx, cfg, ladder, model, description, inputs, calib, field))]
-              if cfg.qat.enabled else [])]
+              if qat else [])]
         return climb(ladder.ptq, rungs, ladder.settings.max_drop, log=lambda m: ctx.log(m, style="red"))
 
     def _qat(self, ctx, cfg: QuantizeConfig, ladder: Ladder, model, description, inputs, calib, field) -> Attempt:

@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from compress.stages.base import Stage
 
 BUILTIN: dict[str, str] = {
+    "model": "compress.stages.model_stage:ModelStage",
     "train": "compress.stages.train_stage:TrainStage",
     "prune": "compress.stages.prune_stage:PruneStage",
     "distill": "compress.stages.distill_stage:DistillStage",
