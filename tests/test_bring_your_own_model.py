@@ -74,7 +74,7 @@ def test_trained_weights_start_the_run_with_the_train_stages_figure_then_prune_q
     report = json.loads((run_dir / "bench" / "report" / "report.json").read_text())
     assert report["baseline"] == "model.model"
     assert report["data"]["test_independence"]["status"] == "unknown"
-    assert any(f.startswith("† ") and "the data it learned from is unknown" in f for f in report["flags"])
+    assert any(f.startswith("† ") and "the data they learned from is unknown" in f for f in report["flags"])
     md = (run_dir / "bench" / "report" / "report.md").read_text()
     rows = [line for line in md.splitlines() if line.startswith("| ") and any(a in line for a in (
         "model.model", "prune.model", "quantize.onnx_cpu", "export.onnx"))]
@@ -178,10 +178,20 @@ def test_a_test_folder_of_the_users_own_is_the_whole_test_split_and_vouches_for_
     train_pixels = {bytes(img.numpy().tobytes()) for img in bundle.train.images}
     assert not any(bytes(img.numpy().tobytes()) in train_pixels for img in bundle.test.images)
     brought = ModelConfig(name="resnet20", weights="w.safetensors")
-    assert test_independence(brought, data)["status"] == "test_path"
+    # a folder apart from this run's train split says nothing of where the weights first learned: still unknown
+    own_folder = test_independence(brought, data)
+    assert own_folder["status"] == "unknown" and "data.test_path" in own_folder["note"]
     assert test_independence(brought, DataConfig(name="digits"))["status"] == "unknown"
     assert test_independence(brought, DataConfig(name="digits", independent_test=True))["status"] == "declared"
     assert test_independence(ModelConfig(name="resnet20"), DataConfig(name="digits")) is None  # trained here
+    teacher = [{"name": "distill", "kind": "distill", "teacher": {"name": "resnet20", "weights": "t.safetensors"}}]
+    assert test_independence(ModelConfig(name="resnet20"), DataConfig(name="digits"), teacher)["status"] == "unknown"
+    # a test folder that repeats an image of the train folder is refused
+    shutil.copy(next((tmp_path / "train" / "c0").iterdir()), tmp_path / "test" / "c0" / "copied.png")
+    from compress.errors import DataInputError
+
+    with pytest.raises(DataInputError, match=r"1 of its 25 images are also in"):
+        load_section(data, "p.yaml")
 
 
 def test_compress_stage_starts_from_weights_given_on_the_command_line(trained, tmp_path):
@@ -194,3 +204,21 @@ def test_compress_stage_starts_from_weights_given_on_the_command_line(trained, t
     assert manifest["stages"]["model"]["metrics"]["test_top1"] == trained["test_top1"]
     assert manifest["artifacts"]["quantize.onnx_cpu"]["made_from"] == ["model.model"]
     assert np.isfinite(manifest["stages"]["quantize"]["metrics"]["reference_test"])
+
+
+def test_an_onnx_file_that_records_another_split_is_refused_unless_the_test_is_declared_independent(
+        trained, tmp_path, capsys):
+    from export.onnx_metadata import DATA_KEY, write_metadata
+
+    made_here = tmp_path / "made_here.onnx"
+    onnx.save(onnx.load(str(trained["onnx"])), str(made_here))  # inline weights: the copy stands alone
+    write_metadata(made_here, {DATA_KEY: json.dumps({"name": "digits", "split_digest": "f" * 64,
+                                                     "sizes": {"train": 1, "val": 1, "calib": 1, "test": 1}})})
+    config = _brought({"onnx": str(made_here)}, [QUANTIZE])
+    assert main(["run", str(_write(tmp_path, config)), "--run-dir", str(tmp_path / "r1"), "--only", "model"]) == 2
+    assert "records that it was made on data split ffffffffffff" in capsys.readouterr().err
+    config["data"]["independent_test"] = True
+    assert main(["run", str(_write(tmp_path, config, "i.yaml")), "--run-dir", str(tmp_path / "r2"),
+                 "--only", "model"]) == 0
+    statement = _manifest(tmp_path / "r2")["stages"]["model"]["metrics"]["origin"]
+    assert statement["test_independence"] == "declared" and "cannot check" in statement["note"]

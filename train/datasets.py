@@ -7,6 +7,7 @@ installed package or already on the user's disk.
 """
 from __future__ import annotations
 
+import hashlib
 import pickle
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -175,6 +176,13 @@ def load_imagefolder_with_test(root: str | Path, test_root: str | Path, image_si
                         f"{main.class_names}; the test folder needs the same class sub-folders")
     if test.images.shape[1] != main.images.shape[1]:  # a grey-only test folder beside an RGB one
         test.images = test.images.expand(-1, main.images.shape[1], -1, -1).contiguous()
+    seen = {hashlib.sha256(image.numpy().tobytes()).digest() for image in main.images}
+    shared = [i for i, image in enumerate(test.images) if hashlib.sha256(image.numpy().tobytes()).digest() in seen]
+    if shared:  # the same picture in both: a test image the model trains on
+        files = imagefolder_files(test_root)[1]
+        raise DataError(f"data.test_path: {len(shared)} of its {len(test.labels)} images are also in {root} (decoded, "
+                        f"pixel for pixel; e.g. {files[shared[0]][0]}): they would be test images the model trains on; "
+                        "remove them from one of the folders")
     n = len(main.labels)
     return RawDataset(images=torch.cat([main.images, test.images]), labels=torch.cat([main.labels, test.labels]),
                       num_classes=main.num_classes, class_names=main.class_names,

@@ -26,6 +26,7 @@ from compress.pipeline.pipeline_data import load_section
 from compress.pipeline.pipeline_file import Pipeline, load_pipeline
 from compress.stages.base import InputArtifact
 from compress.stages.bench_stage import BenchConfig, artifact_spec, run_relative, summary_table, test_set_of
+from compress.stages.provenance import independence_flag, runs_independence
 from serve_bench.bench import BenchSettings, TestSet, run_benchmark
 from serve_bench.gate import evaluate
 from serve_bench.harness import HarnessSettings
@@ -140,13 +141,15 @@ def compare_runs(run_dirs: list[Path], out: Path, console: Console, artifact: st
     for entry in result.entries:  # each relative to the run directory it comes from
         entry["path"] = run_relative(entry["path"], Path(entry["run"]))
     meaningful = first.meaningful_accuracy
+    independence = runs_independence([run.pipeline.config for run in runs])
     report = {"pipeline": "compare", "baseline": specs[0].name, "metric": metric, "artifacts": result.entries,
               "gate": evaluate(result.entries, limits.latency.p99_budget_ms, limits.red_line.max_drop,
                                accuracy_meaningful=meaningful, decision=limits.gate.decision),
               "flags": [f"{name}: {why}" for name, why in result.unpaired.items()]
-              + [f for f in [busy_machine_flag(result.entries)] if f],
+              + [f for f in [busy_machine_flag(result.entries), independence_flag(independence)] if f],
               "environment": environment(), "settings": {**cfg.model_dump(mode="json"), "batch_size": settings.batch_size},
-              "data": test_set_facts(first.pipeline.config.data.name, first.test, meaningful),
+              "data": {**test_set_facts(first.pipeline.config.data.name, first.test, meaningful),
+                       "test_independence": independence},
               "comparison": {"runs": [{"run": str(r.run_dir), "label": r.label, "artifact": r.artifact.name,
                                        "test_digest": r.test.digest, "paired": s.name not in result.unpaired}
                                       for r, s in zip(runs, specs)],

@@ -186,6 +186,8 @@ def prune(model: nn.Module, example: torch.Tensor, target: PruneTarget, protecte
     importance = _importance(model, settings)
     model.eval()
     macs_before, params_before = tp.utils.count_ops_and_params(model, example)
+    with torch.no_grad():
+        classes_before = model(example).shape[-1]
     channels_before, heads_before = _channels(model), structure.head_counts(model)
     reasons = _kept_whole(model, protected)
     ignored = list(dict.fromkeys([*protected, *reasons]))  # the pruner ignores these and their submodules
@@ -224,10 +226,13 @@ def prune(model: nn.Module, example: torch.Tensor, target: PruneTarget, protecte
                            f"with max_layer_ratio {settings.max_layer_ratio}; raise it or relax the target")
     try:
         with torch.no_grad():
-            model(example)
+            width = model(example).shape[-1]
     except Exception as exc:  # a layer torch-pruning resized but whose forward was not told
         raise PruningError(f"the pruned model no longer runs ({type(exc).__name__}: {exc}); list the layer it names "
                            "under protected") from exc
+    if width != classes_before:  # the classifier was not the layer protected as such
+        raise PruningError(f"the pruned model gives {width} scores, not the {classes_before} classes it gave: "
+                           "its classifier was pruned; list the classifier's module name under protected")
     params_after = sum(p.numel() for p in model.parameters())
     history += pruner.pruning_history()
     history = [[name, bool(out), [int(i) for i in idxs]] for name, out, idxs in history]

@@ -27,6 +27,7 @@ from compress.search.measure_env import MeasurementEnvironment
 from compress.stages.base import InputArtifact
 from compress.stages.bench_stage import BenchConfig, artifact_spec, run_relative
 from compress.stages.data_match import check_same_data
+from compress.stages.provenance import independence_flag, test_independence
 from serve_bench.bench import BenchSettings, TestSet, run_benchmark
 from serve_bench.gate import evaluate
 from serve_bench.harness import HarnessSettings, short_of_floors_flag
@@ -162,15 +163,17 @@ def measure_split(contenders: list[Contender], pipeline: Pipeline, limits: Limit
         entry["path"] = run_relative(entry["path"], Path(entry["run"]))
     gate = evaluate(result.entries, limits.p99_budget_ms, limits.max_drop, accuracy_meaningful=data.meaningful_accuracy,
                     decision=limits.decision)
+    independence = test_independence(pipeline.config.model, pipeline.config.data, pipeline.config.stages)
     report = {"format": FORMAT, "key": key, "split": split, "pipeline": pipeline.config.name,
               "baseline": specs[0].name, "metric": limits.metric, "limits": limits.as_dict(),
               "contenders": [c.as_dict() for c in contenders], "artifacts": result.entries, "gate": gate,
               "flags": [f"{name}: {why}" for name, why in result.unpaired.items()]
               + [f for f in (too_few_blocks(result.entries), short_of_floors_flag(result.entries),
-                             busy_machine_flag(result.entries)) if f],
+                             busy_machine_flag(result.entries), independence_flag(independence)) if f],
               "environment": environment(), "measured_in": MeasurementEnvironment.here().as_dict(),
               "settings": {**cfg.model_dump(mode="json"), "batch_size": settings.batch_size},
-              "data": {**test_set_facts(pipeline.config.data.name, images, data.meaningful_accuracy), "split": split}}
+              "data": {**test_set_facts(pipeline.config.data.name, images, data.meaningful_accuracy), "split": split,
+                       "test_independence": independence}}
     with atomic_dir(out) as folder:
         if split == "test":
             write_report(folder, report, result.latencies, result.predictions)

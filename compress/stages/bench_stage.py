@@ -10,7 +10,7 @@ from rich.table import Table
 from compress.config import StageConfig
 from compress.errors import ArtifactError, ConfigError
 from compress.stages.base import InputArtifact, Output, Stage, StageContext, StageResult
-from compress.stages.provenance import UNKNOWN, test_independence
+from compress.stages.provenance import independence_flag, test_independence
 from serve_bench.bench import ArtifactSpec, BenchSettings, TestSet, run_benchmark
 from serve_bench.gate import evaluate, quantized_not_faster
 from serve_bench.harness import HarnessSettings, short_of_floors_flag
@@ -52,6 +52,7 @@ class BenchStage(Stage):
     kind = "bench"
     Config = BenchConfig
     collects_deployable = True
+    input_roles = ("baseline",)  # also among the measured artifacts; named so the default is the red line's
     produces = ("report",)
     uses = ("seed", "data", "model", "red_line", "latency", "gate")
     keyed_on_environment = True
@@ -59,12 +60,14 @@ class BenchStage(Stage):
     def run(self, ctx: StageContext, inputs: dict[str, InputArtifact]) -> StageResult:
         cfg: BenchConfig = self.config  # type: ignore[assignment]
         data, pipeline = ctx.data, ctx.pipeline
-        specs = [artifact_spec(a, cfg) for a in inputs.values()]
+        unique = {a.name: a for a in inputs.values()}  # the baseline input is also one of the collected artifacts
+        specs = [artifact_spec(a, cfg) for a in unique.values()]
         if not specs:
             raise ArtifactError(f"stage {ctx.name!r} found no deployable artifact to measure; add a train stage first")
-        # the torch model of the run, else the file the user brought (a model.onnx run has no torch model)
-        baseline = cfg.baseline or next((s.name for s in specs if s.backend == "torch"),
-                                        next((s.name for s in specs if s.stage == "model"), None))
+        # the red line's baseline, the runner's "baseline" input: the first train stage's model, else the model the
+        # user brought (measured first where a train stage fine-tunes it); inputs given by path: the first torch model
+        red_line_baseline = inputs["baseline"].name if "baseline" in inputs else None
+        baseline = cfg.baseline or red_line_baseline or next((s.name for s in specs if s.backend == "torch"), None)
         if baseline not in {s.name for s in specs}:
             raise ArtifactError(f"stage {ctx.name!r}: baseline {baseline!r} is not among the measured artifacts "
                                 f"({', '.join(s.name for s in specs)})")
@@ -89,9 +92,8 @@ class BenchStage(Stage):
         flags = quantized_not_faster(result.entries, env["isa"])
         flags += [f for f in (too_few_blocks(result.entries), short_of_floors_flag(result.entries),
                               busy_machine_flag(result.entries)) if f]
-        independence = test_independence(pipeline.model, pipeline.data)
-        if independence and independence["status"] == UNKNOWN:
-            flags.append(f"† {independence['note']}")
+        independence = test_independence(pipeline.model, pipeline.data, pipeline.stages)
+        flags += [f for f in (independence_flag(independence),) if f]
         report = {"pipeline": pipeline.name, "baseline": baseline, "metric": metric, "artifacts": result.entries,
                   "gate": gate, "flags": flags, "environment": env, "settings": {**cfg.model_dump(mode="json"),
                                                                            "batch_size": batch},

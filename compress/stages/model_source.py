@@ -14,10 +14,11 @@ from torch import nn
 from compress.config import ModelConfig
 from compress.errors import ArtifactError, ConfigError
 from compress.stages.base import InputArtifact
+from export.external_data import UnsafeModelError, check_external_data
 from train.data import DataBundle
 from train.file_digest import file_sha256
 from train.model_io import describe, load_model
-from train.models import ModelError, build_model, code_file, load_weights
+from train.models import TIMM_PREFIX, ModelError, build_model, code_file, load_weights
 
 
 @functools.lru_cache(maxsize=64)
@@ -40,7 +41,12 @@ def source_digests(cfg: ModelConfig) -> dict:
     if cfg.onnx:
         path = Path(cfg.onnx)
         digests["onnx"] = _content_digest(path) if path.is_file() else f"missing: {path}"
+        digests.update(_external_digests(path))
         return digests
+    if (cfg.name or "").startswith(TIMM_PREFIX):  # a new timm can change an architecture's defaults, not its shapes
+        import timm
+
+        digests["timm"] = timm.__version__
     if cfg.weights:
         path = Path(cfg.weights)
         digests["weights"] = _content_digest(path) if path.is_file() else f"missing: {path}"
@@ -48,6 +54,18 @@ def source_digests(cfg: ModelConfig) -> dict:
     if code is not None:
         digests["code"] = _content_digest(code)
     return digests
+
+
+def _external_digests(path: Path) -> dict:
+    """The bytes of an ONNX file's external-data files: retrained weights may change only those."""
+    if not path.is_file():
+        return {}
+    try:
+        locations = check_external_data(path)
+    except (UnsafeModelError, OSError, ValueError) as exc:  # refused with the fix when the model stage runs
+        return {"external_data": f"unreadable: {exc}"}
+    return {f"external_data:{loc}": _content_digest(path.parent / loc) if (path.parent / loc).is_file()
+            else f"missing: {loc}" for loc in locations}
 
 
 def model_sources(*sections: BaseModel | None) -> list[dict]:

@@ -58,7 +58,7 @@ def _protected(model: nn.Module, names: list[str], field: str) -> list[nn.Module
     if missing:
         raise ConfigError(f"{field}.protected: no module named {', '.join(missing)}")
     classifier = model.get_classifier() if callable(getattr(model, "get_classifier", None)) else None  # timm's
-    if not isinstance(classifier, nn.Linear):
+    if not isinstance(classifier, (nn.Linear, nn.Conv2d)):  # some timm models classify with a 1×1 convolution
         classifier = ([m for m in model.modules() if isinstance(m, nn.Linear)] or [None])[-1]
     return [modules[n] for n in names] + ([classifier] if classifier is not None else [])  # it keeps its class count
 
