@@ -7,9 +7,8 @@ measures it on the test split through the same evaluation as every later artifac
 red line's baseline) and saves it as ``model.model``. Any stage may name it in ``inputs:``.
 
 Where a model learned is unknown to this run, so its record says so (``origin.training_data:
-unknown``); the bench report and model card repeat it beside every accuracy unless the test
-split is the user's own folder (``data.test_path``) or the user declared
-``data.independent_test``. See ``compress.stages.provenance``.
+unknown``); the bench report and model card repeat it beside every accuracy unless the user
+declared ``data.independent_test``. See ``compress.stages.provenance``.
 """
 from __future__ import annotations
 
