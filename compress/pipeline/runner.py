@@ -82,8 +82,9 @@ def input_refs(pipeline: Pipeline) -> dict[str, dict[str, str]]:
     """Artifact name each stage reads per input role.
 
     Defaults: ``model`` is the latest earlier model; ``teacher`` (and a ``baseline``) is the
-    first train stage's model, the trained baseline (the brought model where nothing trains); a role in the stage's ``latest_of`` is
-    the latest earlier artifact of that role (an INT8 export reads the latest Q/DQ file).
+    first train stage's model, the trained baseline (the brought model where nothing trains); a
+    role in the stage's ``latest_of`` is the latest earlier artifact of that role (an INT8 export
+    reads the latest Q/DQ file).
     """
     refs: dict[str, dict[str, str]] = {}
     earlier: list[tuple[str, type]] = []

@@ -65,7 +65,8 @@ class ModelStage(Stage):
         metrics = {**test_metrics(test), "params": count_params(model), "macs": count_macs(model, data.input_shape),
                    "origin": origin}
         ctx.log(f"{cfg.name} from {cfg.weights}: {metrics['params']:,} params, {metrics['macs'] / 1e6:,.1f} M MACs, "
-                f"test top1 {metrics['test_top1']:.2f}% ({len(data.test)} images; test images: {origin['test_independence']})")
+                f"test top1 {metrics['test_top1']:.2f}% ({len(data.test)} images; test images: "
+                f"{origin['test_independence']})")
         with ctx.atomic_output_dir("model") as folder:
             save_model(model.to("cpu", memory_format=torch.contiguous_format), folder, description)
         metrics["summary"] = f"{cfg.name} weights, test top1 {metrics['test_top1']:.2f}% (training data unknown)"

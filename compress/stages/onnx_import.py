@@ -164,7 +164,7 @@ def import_onnx(source: Path, folder: Path, data: DataBundle, ctx: StageContext,
         raise ConfigError(f"model.onnx: {exc}") from exc
     try:
         onnx.checker.check_model(str(source))
-    except (onnx.checker.ValidationError, onnx.onnx_cpp2py_export.checker.ValidationError) as exc:  # type: ignore[attr-defined]
+    except onnx.checker.ValidationError as exc:
         raise _fail(source, f"onnx's checker refuses it ({str(exc).splitlines()[0][:200]}); re-export it") from exc
     except Exception as exc:  # a truncated or non-ONNX file: protobuf's DecodeError and friends
         raise _fail(source, f"not a readable ONNX file ({type(exc).__name__}: {str(exc)[:200]})") from exc
