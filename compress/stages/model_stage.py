@@ -12,7 +12,6 @@ declared ``data.independent_test``. See ``compress.stages.provenance``.
 """
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 from typing import Literal
 
@@ -85,6 +84,5 @@ class ModelStage(Stage):
                 f"{imported.test['top1']:.2f}% ({len(test_y)} images; test images: {origin['test_independence']})")
         metrics = {**test_metrics(imported.test), "params": imported.meta["params"], "origin": origin,
                    "summary": f"ONNX {source.name}, test top1 {imported.test['top1']:.2f}% (training data unknown)"}
-        shutil.rmtree(ctx.stage_dir / "work", ignore_errors=True)
         return StageResult(outputs=[Output("model", "onnx", ctx.stage_dir / "model", meta=meta)], metrics=metrics)
 
