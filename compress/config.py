@@ -96,8 +96,27 @@ class RedLine(Strict):
 
 
 class Latency(Strict):
+    """The latency a release must meet, and under what traffic.
+
+    ``single-stream`` gates on the closed-loop P99 (one request at a time: the service time);
+    ``server`` on the P99 at ``target_qps`` Poisson arrivals per second, measured with MLPerf LoadGen
+    from each query's scheduled send time, so queueing behind a slow request counts.
+    """
+
     p99_budget_ms: float | None = Field(None, gt=0)
     batch_size: int = Field(1, ge=1)
+    scenario: Literal["single-stream", "server"] = Field(
+        "single-stream", description="single-stream: closed loop; server: Poisson arrivals at target_qps")
+    target_qps: float | None = Field(None, gt=0, description="server: the arrival rate the service must carry")
+
+    @model_validator(mode="after")
+    def _traffic(self) -> "Latency":
+        if self.scenario == "server" and self.target_qps is None:
+            raise ValueError("scenario server needs target_qps (queries per second the service must carry), "
+                             "e.g. latency: {scenario: server, target_qps: 1000}")
+        if self.scenario != "server" and self.target_qps is not None:
+            raise ValueError("target_qps applies to the server scenario: add scenario: server, or drop target_qps")
+        return self
 
 
 class GateRule(Strict):

@@ -20,6 +20,7 @@ Three notions of speed leave here, each answering another question (see :func:`s
 from __future__ import annotations
 
 import contextlib
+import logging
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -27,11 +28,14 @@ import numpy as np
 from serve_bench.accuracy import accuracy, accuracy_intervals
 from serve_bench.harness import HarnessSettings, measure_interleaved
 from serve_bench.machine_load import load_summary
+from serve_bench.load.traffic import TrafficSettings, measure_traffic, wanted
 from serve_bench.latency_intervals import BlockedSamples, Ratio, block_bootstrap_ci, paired_ratio, repeat_spread
 from serve_bench.paired import paired_counts, paired_summary
 from serve_bench.predictions import Predictions, digest_of_test_split
 from serve_bench.stats import PERCENTILES, bootstrap_ci, summarize
-from serve_bench.worker import BenchWorker
+from serve_bench.worker import BenchWorker, WorkerError
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -76,6 +80,12 @@ class BenchSettings:
     per_class: bool = False
     eval_batch: int = 64
     repeats: int = 1  # whole interleaved measurements, for the run-to-run spread of each percentile
+    traffic: TrafficSettings | None = None  # latency under traffic (LoadGen); None: closed loop only
+    scenario: str = "single-stream"  # the pipeline's latency scenario and the rate it must carry
+    target_qps: float | None = None
+    budget_ms: float | None = None
+    decision: str = "point"
+    profile_iters: int = 0  # per-operator profile of each artifact over this many runs (0: none)
 
 
 @dataclass
@@ -85,6 +95,7 @@ class BenchResult:
     predictions: Predictions  # on the baseline's test split
     infos: dict[str, dict]
     unpaired: dict[str, str]  # artifact → why its accuracy could not be paired with the baseline's
+    traffic: dict | None = None  # report-level facts of the traffic measurement (the harness overhead)
 
 
 def _pool(test: TestSet, batch_size: int) -> np.ndarray:
@@ -161,9 +172,10 @@ def _fp32_reference(spec: ArtifactSpec, specs: list[ArtifactSpec]) -> ArtifactSp
 
 def run_benchmark(specs: list[ArtifactSpec], baseline: str, test: TestSet, settings: BenchSettings,
                   metric: str = "top1", max_drop: float | None = None, progress=None,
-                  own_tests: dict[str, TestSet] | None = None) -> BenchResult:
+                  own_tests: dict[str, TestSet] | None = None, say=None) -> BenchResult:
     """``own_tests`` gives an artifact another test set than ``test`` (a compared run made on other data):
-    its accuracy is measured there, and not paired with the baseline's unless the digests match."""
+    its accuracy is measured there, and not paired with the baseline's unless the digests match. ``say`` gets a
+    line per traffic test (default: the log)."""
     if baseline not in {s.name for s in specs}:
         raise ValueError(f"baseline {baseline!r} is not among the measured artifacts")
     tests = {s.name: (own_tests or {}).get(s.name, test) for s in specs}
@@ -181,6 +193,14 @@ def run_benchmark(specs: list[ArtifactSpec], baseline: str, test: TestSet, setti
             eval_batch = min(settings.eval_batch, spec.max_batch or settings.eval_batch)
             logits[spec.name] = workers[spec.name].call("predict", tests[spec.name].images, eval_batch)
         infos = {name: worker.info for name, worker in workers.items()}
+        traffic, traffic_facts = {}, None
+        if wanted(settings.traffic, settings.scenario):
+            expected = {name: float(np.percentile(b.flat, 50)) for name, b in measured["blocked"].items()}
+            traffic, traffic_facts = measure_traffic(
+                workers, scenario=settings.scenario, target_qps=settings.target_qps, budget_ms=settings.budget_ms,
+                decision=settings.decision, settings=settings.traffic, settle_s=settings.harness.settle_s,
+                expected_ms=expected, null_pool=_pool(test, 1)[:16], progress=say or progress_text)
+        profiles = {name: operator_profile(worker, settings) for name, worker in workers.items()}
 
     blocked = measured["blocked"]
     base_test = tests[baseline]
@@ -210,6 +230,8 @@ def run_benchmark(specs: list[ArtifactSpec], baseline: str, test: TestSet, setti
             "latency_ms": lat, **speed_figures(spec.name, baseline, blocked, wall[0], wall[1], settings.batch_size),
             "runner": infos[spec.name],
             "source_model": spec.source_model, "machine_load": load_summary(measured["loads"][spec.name]),
+            **({"traffic": traffic[spec.name]} if spec.name in traffic else {}),
+            **({"operator_profile": profiles[spec.name]} if profiles.get(spec.name) else {}),
             **spec.extra,
             **({"refused": spec.refused} if spec.refused else {}),
             **({"quantization": spec.quantization} if spec.quantization else {}),
@@ -233,4 +255,18 @@ def run_benchmark(specs: list[ArtifactSpec], baseline: str, test: TestSet, setti
                                                                       for r in runs],
                                 "spread": repeat_spread(runs)}
         entries.append(entry)
-    return BenchResult(entries, blocked, predictions, infos, unpaired)
+    return BenchResult(entries, blocked, predictions, infos, unpaired, traffic_facts)
+
+
+def progress_text(line: str) -> None:
+    log.info("%s", line)
+
+
+def operator_profile(worker: BenchWorker, settings: BenchSettings) -> dict | None:
+    """Where the time goes in one artifact, or why it was not profiled (a runtime without a profiler here)."""
+    if settings.profile_iters <= 0:
+        return None
+    try:
+        return worker.call("profile", settings.profile_iters, settings.threads)
+    except WorkerError as exc:
+        return {"error": str(exc).splitlines()[0]}

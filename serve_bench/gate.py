@@ -10,6 +10,7 @@ an artifact within the red line, with the test-set size that would.
 """
 from __future__ import annotations
 
+from serve_bench.load.capacity import capacity, loadgen_valid_for
 from serve_bench.paired import (LEVEL, POWER, PairedCounts, counts_of, drop_interval, needed_test_images,
                                smallest_certifiable_drop)
 
@@ -125,7 +126,46 @@ def _accuracy_problems(art: dict, max_drop: float, decision: str, notes: list[st
     return problems
 
 
+def server_run(art: dict) -> dict | None:
+    """The artifact's run at the pipeline's traffic when the pipeline gates on the server scenario."""
+    traffic = art.get("traffic") or {}
+    return traffic.get("at_target") if traffic.get("scenario") == "server" else None
+
+
+def _server_problems(art: dict, run: dict, budget: float | None, decision: str) -> list[str]:
+    """P99 at the arrival rate the pipeline names, from LoadGen's run: what an online release is gated on."""
+    rate = f"{run['offered_qps']:,.1f} queries/s"
+    if not run.get("sustainable", False):
+        return [f"at {rate}: {run.get('sustainable_reason') or 'not sustainable'}"]
+    if run.get("errors"):
+        return [f"at {rate}: the model failed while serving ({run['errors'][0]})"]
+    p99 = (run.get("latency_ms") or {}).get("p99")
+    if p99 is None:
+        return [f"at {rate}: no p99 measured"]
+    if budget is None:
+        return []
+    if p99 > budget:
+        return [f"p99 {p99:.3f} ms at {rate} > budget {budget:g} ms"]
+    if decision == "confident":
+        loadgen = run["loadgen"]
+        if loadgen_valid_for(run, budget) is False:
+            said = "; ".join(loadgen["invalid_reasons"] + loadgen["early_stopping"]) or "no reason given"
+            return [f"p99 {p99:.3f} ms at {rate}, but LoadGen found the run INVALID for a p99 claim against "
+                    f"{budget:g} ms ({said})"]
+        upper = (run.get("p99_ci") or [None, None])[1]
+        if upper is None or upper > budget:
+            return [f"p99 {p99:.3f} ms at {rate}, 95% upper bound "
+                    f"{'unknown' if upper is None else f'{upper:.3f} ms'} (block bootstrap over the schedule) "
+                    f"> budget {budget:g} ms"]
+    return []
+
+
 def _latency_problems(art: dict, budget: float | None, decision: str) -> list[str]:
+    run = server_run(art)
+    if run is not None:
+        return _server_problems(art, run, budget, decision)
+    if (art.get("traffic") or {}).get("scenario") == "server":
+        return ["no run at the pipeline's traffic (latency.scenario server) in the report: re-run the bench stage"]
     p99 = (art.get("latency_ms") or {}).get("p99")
     if p99 is None:
         return ["no p99 measured"]
@@ -157,6 +197,38 @@ def _test_set_note(artifacts: list[dict], max_drop: float) -> str | None:
             + (f"that takes ≥ {needed:,} test images" if needed else "no test set can show a red line this tight"))
 
 
+def carried_load(art: dict, budget_ms: float | None = None, decision: str | None = None) -> float | None:
+    """The most traffic the artifact carries within the budget (its best serving configuration), if swept.
+    Given a rule (``decision``) and budget other than the ones the sweep was judged by (a report re-gated),
+    every configuration's capacity is judged again from its curve; LoadGen's validity then counts only where
+    it was about this budget (serve_bench.load.capacity.passes)."""
+    sweep = (art.get("traffic") or {}).get("sweep") or {}
+    best = sweep.get("best")
+    if decision is None:
+        return best["capacity"]["qps"] if best else None
+    rule = "confident" if decision == "confident" else "point"
+    stored = (best or {}).get("capacity") or {}
+    if best and stored.get("budget_ms") == budget_ms and stored.get("rule") == rule:
+        return stored["qps"]
+    loads = [capacity(c["curve"], budget_ms, rule)["qps"] for c in sweep.get("configs") or []]
+    loads = [q for q in loads if q is not None]
+    return max(loads) if loads else None
+
+
+def preferred(candidates: list[dict], budget_ms: float | None = None, decision: str | None = None) -> dict:
+    """Where every candidate was swept, the one that carries the most traffic within the budget; otherwise the
+    lowest p99 (at the pipeline's traffic for the server scenario, else closed loop)."""
+    loads = [carried_load(a, budget_ms, decision) for a in candidates]
+    if all(load is not None for load in loads):
+        return candidates[max(range(len(candidates)), key=lambda i: (loads[i], -i))]  # ties: the first listed
+
+    def p99(art: dict) -> float:
+        run = server_run(art)
+        return (run or art)["latency_ms"]["p99"]
+
+    return min(candidates, key=p99)
+
+
 def evaluate(artifacts: list[dict], p99_budget_ms: float | None, max_accuracy_drop: float,
              accuracy_meaningful: bool = True, decision: str = "point") -> dict:
     """``artifacts`` are report entries with ``accuracy_drop`` (points, positive = worse), ``latency_ms.p99``
@@ -176,7 +248,7 @@ def evaluate(artifacts: list[dict], p99_budget_ms: float | None, max_accuracy_dr
             reasons.append(f"{art['name']}: " + "; ".join(problems))
         else:
             candidates.append(art)
-    release = min(candidates, key=lambda a: a["latency_ms"]["p99"])["name"] if candidates else None
+    release = preferred(candidates, p99_budget_ms, decision)["name"] if candidates else None
     if release is None:
         what = "the accuracy red line and the p99 budget" if accuracy_meaningful else "the p99 budget"
         reasons.insert(0, f"no artifact meets {'both ' if accuracy_meaningful else ''}{what}"
@@ -189,4 +261,27 @@ def evaluate(artifacts: list[dict], p99_budget_ms: float | None, max_accuracy_dr
     return {"p99_budget_ms": p99_budget_ms, "max_accuracy_drop": max_accuracy_drop, "passed": release is not None,
             "release": release, "reasons": reasons,
             "decided_on": "accuracy and latency" if accuracy_meaningful else "latency only",
-            "notes": notes, "decision": decision, "confidence": LEVEL}
+            "notes": notes + _capacity_notes(candidates, p99_budget_ms, decision), "decision": decision,
+            "confidence": LEVEL, **_latency_basis(artifacts, candidates, p99_budget_ms, decision)}
+
+
+def _capacity_notes(candidates: list[dict], budget_ms: float | None, decision: str) -> list[str]:
+    """Where an artifact passed at the pipeline's traffic but its sweep shows less headroom than that rate (the
+    probe grid's resolution, or noise between the two measurements), say so rather than rank it silently."""
+    notes = []
+    for art in candidates:
+        run, load = server_run(art), carried_load(art, budget_ms, decision)
+        if run is not None and load is not None and load < run["offered_qps"]:
+            notes.append(f"{art['name']} passed at {run['offered_qps']:,.1f} queries/s, but its sweep's highest load "
+                         f"within the budget is {load:,.1f}/s: little headroom above the traffic it must carry")
+    return notes
+
+
+def _latency_basis(artifacts: list[dict], candidates: list[dict], budget_ms: float | None, decision: str) -> dict:
+    """What "p99" meant for this gate and how the release was chosen among the artifacts that pass."""
+    server = [server_run(a) for a in artifacts if server_run(a)]
+    basis = (f"server scenario at {server[0]['offered_qps']:,.1f} queries/s (Poisson arrivals, MLPerf LoadGen)"
+             if server else "single-stream (closed loop, one request at a time)")
+    swept = bool(candidates) and all(carried_load(a, budget_ms, decision) is not None for a in candidates)
+    return {"latency_basis": basis,
+            "ranked_by": "most traffic within the p99 budget (best serving configuration)" if swept else "lowest p99"}

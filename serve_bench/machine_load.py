@@ -66,6 +66,9 @@ def load_summary(shares: list[float | None]) -> dict | None:
 def busy_machine_flag(entries: list[dict]) -> str | None:
     """A flag for the report when other processes used a substantial share of the cores while measuring."""
     loads = {e["name"]: e.get("machine_load") for e in entries if e.get("machine_load")}
+    # the traffic tests (serve_bench.load) too: an absolute p99 under load is the figure a neighbour moves most
+    loads.update({f"{e['name']} (under traffic)": (e.get("traffic") or {}).get("machine_load") for e in entries
+                  if (e.get("traffic") or {}).get("machine_load")})
     busy = {n: l for n, l in loads.items() if l["other_share_mean"] > BUSY_SHARE}
     if not busy:
         return None

@@ -94,3 +94,69 @@ def size_by_artifact(entries: list[dict]) -> bytes:
     ax.set_title("Size per artifact")
     ax.tick_params(axis="x", labelrotation=20, labelsize=8)
     return to_png(fig)
+
+
+def _curve_points(curve: list[dict]) -> list[dict]:
+    """The runs that can be drawn (a rate and a p99), by offered rate."""
+    drawable = [r for r in curve or [] if r.get("offered_qps") is not None
+                and (r.get("latency_ms") or {}).get("p99") is not None]
+    return sorted(drawable, key=lambda r: r["offered_qps"])
+
+
+def _draw_config(ax, config: dict, color, best: bool) -> None:
+    """One serving configuration's curve: p99 solid with its 95% interval, p50 dotted, points the queue could
+    not keep up with hollow red rings (a dot of the line's colour inside), the capacity a dashed vertical line."""
+    runs = _curve_points(config.get("curve"))
+    if not runs:
+        return
+    x = [r["offered_qps"] for r in runs]
+    p99 = [r["latency_ms"]["p99"] for r in runs]
+    label = f"{config.get('label', '?')}{' ★' if best else ''} p99"
+    ax.plot(x, p99, color=color, linewidth=1.4, label=label, zorder=2)
+    p50 = [(r["offered_qps"], r["latency_ms"].get("p50")) for r in runs if r["latency_ms"].get("p50") is not None]
+    if p50:
+        ax.plot(*zip(*p50), color=color, linewidth=1, linestyle=":", alpha=0.9, zorder=2)
+    for run, xi, yi in zip(runs, x, p99):
+        yerr = _error(yi, run.get("p99_ci"))
+        if run.get("sustainable") is not False:
+            ax.errorbar(xi, yi, yerr=yerr, fmt="o", color=color, markersize=4, capsize=2, zorder=3)
+        else:
+            ax.errorbar(xi, yi, yerr=yerr, fmt="o", color="red", mfc="none", markersize=7, capsize=2, zorder=3)
+            ax.plot(xi, yi, ".", color=color, markersize=3, zorder=4)  # whose point it is
+    qps = (config.get("capacity") or {}).get("qps")
+    if qps is not None:
+        ax.axvline(qps, color=color, linestyle="--", linewidth=1, alpha=0.9)
+
+
+def latency_load_curve(entries: list[dict], budget_ms: float | None) -> bytes | None:
+    """Latency against offered load (LoadGen server runs), one panel per artifact with a sweep, one line per
+    serving configuration; None when no artifact has a curve."""
+    swept = [(e["name"], (e.get("traffic") or {})) for e in entries]
+    swept = [(name, t) for name, t in swept if any(_curve_points(c.get("curve"))
+                                                  for c in (t.get("sweep") or {}).get("configs") or [])]
+    if not swept:
+        return None
+    cols = min(len(swept), 2)
+    rows = -(-len(swept) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(6.2 * cols, 4.0 * rows), squeeze=False)
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for ax, (name, traffic) in zip(axes.flat, swept):
+        sweep = traffic["sweep"]
+        best, configs = (sweep.get("best") or {}).get("label"), sweep.get("configs") or []
+        for i, config in enumerate(configs):
+            _draw_config(ax, config, colors[i % len(colors)], best is not None and config.get("label") == best)
+        if budget_ms:
+            ax.axhline(budget_ms, color="crimson", linewidth=1.2, label=f"p99 budget {budget_ms:g} ms")
+        if traffic.get("target_qps"):
+            ax.axvline(traffic["target_qps"], color="grey", linestyle="-.", label=f"target {traffic['target_qps']:g}/s")
+        if any(r.get("sustainable") is False for c in configs for r in _curve_points(c.get("curve"))):
+            ax.plot([], [], "o", color="red", mfc="none", label="saturation (not sustainable)")
+        ax.set_yscale("log")
+        ax.set_xlabel("offered load (queries/s, Poisson)")
+        ax.set_ylabel("latency from scheduled send (ms, log)")
+        ax.set_title(f"{name}: p99 solid (95% CI bars), p50 dotted, capacity dashed", fontsize=9)
+        ax.legend(fontsize=7)
+        ax.grid(alpha=0.3, which="both")
+    for ax in list(axes.flat)[len(swept):]:
+        ax.set_visible(False)
+    return to_png(fig)

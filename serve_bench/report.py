@@ -16,6 +16,7 @@ import numpy as np
 
 from serve_bench import plots
 from serve_bench import report_tables as tables
+from serve_bench import traffic_report
 from serve_bench.latency_intervals import BlockedSamples
 from serve_bench.paired import smallest_certifiable_drop
 from serve_bench.predictions import Predictions
@@ -102,8 +103,9 @@ def render_markdown(report: dict) -> str:
     lines += _md_table(tables.main_table(report))
     if report.get("flags"):
         lines += ["", "**Flags**", ""] + [f"- ⚠ {flag}" for flag in report["flags"]]
+    notes = traffic_report.section_notes(report)
     for title, table in tables.sections(report):
-        lines += ["", f"## {title}", ""] + _md_table(table)
+        lines += ["", f"## {title}", ""] + _md_table(table) + (["", notes[title]] if title in notes else [])
     lines += ["", INTERVALS_NOTE, "", f"Settings: {json.dumps(report.get('settings', {}))}.", ""]
     return "\n".join(lines)
 
@@ -133,7 +135,10 @@ def render_html(report: dict, figures: dict[str, bytes]) -> str:
     verdict = "passed" if gate["passed"] else "failed"
     figs = "".join(f"<figure>{_img(png, name)}</figure>" for name, png in figures.items())
     flags = "".join(f"<li class=\"flag\">⚠ {html.escape(f)}</li>" for f in report.get("flags", []))
-    more = "".join(f"<h2>{html.escape(title)}</h2>{_html_table(table)}" for title, table in tables.sections(report))
+    notes = {title: f'<p class="environment">{html.escape(line)}</p>'
+             for title, line in traffic_report.section_notes(report).items()}
+    more = "".join(f"<h2>{html.escape(title)}</h2>{_html_table(table)}{notes.get(title, '')}"
+                   for title, table in tables.sections(report))
     gate_line = html.escape(_gate_line(gate, metric, report["baseline"]).replace("`", ""))
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>Release report: {html.escape(report.get('pipeline', ''))}</title>
@@ -171,6 +176,10 @@ def figures(report: dict, latencies: dict[str, np.ndarray]) -> dict[str, bytes]:
         out["latency_cdf.png"] = plots.latency_cdf(latencies, gate["p99_budget_ms"])
     out["accuracy_vs_p99.png"] = plots.accuracy_vs_p99(report["artifacts"], metric, red_line, gate["p99_budget_ms"])
     out["size_by_artifact.png"] = plots.size_by_artifact(report["artifacts"])
+    budget = (report.get("traffic") or {}).get("p99_budget_ms") or gate["p99_budget_ms"]
+    curve = plots.latency_load_curve(report["artifacts"], budget)
+    if curve is not None:
+        out["latency_vs_load.png"] = curve
     return out
 
 

@@ -6,6 +6,9 @@ speed-up, so a reader sees at once which differences are real.
 """
 from __future__ import annotations
 
+from serve_bench.profile_report import profile_sections
+from serve_bench.traffic_report import traffic_sections
+
 Table = tuple[list[str], list[list[str]]]
 
 
@@ -132,7 +135,8 @@ def comparison_table(report: dict) -> Table:
 
 
 def sections(report: dict) -> list[tuple[str, Table]]:
-    """The tables after the main one, each with its heading; empty ones left out."""
+    """The tables after the main one, each with its heading; empty ones left out; then latency under traffic and
+    where each artifact's time goes."""
     out = [("Comparison of runs", comparison_table(report)),("Latency against the baseline (block-paired)", ratio_table(report)),
            ("Run-to-run spread", repeat_table(report)), ("INT8 ladder", ladder_table(report))]
-    return [(title, table) for title, table in out if table[1]]
+    return [(title, table) for title, table in out if table[1]] + traffic_sections(report) + profile_sections(report)

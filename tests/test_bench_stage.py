@@ -13,7 +13,8 @@ from tests.conftest import TINY
 from tests.report_invariants import points_outside_intervals
 
 FAST_BENCH = {"name": "bench", "kind": "bench", "min_iters": 200, "min_samples": 200, "min_duration_s": 0.0,
-              "warmup_iters": 5, "warmup_s": 0.0, "block_iters": 50, "threads": 1, "settle_s": 0.0, "block_s": 0.0}
+              "warmup_iters": 5, "warmup_s": 0.0, "block_iters": 50, "threads": 1, "settle_s": 0.0, "block_s": 0.0,
+              "profile_iters": 0}
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,7 @@ from serve_bench.predictions import load_predictions
 from tests.conftest import ROOT, TINY, run_cli
 
 FAST_BENCH = {"min_iters": 100, "min_samples": 100, "min_duration_s": 0.0, "warmup_iters": 2, "warmup_s": 0.0,
-              "block_iters": 50, "threads": 1, "settle_s": 0.0, "block_s": 0.0}
+              "block_iters": 50, "threads": 1, "settle_s": 0.0, "block_s": 0.0, "profile_iters": 0}
 EPOCHS = 6
 PROJECT_PACKAGES = ("compress", "train", "export", "serve_bench")
 

@@ -25,11 +25,11 @@ from compress.pipeline.manifest import Manifest
 from compress.pipeline.pipeline_data import load_section
 from compress.pipeline.pipeline_file import Pipeline, load_pipeline
 from compress.stages.base import InputArtifact
-from compress.stages.bench_stage import BenchConfig, artifact_spec, run_relative, summary_table, test_set_of
+from compress.stages.bench_stage import (BenchConfig, artifact_spec, bench_settings, run_relative, summary_table,
+                                         test_set_of)
 from compress.stages.provenance import independence_flag, runs_independence
 from serve_bench.bench import BenchSettings, TestSet, run_benchmark
 from serve_bench.gate import evaluate
-from serve_bench.harness import HarnessSettings
 from serve_bench.machine_load import busy_machine_flag
 from serve_bench.report import test_set_facts, write_report
 from serve_bench.report_tables import comparison_table
@@ -112,10 +112,7 @@ def _settings(first: ComparedRun, repeats: int) -> tuple[BenchSettings, BenchCon
         cfg = BenchConfig(**saved)
     except ValueError as exc:
         raise ArtifactError(f"{first.run_dir}: its report's bench settings no longer validate ({exc})") from exc
-    batch = cfg.batch_size or first.pipeline.config.latency.batch_size
-    harness = HarnessSettings(**cfg.model_dump(include=set(HarnessSettings.model_fields)))
-    return BenchSettings(harness=harness, batch_size=batch, threads=cfg.threads, device=cfg.device,
-                         device_only=cfg.device_only, min_samples=cfg.min_samples, repeats=repeats), cfg
+    return bench_settings(cfg, first.pipeline.config, repeats=repeats), cfg
 
 
 def compare_runs(run_dirs: list[Path], out: Path, console: Console, artifact: str | None = None,
@@ -147,7 +144,8 @@ def compare_runs(run_dirs: list[Path], out: Path, console: Console, artifact: st
                                accuracy_meaningful=meaningful, decision=limits.gate.decision),
               "flags": [f"{name}: {why}" for name, why in result.unpaired.items()]
               + [f for f in [busy_machine_flag(result.entries), independence_flag(independence)] if f],
-              "environment": environment(), "settings": {**cfg.model_dump(mode="json"), "batch_size": settings.batch_size},
+              "environment": environment(), "traffic": result.traffic,
+              "settings": {**cfg.model_dump(mode="json"), "batch_size": settings.batch_size},
               "data": {**test_set_facts(first.pipeline.config.data.name, first.test, meaningful),
                        "test_independence": independence},
               "comparison": {"runs": [{"run": str(r.run_dir), "label": r.label, "artifact": r.artifact.name,

@@ -26,6 +26,7 @@ from compress.release.model_card import build_card, render_markdown
 from export.external_data import UnsafeModelError, check_external_data
 from export.tensorrt_engine import ENGINE_FILE
 from export.onnx_metadata import CLASSES_KEY, PREPROCESSING_KEY, input_description, read_deployment
+from serve_bench.gate import preferred
 from serve_bench.report import environment_line
 from train.atomic_io import atomic_dir
 from train.file_digest import file_sha256
@@ -101,7 +102,7 @@ def _chosen(report: dict, artifact: str | None, anyway: bool, report_path: Path)
                   and a.get("latency_ms")]
     if not candidates:
         raise ConfigError(f"{report_path}: no measured artifact besides the baseline; name one with --artifact")
-    return min(candidates, key=lambda a: a["latency_ms"]["p99"])["name"]
+    return preferred(candidates)["name"]
 
 
 def _decisive_config(manifest: Manifest, run_dir: Path, report_path: Path) -> Path:

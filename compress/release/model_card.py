@@ -38,10 +38,45 @@ def build_card(*, report: dict, entry: dict, released: dict, input_spec: dict, c
             "gate": {k: gate.get(k) for k in ("passed", "release", "decision", "confidence", "p99_budget_ms",
                                               "max_accuracy_drop", "reasons", "notes")},
             "input": input_spec, "classes": classes, "accuracy": accuracy, "latency": latency,
+            "serving": serving_of(entry),
             "size_bytes": entry.get("size_bytes"), "params": entry.get("params"), "macs": entry.get("macs"),
             "quantization": entry.get("quantization"), "tensorrt": tensorrt,
             "tensorrt_withheld": tensorrt_withheld, "pipeline": pipeline,
             "lineage": lineage, "flags": report.get("flags", []), "report": "report/report.json"}
+
+
+def serving_of(entry: dict) -> dict | None:
+    """How the released file should be served, from the bench's traffic measurement: the scenario the gate read
+    (and its figures), and the serving configuration that carried the most traffic within the budget."""
+    traffic = entry.get("traffic")
+    if not traffic:
+        return None
+    run, best = traffic.get("at_target"), (traffic.get("sweep") or {}).get("best")
+    return {"scenario": traffic.get("scenario"), "target_qps": traffic.get("target_qps"),
+            "at_target": None if not run else {
+                "serving": run.get("serving"), "p50_ms": (run.get("latency_ms") or {}).get("p50"),
+                "p99_ms": (run.get("latency_ms") or {}).get("p99"), "p99_ci": run.get("p99_ci"),
+                "loadgen_valid": run["loadgen"]["valid"], "queue_mean_ms": (run.get("queue_ms") or {}).get("mean"),
+                "model_mean_ms": (run.get("compute_ms") or {}).get("mean")},
+            "best_configuration": None if not best else {"serving": best["serving"], "label": best["label"],
+                                                         "capacity_qps": best["capacity"]["qps"],
+                                                         "capacity_ci": best["capacity"]["ci"]}}
+
+
+def _serving_lines(serving: dict | None) -> list[str]:
+    if not serving:
+        return []
+    lines = ["", "## Serving", ""]
+    run, best = serving.get("at_target"), serving.get("best_configuration")
+    if run:
+        lines.append(f"- at {serving['target_qps']:g} queries/s (Poisson arrivals, MLPerf LoadGen server scenario), "
+                     f"serving {json.dumps(run['serving'])}: p50 {run['p50_ms']} ms, p99 {run['p99_ms']} ms"
+                     f"{_interval(run.get('p99_ci'))}; LoadGen {'VALID' if run['loadgen_valid'] else 'INVALID'}; "
+                     f"mean {run['queue_mean_ms']} ms queued, {run['model_mean_ms']} ms in the model")
+    if best:
+        lines.append(f"- serve it as: {best['label']} ({json.dumps(best['serving'])}): the most traffic within the "
+                     f"p99 budget, {best['capacity_qps']:,.1f} queries/s{_interval(best.get('capacity_ci'))}")
+    return lines
 
 
 def _count(value) -> str:
@@ -101,7 +136,7 @@ def render_markdown(card: dict, environment_line: str) -> str:
               "| " + " | ".join(f"{lat[k]:.4g}" for k in LATENCY_KEYS if k in lat) + " |", "",
               f"- p50 95% interval{_interval(lat.get('p50_ci'))} ms; p99{_interval(lat.get('p99_ci'))} ms "
               f"(across blocks: p99{_interval(lat.get('p99_ci_blocks'))} ms)",
-              f"- measured on: {environment_line}", "",
+              f"- measured on: {environment_line}", *_serving_lines(card.get("serving")), "",
               "## Limits it was released under", "",
               f"- red line: at most {gate['max_accuracy_drop']} points of {metric} below `{acc['baseline']}`; "
               f"p99 budget: {gate['p99_budget_ms']} ms; decision rule: {gate['decision']}",

@@ -201,6 +201,8 @@ class Search:
         if o.get("p99_ratio") is not None:
             rci = o.get("p99_ratio_ci") or [o["p99_ratio"]] * 2
             text += f" (×{o['p99_ratio']:.3f} [{rci[0]:.3f}, {rci[1]:.3f}] of the baseline's)"
+        if o.get("carried_qps") is not None:
+            text += f", carries {o['carried_qps']:,.1f} queries/s within the budget"
         if o.get("accuracy") is not None and o.get("drop") is not None:
             text += f", validation {o['metric']} {o['accuracy']:.2f}% (drop {o['drop']:+.2f})"
         return text + (", within the limits" if o["feasible"] else f", OUT: {o['why']}")

@@ -24,18 +24,21 @@ from __future__ import annotations
 
 from compress.search.contenders import Limits
 from compress.search.final_gate import p99_ratio
-from serve_bench.gate import evaluate
+from serve_bench.gate import carried_load, evaluate, server_run
 
-FASTEST, MOST_ACCURATE = "fastest_within_red_line", "most_accurate_within_budget"
+FASTEST, MOST_ACCURATE, MOST_TRAFFIC = ("fastest_within_red_line", "most_accurate_within_budget",
+                                       "most_traffic_within_budget")
 CHOOSING_RULE = "point"  # how a trial is judged on the validation split: a choice, certified later on test
 
 
 def _bounded(entry: dict, decision: str) -> tuple[float | None, float | None]:
-    """(drop, p99) as the rule judges them: upper bounds under `confident`, estimates under `point`."""
-    drop, p99 = entry.get("accuracy_drop"), (entry.get("latency_ms") or {}).get("p99")
+    """(drop, p99) as the rule judges them: upper bounds under `confident`, estimates under `point`; the p99 the
+    gate reads: at the pipeline's traffic under the server scenario, else closed loop."""
+    run = server_run(entry)
+    drop, p99 = entry.get("accuracy_drop"), ((run or entry).get("latency_ms") or {}).get("p99")
     if decision == "confident":
         drop_ci = (entry.get("accuracy_paired") or {}).get("drop_ci")
-        p99_ci = (entry.get("latency_ms") or {}).get("p99_ci_blocks")
+        p99_ci = run.get("p99_ci") if run else (entry.get("latency_ms") or {}).get("p99_ci_blocks")
         drop = drop_ci[1] if drop_ci else drop
         p99 = p99_ci[1] if p99_ci else p99
     return drop, p99
@@ -82,6 +85,7 @@ def outcome_of(report: dict) -> dict:
         "p50": lat.get("p50"), "p50_ci": lat.get("p50_ci_blocks"), "p99": lat.get("p99"),
         "p99_ci": lat.get("p99_ci_blocks"), "p99_ratio": ratio.get("ratio"), "p99_ratio_ci": ratio.get("ci"),
         "constraints": constraints(limits, drop_used, p99_used, meaningful),
+        "carried_qps": carried_load(entry),  # with a traffic sweep: its best serving configuration's capacity
     }
 
 
@@ -90,7 +94,11 @@ def directions(sampler: str) -> list[str]:
     return ["minimize", "minimize"] if sampler == "nsga2" else ["minimize"]
 
 
-def _speed(outcome: dict) -> float:
+def _speed(outcome: dict, objective: str = FASTEST) -> float:
+    """What "faster" means for the objective: the p99 ratio to the baseline, or, for the most traffic, the load
+    carried within the budget negated (so every objective is minimised; none carried counts as 0)."""
+    if objective == MOST_TRAFFIC:
+        return -(outcome.get("carried_qps") or 0.0)
     return outcome["p99_ratio"]
 
 
@@ -100,14 +108,14 @@ def values(outcome: dict, objective: str, sampler: str) -> list[float]:
     as 0."""
     drop = 0.0 if outcome.get("drop") is None else outcome["drop"]
     if sampler == "nsga2":
-        return [_speed(outcome), drop]
-    return [_speed(outcome) if objective == FASTEST else drop]
+        return [_speed(outcome, objective), drop]
+    return [drop if objective == MOST_ACCURATE else _speed(outcome, objective)]
 
 
 def rank_key(outcome: dict, objective: str) -> tuple:
     """Order of the feasible trials for the finalists: the objective first, the other as a tie-break."""
     drop = 0.0 if outcome.get("drop") is None else outcome["drop"]
-    return (_speed(outcome), drop) if objective == FASTEST else (drop, _speed(outcome))
+    return (drop, _speed(outcome)) if objective == MOST_ACCURATE else (_speed(outcome, objective), drop)
 
 
 def best_first(outcomes: list[tuple[int, dict]], objective: str) -> list[int]:

@@ -19,11 +19,11 @@ from compress.errors import ConfigError
 from compress.pipeline.pipeline_file import (Pipeline, build_pipeline, fmt_path, line_map, line_of, read_yaml,
                                               set_dotted, yaml_value)
 
-OBJECTIVES = ("fastest_within_red_line", "most_accurate_within_budget")
+OBJECTIVES = ("fastest_within_red_line", "most_accurate_within_budget", "most_traffic_within_budget")
 # Settings a trial may not change: they name the run or pin what every trial must share.
 FIXED_PATHS = ("name", "run_dir", "threads")
 # The limits every trial and the final gate are judged against: the search's question, not a setting to vary.
-LIMIT_PATHS = ("red_line", "latency.p99_budget_ms", "gate")
+LIMIT_PATHS = ("red_line", "latency.p99_budget_ms", "latency.scenario", "latency.target_qps", "gate")
 # Data settings that change where or how images are decoded, not which pixels a model sees.
 DATA_LOCATION_FIELDS = ("decode_cache", "decode_cache_check", "cache_dir", "decode_workers")
 
@@ -78,7 +78,9 @@ class SearchSettings(Strict):
     pipeline: str = Field(..., description="the hand-set pipeline file (relative to this file): run as it is, as "
                                            "the reference, and the base every trial changes")
     run_dir: str | None = Field(None, description="the search directory; default: runs/<name>")
-    objective: Literal["fastest_within_red_line", "most_accurate_within_budget"] = "fastest_within_red_line"
+    objective: Literal["fastest_within_red_line", "most_accurate_within_budget", "most_traffic_within_budget"] = Field(
+        "fastest_within_red_line", description="most_traffic_within_budget: the trial whose artifact carries the "
+        "most Poisson traffic within the p99 budget (its bench sweeps serving configurations: traffic.sweep)")
     sampler: Literal["tpe", "nsga2"] = Field("tpe", description="tpe: one objective under the red line; nsga2: the "
                                                                 "accuracy/latency front")
     space: dict[str, Range | list[Any]] = Field(..., min_length=1,
@@ -196,6 +198,12 @@ def _check_stages(plan: SearchPlan) -> None:
     if after is not None and after not in [s.name for s in plan.base.stages]:
         raise ConfigError(f"{plan.path}: early_stop_after: no stage {after!r} in {plan.base_path}; stages: "
                           f"{', '.join(s.name for s in plan.base.stages)}")
+    if plan.settings.objective == "most_traffic_within_budget":
+        bench = next(s for s in plan.base.stages if s.kind == "bench")
+        if not bench.traffic.sweep or plan.base.latency.p99_budget_ms is None:
+            raise ConfigError(f"{plan.path}: objective most_traffic_within_budget ranks trials by the highest load "
+                              f"their artifact carries within the p99 budget: in {plan.base_path} set "
+                              f"latency.p99_budget_ms and `traffic: {{sweep: true}}` on bench stage {bench.name!r}")
     if plan.base_raw.get("threads") is not None:
         raise ConfigError(f"{plan.base_path}: threads: a search pins every trial's thread count itself; remove it and "
                           f"set threads_per_trial in {plan.path}")

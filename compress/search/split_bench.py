@@ -25,12 +25,12 @@ from compress.pipeline.runner import ARTIFACT_ROLE, input_refs
 from compress.search.contenders import Contender, Limits
 from compress.search.measure_env import MeasurementEnvironment
 from compress.stages.base import InputArtifact
-from compress.stages.bench_stage import BenchConfig, artifact_spec, run_relative
+from compress.stages.bench_stage import BenchConfig, artifact_spec, bench_settings, run_relative
 from compress.stages.data_match import check_same_data
 from compress.stages.provenance import independence_flag, test_independence
 from serve_bench.bench import BenchSettings, TestSet, run_benchmark
 from serve_bench.gate import evaluate
-from serve_bench.harness import HarnessSettings, short_of_floors_flag
+from serve_bench.harness import short_of_floors_flag
 from serve_bench.latency_intervals import too_few_blocks
 from serve_bench.machine_load import busy_machine_flag
 from serve_bench.report import REPORT_JSON, save_samples, test_set_facts, write_report
@@ -77,10 +77,7 @@ def split_set(data: DataBundle, split: str) -> TestSet:
 
 
 def _settings(cfg: BenchConfig, pipeline: Pipeline) -> BenchSettings:
-    harness = HarnessSettings(**cfg.model_dump(include=set(HarnessSettings.model_fields)))
-    return BenchSettings(harness=harness, batch_size=cfg.batch_size or pipeline.config.latency.batch_size,
-                         threads=cfg.threads, device=cfg.device, device_only=cfg.device_only,
-                         min_samples=cfg.min_samples, per_class=cfg.per_class, repeats=cfg.repeats)
+    return bench_settings(cfg, pipeline.config)
 
 
 def _input(contender: Contender) -> InputArtifact:
@@ -156,6 +153,8 @@ def measure_split(contenders: list[Contender], pipeline: Pipeline, limits: Limit
             spec.refused = None
         specs.append(spec)
     settings = _settings(cfg, pipeline)
+    if split == "val":  # a trial's score: its per-operator profile would go in a report nobody reads
+        settings.profile_iters = 0
     logger.info("measuring %s on the %s split (%d images), baseline %s", ", ".join(s.name for s in specs),
                 SPLITS[split], len(images.labels), specs[0].name)
     result = run_benchmark(specs, specs[0].name, images, settings, limits.metric, limits.max_drop)
@@ -171,6 +170,7 @@ def measure_split(contenders: list[Contender], pipeline: Pipeline, limits: Limit
               + [f for f in (too_few_blocks(result.entries), short_of_floors_flag(result.entries),
                              busy_machine_flag(result.entries), independence_flag(independence)) if f],
               "environment": environment(), "measured_in": MeasurementEnvironment.here().as_dict(),
+              "traffic": result.traffic,
               "settings": {**cfg.model_dump(mode="json"), "batch_size": settings.batch_size},
               "data": {**test_set_facts(pipeline.config.data.name, images, data.meaningful_accuracy), "split": split,
                        "test_independence": independence}}

@@ -7,7 +7,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 from rich.table import Table
 
-from compress.config import StageConfig
+from compress.config import PipelineConfig, StageConfig
 from compress.errors import ArtifactError, ConfigError
 from compress.stages.base import InputArtifact, Output, Stage, StageContext, StageResult
 from compress.stages.provenance import independence_flag, test_independence
@@ -15,7 +15,9 @@ from serve_bench.bench import ArtifactSpec, BenchSettings, TestSet, run_benchmar
 from serve_bench.gate import evaluate, quantized_not_faster
 from serve_bench.harness import HarnessSettings, short_of_floors_flag
 from serve_bench.latency_intervals import too_few_blocks
+from serve_bench.load.traffic import TrafficSettings
 from serve_bench.machine_load import busy_machine_flag
+from serve_bench.profile_report import profile_failures, unfused_qdq_flags
 from serve_bench.report import test_set_facts, write_report
 from serve_bench.report_tables import main_table
 from train.data import BatchStream, DataBundle
@@ -39,6 +41,11 @@ class BenchConfig(StageConfig, HarnessSettings):
     per_class: bool = False
     repeats: int = Field(1, ge=1, le=20, description="repeat the whole interleaved measurement this many times and "
                                                       "report each percentile's spread across repeats")
+    traffic: TrafficSettings = Field(default_factory=TrafficSettings,
+                                     description="latency under traffic: LoadGen at the pipeline's scenario, the "
+                                                 "serving configuration, the sweep for the highest load in budget")
+    profile_iters: int = Field(20, ge=0, description="runs of each artifact under its runtime's profiler, for the "
+                                                     "per-operator table (0: no profile)")
 
     @model_validator(mode="after")
     def _floor(self) -> "BenchConfig":
@@ -60,6 +67,10 @@ class BenchStage(Stage):
     def run(self, ctx: StageContext, inputs: dict[str, InputArtifact]) -> StageResult:
         cfg: BenchConfig = self.config  # type: ignore[assignment]
         data, pipeline = ctx.data, ctx.pipeline
+        if pipeline.latency.scenario == "server" and cfg.traffic.loadgen is False:
+            raise ConfigError(f"stages.{ctx.name}.traffic.loadgen: false, but latency.scenario is server: the gate "
+                              "reads the p99 at latency.target_qps, which only the LoadGen test measures; drop "
+                              "`loadgen: false` or gate on the single-stream scenario")
         unique = {a.name: a for a in inputs.values()}  # the baseline input is also one of the collected artifacts
         specs = [artifact_spec(a, cfg) for a in unique.values()]
         if not specs:
@@ -75,15 +86,12 @@ class BenchStage(Stage):
         test = test_set_of(data)
         if len(test.labels) < batch:
             raise ConfigError(f"stages.{ctx.name}.batch_size: {batch} is more than the {len(test.labels)} test images")
-        harness = HarnessSettings(**cfg.model_dump(include=set(HarnessSettings.model_fields)))
-        settings = BenchSettings(harness=harness, batch_size=batch, threads=cfg.threads, device=cfg.device,
-                                 device_only=cfg.device_only, min_samples=cfg.min_samples, per_class=cfg.per_class,
-                                 repeats=cfg.repeats)
+        settings = bench_settings(cfg, pipeline, batch)
         metric, max_drop = pipeline.red_line.metric, pipeline.red_line.max_drop
         ctx.log(f"measuring {len(specs)} artifacts interleaved (batch {batch}, ≥{cfg.min_iters} requests and "
                 f"≥{cfg.min_duration_s:g}s each{f', {cfg.repeats} repeats' if cfg.repeats > 1 else ''}), "
                 f"baseline {baseline}")
-        result = run_benchmark(specs, baseline, test, settings, metric, max_drop)
+        result = run_benchmark(specs, baseline, test, settings, metric, max_drop, say=ctx.log)
         for entry in result.entries:
             entry["path"] = run_relative(entry["path"], ctx.run_dir)
         gate = evaluate(result.entries, pipeline.latency.p99_budget_ms, max_drop,
@@ -94,9 +102,11 @@ class BenchStage(Stage):
                               busy_machine_flag(result.entries)) if f]
         independence = test_independence(pipeline.model, pipeline.data, pipeline.stages)
         flags += [f for f in (independence_flag(independence),) if f]
+        flags += unfused_qdq_flags(result.entries)
+        gate["notes"] += profile_failures(result.entries)
         report = {"pipeline": pipeline.name, "baseline": baseline, "metric": metric, "artifacts": result.entries,
-                  "gate": gate, "flags": flags, "environment": env, "settings": {**cfg.model_dump(mode="json"),
-                                                                           "batch_size": batch},
+                  "gate": gate, "flags": flags, "environment": env, "traffic": result.traffic,
+                  "settings": {**cfg.model_dump(mode="json"), "batch_size": batch},
                   "data": {**test_set_facts(data.name, test, data.meaningful_accuracy),
                            "test_independence": independence}}
         with ctx.atomic_output_dir("report") as folder:
@@ -114,6 +124,21 @@ class BenchStage(Stage):
         return StageResult(outputs=[Output("report", "report", ctx.stage_dir / "report",
                                            meta={"passed": gate["passed"]})],
                            metrics=metrics)
+
+
+def bench_settings(cfg: BenchConfig, pipeline: PipelineConfig, batch: int | None = None,
+                   repeats: int | None = None) -> BenchSettings:
+    """How a bench measures, from its stage settings and the pipeline's latency section (the scenario and the
+    traffic the gate reads, the budget and decision rule the capacity search judges by): one place, so the
+    bench stage, ``compress compare`` and a search's benches measure alike."""
+    harness = HarnessSettings(**cfg.model_dump(include=set(HarnessSettings.model_fields)))
+    latency = pipeline.latency
+    return BenchSettings(harness=harness, batch_size=batch or cfg.batch_size or latency.batch_size,
+                         threads=cfg.threads, device=cfg.device, device_only=cfg.device_only,
+                         min_samples=cfg.min_samples, per_class=cfg.per_class,
+                         repeats=cfg.repeats if repeats is None else repeats, traffic=cfg.traffic,
+                         scenario=latency.scenario, target_qps=latency.target_qps, budget_ms=latency.p99_budget_ms,
+                         decision=pipeline.gate.decision, profile_iters=cfg.profile_iters)
 
 
 def test_set_of(data: DataBundle) -> TestSet:

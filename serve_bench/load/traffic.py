@@ -1,0 +1,221 @@
+"""Latency under traffic for every artifact of a bench run, the artifacts taking turns.
+
+Each artifact's worker runs LoadGen against its own serving loop (one process per artifact, as
+for the closed-loop blocks); the parent only says which test to run next, pauses before each so
+the previous runtime's threads sleep, and records how busy the machine was meanwhile. Three
+things can be asked for:
+- the pipeline's scenario at its traffic (``at_target``: what the gate reads for the server scenario);
+- a sweep: per serving configuration, an offline run (the throughput ceiling), then server runs at
+  fractions of it and a bisection between the last rate within the budget and the first past it,
+  giving the latency–load curve and the highest load within the budget (serve_bench.load.capacity);
+- the harness's own overhead: the same tests of a model that does nothing, reported beside every figure.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import time
+from typing import Callable
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+from serve_bench.load.capacity import best_config, capacity, next_rates, within_budget
+from serve_bench.load.loadgen_scenarios import Scenario
+from serve_bench.load.serving_loop import ServingSettings
+from serve_bench.machine_load import LoadSampler, load_summary
+from serve_bench.worker import BenchWorker
+
+log = logging.getLogger(__name__)
+
+
+def _default_configs() -> list[ServingSettings]:
+    return [ServingSettings(), ServingSettings(max_batch=8, max_queue_delay_us=2000)]
+
+
+class TrafficSettings(BaseModel):
+    """How the bench measures latency under traffic (the scenario and its rate are the pipeline's ``latency``)."""
+
+    model_config = ConfigDict(extra="forbid")
+    loadgen: bool | None = Field(None, description="run the pipeline's scenario under MLPerf LoadGen for every "
+                                                   "artifact; default: for the server scenario (single-stream is "
+                                                   "the closed-loop harness's own measurement)")
+    duration_s: float = Field(2.0, gt=0, description="LoadGen's minimum duration of each test")
+    min_queries: int = Field(1000, ge=1, description="LoadGen's minimum query count of the at-target and `loads` "
+                                                     "tests (its early stopping needs about 700 queries with none "
+                                                     "past the budget before it will claim a 99th percentile)")
+    sweep_min_queries: int = Field(300, ge=1, description="the same for each probe of the sweep, so a slow model's "
+                                                          "low rates do not take minutes")
+    serving: ServingSettings = Field(default_factory=ServingSettings, description="the serving configuration of "
+                                     "the at-target test (the one the gate reads)")
+    sweep: bool = Field(False, description="find each artifact's highest load within the p99 budget for every "
+                                           "configuration in `configs`")
+    configs: list[ServingSettings] = Field(default_factory=_default_configs, min_length=1)
+    sweep_artifacts: list[str] | None = Field(None, description="the artifacts the sweep measures; default: all (a "
+                                                                "slow baseline's low rates can take minutes)")
+    rates: list[float] = Field([0.25, 0.5, 0.7, 0.85, 1.0], min_length=1,
+                               description="sweep rates as fractions of the configuration's offline throughput")
+    refine: int = Field(2, ge=0, description="bisection probes after the grid, between the last rate within the "
+                                             "budget and the first past it")
+    loads: list[float] = Field([], description="arrival rates (queries/s) every artifact is also measured at with "
+                                               "the serving configuration above: a latency-at-load table whose "
+                                               "rows compare at the same traffic")
+    overhead: bool = Field(True, description="measure the harness on a model that does nothing, for the report")
+    seed: int = Field(0, ge=0, description="LoadGen's schedule seed")
+
+
+Progress = Callable[[str], None]
+
+
+class _Turns:
+    """Runs one worker command after the settle pause, recording other processes' share of the cores."""
+
+    def __init__(self, workers: dict[str, BenchWorker], settle_s: float) -> None:
+        self.workers, self.settle_s = workers, settle_s
+        self.sampler = LoadSampler([os.getpid(), *(w.process.pid for w in workers.values())])
+        self.loads: dict[str, list] = {name: [] for name in workers}
+
+    def __call__(self, name: str, *command) -> dict:
+        time.sleep(self.settle_s)
+        before = self.sampler.snapshot()
+        result = self.workers[name].call(*command)
+        self.loads[name].append(self.sampler.other_share(before))
+        return result
+
+
+def _scenario(kind: Scenario, settings: TrafficSettings, budget_ms: float | None, qps: float | None = None,
+              expected_ms: float = 1.0, probe: bool = False) -> dict:
+    return {"scenario": kind, "target_qps": qps, "duration_s": settings.duration_s,
+            "min_queries": settings.sweep_min_queries if probe else settings.min_queries,
+            "target_latency_ms": budget_ms, "seed": settings.seed, "expected_latency_ms": max(expected_ms, 0.001)}
+
+
+def _words(name: str, run: dict) -> str:
+    lat = run.get("latency_ms") or {}
+    rate = f" at {run['offered_qps']:,.0f}/s" if run.get("offered_qps") else ""
+    verdict = "valid" if run["loadgen"]["valid"] else "INVALID"
+    extra = "" if run.get("sustainable", True) else ", not sustainable"
+    return (f"{name}: {run['scenario']}{rate} [{ServingSettings(**run['serving']).label()}]: p50 "
+            f"{lat.get('p50', float('nan')):.3f} ms, p99 {lat.get('p99', float('nan')):.3f} ms ({verdict}{extra})")
+
+
+def offline_guess(config: ServingSettings, service_ms: float) -> float:
+    """The throughput LoadGen sizes an offline test by (its sample count is this × the duration): one model
+    copy's closed-loop rate, more for batches and instances, so the test lasts about ``duration_s``."""
+    return 1000.0 / max(service_ms, 0.01) * max(1.0, config.max_batch / 2) * config.instances
+
+
+def _sweep(turns: _Turns, names: list[str], settings: TrafficSettings, budget_ms: float | None, decision: str,
+           progress: Progress, service_ms: dict[str, float]) -> dict[str, dict]:
+    out: dict[str, dict] = {name: {"configs": []} for name in names}
+    for config in settings.configs:
+        serving = config.model_dump()
+        offline = {n: turns(n, "serve", serving, _scenario("offline", settings, budget_ms,
+                                                           offline_guess(config, service_ms.get(n, 1.0)),
+                                                           probe=True))
+                   for n in names}
+        curves: dict[str, list[dict]] = {n: [] for n in names}
+        failed_in_a_row = {n: 0 for n in names}
+        for fraction in settings.rates:
+            for name in names:
+                ceiling = offline[name]["completed_qps"] or 0.0
+                if ceiling <= 0 or failed_in_a_row[name] >= 2:  # two rates past the budget: higher ones only fail
+                    continue
+                run = turns(name, "serve", serving, _scenario("server", settings, budget_ms, ceiling * fraction,
+                                                               probe=True))
+                run["within_budget"] = within_budget(run, budget_ms)
+                failed_in_a_row[name] = 0 if run["within_budget"]["point"] else failed_in_a_row[name] + 1
+                curves[name].append(run)
+                progress(_words(name, run))
+        for _ in range(settings.refine):
+            for name in names:
+                for qps in next_rates(curves[name], budget_ms, 1, decision):
+                    run = turns(name, "serve", serving, _scenario("server", settings, budget_ms, qps, probe=True))
+                    run["within_budget"] = within_budget(run, budget_ms)
+                    curves[name].append(run)
+                    progress(_words(name, run))
+        for name in names:
+            curve = sorted(curves[name], key=lambda r: r["offered_qps"])
+            resolved = offline[name]["serving"]  # threads filled in by the worker
+            out[name]["configs"].append({"label": ServingSettings(**resolved).label(), "serving": resolved,
+                                         "offline": offline[name], "curve": curve,
+                                         "capacity": capacity(curve, budget_ms, decision)})
+    for name in names:
+        configs = out[name]["configs"]
+        best = best_config(configs)
+        out[name]["best"] = None if best is None else {k: best[k] for k in ("label", "serving", "capacity")}
+        out[name]["batching_gain"] = batching_gain(configs)
+    return out
+
+
+def batching_gain(configs: list[dict]) -> dict | None:
+    """The best batching configuration's capacity over the batch-1 one-instance configuration's, from the same
+    sweep; its interval pairs the ends of the two capacities' intervals (lowest over highest and back)."""
+    plain = next((c for c in configs if c["serving"]["max_batch"] == 1 and c["serving"]["instances"] == 1), None)
+    batched = [c for c in configs if c["serving"]["max_batch"] > 1 and c["capacity"]["qps"]]
+    if plain is None or not plain["capacity"]["qps"] or not batched:
+        return None
+    best = max(batched, key=lambda c: c["capacity"]["qps"])
+    (b_lo, b_hi), (p_lo, p_hi) = best["capacity"]["ci"], plain["capacity"]["ci"]
+    return {"ratio": round(best["capacity"]["qps"] / plain["capacity"]["qps"], 4),
+            "ci": [round(b_lo / p_hi, 4) if b_lo and p_hi else None, round(b_hi / p_lo, 4) if b_hi and p_lo else None],
+            "over": plain["label"], "config": best["label"]}
+
+
+def runs_loadgen(settings: TrafficSettings, scenario: Scenario) -> bool:
+    return settings.loadgen if settings.loadgen is not None else scenario == "server"
+
+
+def wanted(settings: TrafficSettings | None, scenario: Scenario) -> bool:
+    """Whether the bench measures anything under LoadGen at all."""
+    return settings is not None and (runs_loadgen(settings, scenario) or settings.sweep or bool(settings.loads))
+
+
+def measure_traffic(workers: dict[str, BenchWorker], *, scenario: Scenario, target_qps: float | None,
+                    budget_ms: float | None, decision: str, settings: TrafficSettings, settle_s: float,
+                    expected_ms: dict[str, float], null_pool: np.ndarray | None = None,
+                    progress: Progress | None = None) -> tuple[dict[str, dict], dict]:
+    """Per artifact its ``traffic`` report entry, and the report-level ``traffic`` facts (the harness overhead)."""
+    say = progress or log.info
+    turns = _Turns(workers, settle_s)
+    names = list(workers)
+    entries: dict[str, dict] = {name: {"scenario": scenario, "target_qps": target_qps, "at_target": None,
+                                       "sweep": None} for name in names}
+    serving = settings.serving.model_dump()
+    if runs_loadgen(settings, scenario):
+        for name in names:
+            run = turns(name, "serve", serving, _scenario(scenario, settings, budget_ms, target_qps,
+                                                           expected_ms.get(name, 1.0)))
+            run["within_budget"] = within_budget(run, budget_ms) if scenario == "server" else None
+            entries[name]["at_target"] = run
+            say(_words(name, run))
+    for qps in settings.loads:
+        for name in names:
+            run = turns(name, "serve", serving, _scenario("server", settings, budget_ms, qps))
+            run["within_budget"] = within_budget(run, budget_ms)
+            entries[name].setdefault("loads", []).append(run)
+            say(_words(name, run))
+    if settings.sweep:
+        swept = [n for n in names if settings.sweep_artifacts is None or n in settings.sweep_artifacts]
+        for name, sweep in _sweep(turns, swept, settings, budget_ms, decision, say, expected_ms).items():
+            entries[name]["sweep"] = sweep
+    for name in names:
+        entries[name]["machine_load"] = load_summary(turns.loads[name])
+    facts = {"scenario": scenario, "target_qps": target_qps, "p99_budget_ms": budget_ms,
+             "settings": settings.model_dump(mode="json"), "sut_overhead": None}
+    if settings.overhead and null_pool is not None:
+        facts["sut_overhead"] = harness_overhead(null_pool, scenario, target_qps, settings, settle_s)
+    return entries, facts
+
+
+def harness_overhead(pool: np.ndarray, scenario: Scenario, target_qps: float | None, settings: TrafficSettings,
+                     settle_s: float) -> dict:
+    """The same LoadGen tests of a model that answers at once: the harness's own latency per query."""
+    serving = settings.serving.model_dump()
+    with BenchWorker("harness-overhead", "simulated", "-", {"service_ms": 0.0}, pool, 1) as null:
+        time.sleep(settle_s)
+        out = {"single-stream": null.call("serve", serving, _scenario("single-stream", settings, None, None, 0.05))}
+        if scenario == "server" and target_qps:
+            time.sleep(settle_s)
+            out["server"] = null.call("serve", serving, _scenario("server", settings, None, target_qps))
+    return out

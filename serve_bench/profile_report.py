@@ -1,0 +1,63 @@
+"""Per-operator profiles in the report: where each artifact's time goes, and the Q/DQ its runtime left unfused.
+
+The profiles themselves are taken in each artifact's worker (serve_bench.operator_profile); this
+module only renders them, so the report can be re-rendered from report.json alone.
+"""
+from __future__ import annotations
+
+Table = tuple[list[str], list[list[str]]]
+
+
+def fmt(value, digits: int = 3) -> str:
+    return "—" if value is None else f"{value:.{digits}f}"
+
+
+def profile_table(profile: dict, top: int = 8) -> Table:
+    """The ``top`` op types by time, then one row for the rest."""
+    head = ["op", "ms/run", "share", "calls/run"]
+    ops = profile.get("ops", [])
+    rows = [[o["op"], fmt(o["ms_per_run"]), f"{o['share'] * 100:.1f}%", fmt(o["calls_per_run"], 1)]
+            for o in ops[:top]]
+    rest = ops[top:]
+    if rest:
+        rows.append([f"other ({len(rest)} op types)", fmt(sum(o["ms_per_run"] for o in rest)),
+                     f"{sum(o['share'] for o in rest) * 100:.1f}%", fmt(sum(o["calls_per_run"] for o in rest), 1)])
+    return head, rows
+
+
+def unfused_qdq_line(name: str, profile: dict, shown: int = 3) -> str | None:
+    """One sentence naming the Q/DQ nodes the runtime left unfused, or None when there are none."""
+    nodes = profile.get("unfused_qdq") or []
+    if not nodes:
+        return None
+    more = f" and {len(nodes) - shown} more" if len(nodes) > shown else ""
+    names = ", ".join(n["node"] for n in nodes[:shown]) + more
+    ms = sum(n["ms_per_run"] for n in nodes)
+    return (f"{name}: {profile.get('backend', 'the runtime')} ran {len(nodes)} Q/DQ node"
+            f"{'s' if len(nodes) != 1 else ''} unfused ({names}), {ms:.3f} ms per run: float conversions "
+            "left around operators that did not become integer kernels.")
+
+
+def profile_sections(report: dict) -> list[tuple[str, Table]]:
+    """One table per profiled artifact ("Where the time goes: NAME"), with what the times are in its title."""
+    out = []
+    for art in report.get("artifacts", []):
+        profile = art.get("operator_profile")
+        if not profile or profile.get("error") or not profile.get("ops"):
+            continue
+        run = f", {profile['run_ms']:.3f} ms per run under the profiler" if profile.get("run_ms") else ""
+        out.append((f"Where the time goes: {art['name']} ({profile['backend']}, batch {profile['batch_size']}"
+                    f"{run})", profile_table(profile)))
+    return out
+
+
+def unfused_qdq_flags(entries: list[dict]) -> list[str]:
+    """A report flag per artifact whose runtime ran Q/DQ nodes unfused, naming them."""
+    lines = [unfused_qdq_line(e["name"], e["operator_profile"]) for e in entries if e.get("operator_profile")]
+    return [line for line in lines if line]
+
+
+def profile_failures(entries: list[dict]) -> list[str]:
+    """Why an artifact has no profile (its runtime's profiler failed or is absent here), for the notes."""
+    return [f"{e['name']}: not profiled ({e['operator_profile']['error']})" for e in entries
+            if (e.get("operator_profile") or {}).get("error")]
