@@ -165,6 +165,9 @@ def profile_onnxruntime(path: str, batch: np.ndarray, *, threads: int, iters: in
 
 def profile_torch(path: str, batch: np.ndarray, *, threads: int, iters: int, top: int = 15) -> dict:
     """Self CPU time per torch op over ``iters`` eager runs (``top`` unused: torch has no single nodes)."""
+    # Kineto (torch's profiler) probes for a GPU on its first use and logs an ERROR line to stderr where there is
+    # none; on a CPU-only profile that line is noise in the run's console. Its log level is read at that first use.
+    os.environ.setdefault("KINETO_LOG_LEVEL", "5")
     import torch
     from torch.profiler import ProfilerActivity, profile, record_function
 
