@@ -20,7 +20,6 @@ Three notions of speed leave here, each answering another question (see :func:`s
 from __future__ import annotations
 
 import contextlib
-import logging
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -34,8 +33,6 @@ from serve_bench.paired import paired_counts, paired_summary
 from serve_bench.predictions import Predictions, digest_of_test_split
 from serve_bench.stats import PERCENTILES, bootstrap_ci, summarize
 from serve_bench.worker import BenchWorker, WorkerError
-
-log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -175,7 +172,7 @@ def run_benchmark(specs: list[ArtifactSpec], baseline: str, test: TestSet, setti
                   own_tests: dict[str, TestSet] | None = None, say=None) -> BenchResult:
     """``own_tests`` gives an artifact another test set than ``test`` (a compared run made on other data):
     its accuracy is measured there, and not paired with the baseline's unless the digests match. ``say`` gets a
-    line per traffic test (default: the log)."""
+    line per traffic test (default: this module's log)."""
     if baseline not in {s.name for s in specs}:
         raise ValueError(f"baseline {baseline!r} is not among the measured artifacts")
     tests = {s.name: (own_tests or {}).get(s.name, test) for s in specs}
@@ -199,7 +196,7 @@ def run_benchmark(specs: list[ArtifactSpec], baseline: str, test: TestSet, setti
             traffic, traffic_facts = measure_traffic(
                 workers, scenario=settings.scenario, target_qps=settings.target_qps, budget_ms=settings.budget_ms,
                 decision=settings.decision, settings=settings.traffic, settle_s=settings.harness.settle_s,
-                expected_ms=expected, null_pool=_pool(test, 1)[:16], progress=say or progress_text)
+                expected_ms=expected, null_pool=_pool(test, 1)[:16], progress=say)
         profiles = {name: operator_profile(worker, settings) for name, worker in workers.items()}
 
     blocked = measured["blocked"]
@@ -256,10 +253,6 @@ def run_benchmark(specs: list[ArtifactSpec], baseline: str, test: TestSet, setti
                                 "spread": repeat_spread(runs)}
         entries.append(entry)
     return BenchResult(entries, blocked, predictions, infos, unpaired, traffic_facts)
-
-
-def progress_text(line: str) -> None:
-    log.info("%s", line)
 
 
 def operator_profile(worker: BenchWorker, settings: BenchSettings) -> dict | None:

@@ -73,13 +73,13 @@ class ServingCopies:
 
         threads = threads or serving_threads()
         key = (instances, threads)
+        reuse = threads == self.runner.threads  # the timed runner serves as the first copy
         if key != self._key:
             self.close()
-            reuse = threads == self.runner.threads
             self._extra = [make_runner(self.backend, self.path, **{**self.options, "threads": threads}).load()
                            for _ in range(instances - 1 if reuse else instances)]
             self._key = key
-        copies = ([self.runner] if threads == self.runner.threads else []) + self._extra
+        copies = ([self.runner] if reuse else []) + self._extra
         if self.backend == "torch":  # one intra-op pool per process: the copies share it, sized as asked
             import torch
 
@@ -110,17 +110,16 @@ def serving_threads() -> int:
     return max(1, physical_cores() - 1)
 
 
-def serve(copies: ServingCopies, pool: np.ndarray, serving: dict, scenario: dict) -> dict:
-    """One LoadGen test of this artifact behind a serving loop configured by ``serving``."""
-    from serve_bench.load.loadgen_scenarios import ScenarioSettings, run_scenario
+def serve(copies: ServingCopies, pool: np.ndarray, serving: dict, drive) -> dict:
+    """One test of this artifact behind a serving loop configured by ``serving``: the copies warmed at every
+    batch size first, ``drive(loop)`` (LoadGen, or the open-loop client) run, torch's threads given back."""
     from serve_bench.load.serving_loop import ServingLoop, ServingSettings
 
     settings = ServingSettings(**serving)
     infer = copies.get(settings.instances, settings.threads)
     warm(infer, pool, settings.max_batch)
     try:
-        result = run_scenario(ServingLoop(infer, pool, settings, done=lambda tags: None), len(pool),
-                              ScenarioSettings(**scenario))
+        result = drive(ServingLoop(infer, pool, settings, done=lambda tags: None))
     finally:
         copies.restore()
     return {**result, "serving": {**settings.model_dump(), "threads": settings.threads or serving_threads()}}
@@ -167,21 +166,17 @@ def worker_main(conn, backend: str, path: str, options: dict, pool: np.ndarray, 
                 images, eval_batch = args
                 conn.send(("ok", predict(runner, images, eval_batch)))
             elif command == "serve":
-                conn.send(("ok", serve(copies, pool, *args)))
+                from serve_bench.load.loadgen_scenarios import ScenarioSettings, run_scenario
+
+                serving, scenario = args
+                conn.send(("ok", serve(copies, pool, serving, lambda loop: run_scenario(
+                    loop, len(pool), ScenarioSettings(**scenario)))))
             elif command == "open-loop":
                 from serve_bench.load.open_loop import run_open_loop
-                from serve_bench.load.serving_loop import ServingLoop, ServingSettings
 
                 serving, qps, seconds, seed = args
-                settings = ServingSettings(**serving)
-                infer = copies.get(settings.instances, settings.threads)
-                warm(infer, pool, settings.max_batch)
-                try:
-                    result = run_open_loop(ServingLoop(infer, pool, settings, done=lambda tags: None), len(pool),
-                                           qps, seconds, seed)
-                finally:
-                    copies.restore()
-                conn.send(("ok", result))
+                conn.send(("ok", serve(copies, pool, serving, lambda loop: run_open_loop(
+                    loop, len(pool), qps, seconds, seed))))
             elif command == "profile":
                 from serve_bench.operator_profile import profile_artifact
 

@@ -72,8 +72,8 @@ _SAMPLE = re.compile(r'"name":"Sample".*?"ph":"b".*?"ts":([0-9.]+).*?"complete_n
 def _trace_latencies(trace: Path) -> tuple[np.ndarray, np.ndarray]:
     """Each query's scheduled time (s from the start) and latency (ms) from it, in schedule order, from
     LoadGen's trace (a sample's begin event is stamped at its scheduled time, in µs)."""
-    pairs = [(float(m.group(1)), int(m.group(2))) for m in map(_SAMPLE.search, trace.open(errors="replace")) if m]
-    pairs.sort()
+    with trace.open(errors="replace") as lines:
+        pairs = sorted((float(m.group(1)), int(m.group(2))) for m in map(_SAMPLE.search, lines) if m)
     return (np.array([ts for ts, _ in pairs], dtype=np.float64) / 1e6,
             np.array([ns for _, ns in pairs], dtype=np.float64) / 1e6)
 

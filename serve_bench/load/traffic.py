@@ -99,6 +99,15 @@ def _words(name: str, run: dict) -> str:
             f"{lat.get('p50', float('nan')):.3f} ms, p99 {lat.get('p99', float('nan')):.3f} ms ({verdict}{extra})")
 
 
+def _server_test(turns: _Turns, name: str, serving: dict, scenario: dict, budget_ms: float | None,
+                 progress: Progress) -> dict:
+    """One server-scenario test, judged against the budget and said."""
+    run = turns(name, "serve", serving, scenario)
+    run["within_budget"] = within_budget(run, budget_ms)
+    progress(_words(name, run))
+    return run
+
+
 def offline_guess(config: ServingSettings, service_ms: float) -> float:
     """The throughput LoadGen sizes an offline test by (its sample count is this × the duration): one model
     copy's closed-loop rate, more for batches and instances, so the test lasts about ``duration_s``."""
@@ -121,19 +130,15 @@ def _sweep(turns: _Turns, names: list[str], settings: TrafficSettings, budget_ms
                 ceiling = offline[name]["completed_qps"] or 0.0
                 if ceiling <= 0 or failed_in_a_row[name] >= 2:  # two rates past the budget: higher ones only fail
                     continue
-                run = turns(name, "serve", serving, _scenario("server", settings, budget_ms, ceiling * fraction,
-                                                               probe=True))
-                run["within_budget"] = within_budget(run, budget_ms)
+                run = _server_test(turns, name, serving, _scenario("server", settings, budget_ms,
+                                                                   ceiling * fraction, probe=True), budget_ms, progress)
                 failed_in_a_row[name] = 0 if run["within_budget"]["point"] else failed_in_a_row[name] + 1
                 curves[name].append(run)
-                progress(_words(name, run))
         for _ in range(settings.refine):
             for name in names:
                 for qps in next_rates(curves[name], budget_ms, 1, decision):
-                    run = turns(name, "serve", serving, _scenario("server", settings, budget_ms, qps, probe=True))
-                    run["within_budget"] = within_budget(run, budget_ms)
-                    curves[name].append(run)
-                    progress(_words(name, run))
+                    curves[name].append(_server_test(turns, name, serving, _scenario(
+                        "server", settings, budget_ms, qps, probe=True), budget_ms, progress))
         for name in names:
             curve = sorted(curves[name], key=lambda r: r["offered_qps"])
             resolved = offline[name]["serving"]  # threads filled in by the worker
@@ -191,10 +196,8 @@ def measure_traffic(workers: dict[str, BenchWorker], *, scenario: Scenario, targ
             say(_words(name, run))
     for qps in settings.loads:
         for name in names:
-            run = turns(name, "serve", serving, _scenario("server", settings, budget_ms, qps))
-            run["within_budget"] = within_budget(run, budget_ms)
-            entries[name].setdefault("loads", []).append(run)
-            say(_words(name, run))
+            entries[name].setdefault("loads", []).append(_server_test(
+                turns, name, serving, _scenario("server", settings, budget_ms, qps), budget_ms, say))
     if settings.sweep:
         swept = [n for n in names if settings.sweep_artifacts is None or n in settings.sweep_artifacts]
         for name, sweep in _sweep(turns, swept, settings, budget_ms, decision, say, expected_ms).items():
