@@ -238,6 +238,12 @@ def _cmd_join(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_doctor(args: argparse.Namespace) -> int:
+    from compress.doctor.checkup import DoctorSettings, run_doctor
+
+    return run_doctor(DoctorSettings(json_path=Path(args.json) if args.json else None, gpu=args.gpu), _console(False))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="compress", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -364,6 +370,13 @@ def build_parser() -> argparse.ArgumentParser:
     stage.add_argument("overrides", nargs="*", metavar="key=value", default=[],
                        help="stage settings, or data./model. keys")
     stage.set_defaults(func=_cmd_stage)
+
+    doctor = sub.add_parser("doctor", help="check this machine: CPU, runtimes, the defaults' choices, a smoke run",
+                            description="Exit 0: every installed runtime passed its smoke run; 3: one failed.")
+    doctor.add_argument("--json", metavar="PATH", help="also write the facts as JSON")
+    doctor.add_argument("--gpu", action="store_true", help="the GPU check instead: pytest -m gpu, then the "
+                        "quickstart with an INT8 TensorRT engine and a cuda bench (exit 0 without a GPU)")
+    doctor.set_defaults(func=_cmd_doctor)
     return parser
 
 

@@ -20,7 +20,7 @@ Three notions of speed leave here, each answering another question (see :func:`s
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -31,6 +31,7 @@ from serve_bench.load.traffic import TrafficSettings, measure_traffic, wanted
 from serve_bench.latency_intervals import BlockedSamples, Ratio, block_bootstrap_ci, paired_ratio, repeat_spread
 from serve_bench.paired import paired_counts, paired_summary
 from serve_bench.predictions import Predictions, digest_of_test_split
+from serve_bench.runtime_parity import runtime_parity, same_file_pairs
 from serve_bench.stats import PERCENTILES, bootstrap_ci, summarize
 from serve_bench.worker import BenchWorker, WorkerError
 
@@ -39,7 +40,7 @@ from serve_bench.worker import BenchWorker, WorkerError
 class ArtifactSpec:
     name: str
     stage: str
-    backend: str  # torch | onnxruntime | tensorrt
+    backend: str  # torch | onnxruntime | openvino | tensorrt
     path: str
     format: str
     precision: str
@@ -52,6 +53,27 @@ class ArtifactSpec:
     refused: str | None = None  # why the gate must not release it, decided before measuring
     quantization: dict | None = None  # how an INT8 artifact was made (ladder rungs)
     extra: dict = field(default_factory=dict)  # report keys a caller adds (e.g. the run a compared artifact is from)
+    artifact: str | None = None  # the manifest's name of the file (a candidate "file on runtime" has its own name)
+
+    def __post_init__(self) -> None:
+        self.artifact = self.artifact or self.name
+
+
+def on_runtimes(spec: ArtifactSpec, runtimes: list[str], options: dict[str, dict] | None = None) -> list[ArtifactSpec]:
+    """One candidate per runtime for an ONNX file ("file on runtime"), else the spec itself.
+
+    The file on the first runtime keeps the artifact's own name (so gates, releases and comparisons made
+    before another runtime existed still read the same names); on any other it is ``<artifact>@<runtime>``.
+    ``options``: runtime → runner options for that runtime's candidates."""
+    if spec.format != "onnx" or not runtimes:
+        return [spec]
+    out = []
+    for i, runtime in enumerate(runtimes):
+        name = spec.name if i == 0 else f"{spec.name}@{runtime}"
+        extra = {**spec.extra, "runtime": runtime}
+        opts = spec.options if runtime == spec.backend else dict((options or {}).get(runtime, {}))
+        out.append(replace(spec, name=name, backend=runtime, options=opts, extra=extra, artifact=spec.artifact))
+    return out
 
 
 @dataclass
@@ -159,6 +181,16 @@ def speed_figures(name: str, baseline: str, blocked: dict[str, BlockedSamples], 
             "latency_ratio": {key: r.as_dict() for key, r in ratios.items()}}
 
 
+def eval_batch_of(spec: ArtifactSpec, settings: BenchSettings) -> int:
+    """The batch an artifact's test-split predictions are made in. OpenVINO's answers depend on it (with 2 threads,
+    measured here on an INT8 file: logits of batches of 8 differ from batch 1 by up to 0.64, while batch 1 matched
+    across thread counts), so its accuracy is measured at the batch it serves, the latency batch; the other
+    runtimes answer alike at any batch and use ``eval_batch``, capped by what the file accepts."""
+    if spec.backend == "openvino":
+        return settings.batch_size
+    return min(settings.eval_batch, spec.max_batch or settings.eval_batch)
+
+
 def _fp32_reference(spec: ArtifactSpec, specs: list[ArtifactSpec]) -> ArtifactSpec | None:
     """The fp32 ONNX of the model an INT8 file was quantized from, on the same runtime."""
     if spec.precision != "int8" or not spec.source_model:
@@ -185,10 +217,9 @@ def run_benchmark(specs: list[ArtifactSpec], baseline: str, test: TestSet, setti
                 spec.name, spec.backend, spec.path, options, _pool(tests[spec.name], settings.batch_size),
                 settings.batch_size, settings.device_only))
         measured, per_repeat = _measure(workers, settings, progress)
-        logits = {}
+        logits, eval_batches = {}, {spec.name: eval_batch_of(spec, settings) for spec in specs}
         for spec in specs:
-            eval_batch = min(settings.eval_batch, spec.max_batch or settings.eval_batch)
-            logits[spec.name] = workers[spec.name].call("predict", tests[spec.name].images, eval_batch)
+            logits[spec.name] = workers[spec.name].call("predict", tests[spec.name].images, eval_batches[spec.name])
         infos = {name: worker.info for name, worker in workers.items()}
         traffic, traffic_facts = {}, None
         if wanted(settings.traffic, settings.scenario):
@@ -215,14 +246,16 @@ def run_benchmark(specs: list[ArtifactSpec], baseline: str, test: TestSet, setti
         latency[name]["short_of_floors"] = True
     accuracies = {s.name: accuracy(logits[s.name], tests[s.name].labels, settings.per_class) for s in specs}
     base_acc = accuracies[baseline][metric]
+    parity_of = same_file_pairs(specs)
     entries = []
     for spec in specs:
         acc = accuracies[spec.name]
         lat, wall = latency[spec.name], measured["walls"][spec.name]
         entry = {
-            "name": spec.name, "stage": spec.stage, "backend": spec.backend, "precision": spec.precision,
+            "name": spec.name, "artifact": spec.artifact, "stage": spec.stage, "backend": spec.backend, "precision": spec.precision,
             "format": spec.format, "path": spec.path, "size_bytes": spec.size_bytes, "params": spec.params,
             "macs": spec.macs, "accuracy": acc, "accuracy_ci": accuracy_intervals(acc),
+            "eval_batch": eval_batches[spec.name],
             "accuracy_drop": round(base_acc - acc[metric], 4) if spec.name not in unpaired else None,
             "latency_ms": lat, **speed_figures(spec.name, baseline, blocked, wall[0], wall[1], settings.batch_size),
             "runner": infos[spec.name],
@@ -241,6 +274,12 @@ def run_benchmark(specs: list[ArtifactSpec], baseline: str, test: TestSet, setti
         else:
             entry["accuracy_paired"] = paired_summary(paired_counts(base_hits, predictions.hits(spec.name, metric)),
                                                       max_drop)
+        if spec.name in parity_of and tests[spec.name].digest == tests[parity_of[spec.name]].digest:
+            other = parity_of[spec.name]
+            entry["runtime_parity"] = {**runtime_parity(other, logits[other], logits[spec.name], tests[spec.name].labels,
+                                                        metric),
+                                       "latency_ratio": {k: r.as_dict() for k, r in _ratios(blocked[spec.name],
+                                                                                            blocked[other]).items()}}
         reference = _fp32_reference(spec, specs)
         if reference is not None:
             entry["int8_vs_fp32"] = {"reference": reference.name,

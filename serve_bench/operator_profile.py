@@ -32,6 +32,9 @@ _NOTES = {
                    "overhead, so the totals exceed the un-profiled latency.",
     "torch": "self CPU time of each torch op (time inside the op, not in the ops it calls); profiling adds "
              "overhead, so the totals exceed the un-profiled latency.",
+    "openvino": "OpenVINO per-layer CPU time (PERF_COUNT) of the compiled graph, after its fusions: a layer's "
+                "kernel name says its precision (I8, f32, bf16); profiling adds overhead, so the totals exceed the "
+                "un-profiled latency.",
     "tensorrt": "TensorRT per-layer GPU time reported by IProfiler; profiling adds overhead (a synchronisation "
                 "per layer), so the totals exceed the un-profiled latency.",
 }
@@ -77,9 +80,11 @@ def profile_artifact(backend: str, path: str, batch: np.ndarray, *, threads: int
                                    inter_op_threads=options.get("inter_op_threads", 1), top=top)
     if backend == "torch":
         return profile_torch(path, batch, threads=threads, iters=iters, top=top)
+    if backend == "openvino":
+        return profile_openvino(path, batch, threads=threads, iters=iters, options=options, top=top)
     if backend == "tensorrt":
         return profile_tensorrt(path, batch, iters=iters, top=top)
-    raise RunnerError(f"operator profile: unknown backend {backend!r}; known: onnxruntime, torch, tensorrt")
+    raise RunnerError(f"operator profile: unknown backend {backend!r}; known: onnxruntime, openvino, torch, tensorrt")
 
 
 def _qdq_in_file(path: str) -> tuple[set[str], set[str], set[str]]:
@@ -160,6 +165,50 @@ def profile_onnxruntime(path: str, batch: np.ndarray, *, threads: int, iters: in
     result = _result("onnxruntime", batch, n, threads, run_ms, per_op, top_nodes, unfused, edge)
     logger.info("profiled %s with onnxruntime: %d runs, %.3f ms per run, %d op types, %d unfused Q/DQ",
                 path, n, run_ms, len(per_op), len(unfused))
+    return result
+
+
+def profile_openvino(path: str, batch: np.ndarray, *, threads: int, iters: int, options: dict | None = None,
+                     top: int = 15) -> dict:
+    """OpenVINO's per-layer counters, summed over ``iters`` runs after a warm-up.
+
+    Layers OpenVINO fused away or never ran are left out. Q/DQ pairs become FakeQuantize layers there:
+    one still executed converts in float on every run (not folded into an integer kernel), except the one
+    quantizing the graph's input, which a float interface always needs.
+    """
+    from serve_bench.runners.openvino_runner import OpenVinoRunner
+
+    settings = {k: v for k, v in (options or {}).items() if k in ("hint", "inference_precision")}
+    with OpenVinoRunner(path, threads=threads, perf_count=True, **settings) as runner:
+        for _ in range(WARMUP_RUNS):
+            runner.infer(batch)
+        per_op: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
+        per_node: dict[str, list] = {}
+        run_total = 0.0
+        for _ in range(iters):
+            start = time.perf_counter()
+            runner.infer(batch)
+            run_total += time.perf_counter() - start
+            for layer in runner.requests()[0].get_profiling_info():
+                if str(layer.status).rsplit(".", 1)[-1] != "EXECUTED":
+                    continue
+                ms = layer.real_time.total_seconds() * 1e3
+                per_op[layer.node_type][0] += ms
+                per_op[layer.node_type][1] += 1
+                node = per_node.setdefault(layer.node_name, [layer.node_type, layer.exec_type, 0.0])
+                node[2] += ms
+    nodes = sorted(per_node.items(), key=lambda kv: (-kv[1][2], kv[0]))
+    top_nodes = [{"node": name, "op": op, "provider": kernel, "ms_per_run": _r(ms / iters)}
+                 for name, (op, kernel, ms) in nodes[:top]]
+    named, quant_in, _ = _qdq_in_file(path)
+    unfused, edge = [], []
+    for name, (op, _, ms) in nodes:
+        if op == "FakeQuantize":
+            (edge if name in quant_in else unfused).append({"node": name, "op": op, "ms_per_run": _r(ms / iters),
+                                                            "in_file": name in named})
+    result = _result("openvino", batch, iters, threads, run_total * 1e3 / iters, per_op, top_nodes, unfused, edge)
+    logger.info("profiled %s with OpenVINO: %d runs, %d layer types, %d unfused FakeQuantize", path, iters,
+                len(per_op), len(unfused))
     return result
 
 

@@ -103,7 +103,7 @@ def render_markdown(report: dict) -> str:
     lines += _md_table(tables.main_table(report))
     if report.get("flags"):
         lines += ["", "**Flags**", ""] + [f"- ⚠ {flag}" for flag in report["flags"]]
-    notes = traffic_report.section_notes(report)
+    notes = {**traffic_report.section_notes(report), "Same file, another runtime": tables.RUNTIME_NOTE}
     for title, table in tables.sections(report):
         lines += ["", f"## {title}", ""] + _md_table(table) + (["", notes[title]] if title in notes else [])
     lines += ["", INTERVALS_NOTE, "", f"Settings: {json.dumps(report.get('settings', {}))}.", ""]
@@ -136,7 +136,8 @@ def render_html(report: dict, figures: dict[str, bytes]) -> str:
     figs = "".join(f"<figure>{_img(png, name)}</figure>" for name, png in figures.items())
     flags = "".join(f"<li class=\"flag\">⚠ {html.escape(f)}</li>" for f in report.get("flags", []))
     notes = {title: f'<p class="environment">{html.escape(line)}</p>'
-             for title, line in traffic_report.section_notes(report).items()}
+             for title, line in {**traffic_report.section_notes(report),
+                                 "Same file, another runtime": tables.RUNTIME_NOTE}.items()}
     more = "".join(f"<h2>{html.escape(title)}</h2>{_html_table(table)}{notes.get(title, '')}"
                    for title, table in tables.sections(report))
     gate_line = html.escape(_gate_line(gate, metric, report["baseline"]).replace("`", ""))

@@ -9,6 +9,7 @@ import pytest
 import yaml
 
 from compress.cli import main
+from serve_bench.runners import usable_onnx_runtimes
 from tests.conftest import TINY
 from tests.report_invariants import points_outside_intervals
 
@@ -31,6 +32,11 @@ def bench_run(tmp_path_factory):
     return code, path, run_dir
 
 
+def on_openvino() -> list[str]:
+    """The ONNX file's second candidate where OpenVINO runs here (the bench measures it on every usable runtime)."""
+    return ["export.onnx@openvino"] if "openvino" in usable_onnx_runtimes() else []
+
+
 def test_report_json_has_the_documented_keys(bench_run):
     code, _, run_dir = bench_run
     assert code == 0
@@ -38,18 +44,24 @@ def test_report_json_has_the_documented_keys(bench_run):
     assert {"baseline", "artifacts", "gate", "environment"} <= set(report)
     assert report["baseline"] == "train.model"
     names = [a["name"] for a in report["artifacts"]]
-    assert names == ["train.model", "export.onnx"]
+    assert names == ["train.model", "export.onnx", *on_openvino()]  # the ONNX file once per runtime usable here
     for art in report["artifacts"]:
         assert {"name", "stage", "backend", "precision", "format", "path", "size_bytes", "params", "macs", "accuracy",
                 "accuracy_drop", "latency_ms", "throughput", "speedup_p99"} <= set(art)
         assert {"p50", "p90", "p95", "p99", "p99_ci", "mean", "n"} <= set(art["latency_ms"])
         assert art["latency_ms"]["n"] >= 200 and art["latency_ms"]["p99_ci"][0] <= art["latency_ms"]["p99"]
         assert {"top1", "top5"} <= set(art["accuracy"]) and art["accuracy"]["n"] == 359
-    torch_entry, onnx_entry = report["artifacts"]
+    torch_entry, onnx_entry = report["artifacts"][:2]
     assert (torch_entry["backend"], onnx_entry["backend"]) == ("torch", "onnxruntime")
     assert torch_entry["speedup_p99"] == 1.0 and torch_entry["accuracy_drop"] == 0.0
     assert abs(onnx_entry["accuracy_drop"]) < 0.5  # the same weights: ONNX accuracy equals torch's
     assert torch_entry["macs"] > 0 and onnx_entry["params"] == torch_entry["params"]
+    for entry in report["artifacts"][2:]:  # the same file on OpenVINO: its own candidate, paired with onnxruntime's
+        assert (entry["backend"], entry["artifact"], entry["runtime"]) == ("openvino", "export.onnx", "openvino")
+        parity = entry["runtime_parity"]
+        assert parity["reference"] == "export.onnx" and parity["n"] == 359
+        assert parity["top1_differs"] <= 3 and parity["max_abs_logit_diff_relative"] < 1e-2  # fp32 in both
+        assert entry["runner"]["inference_precision"] in ("f32", "bf16") and entry["runner"]["version"]
     gate = report["gate"]
     assert {"p99_budget_ms", "max_accuracy_drop", "passed", "release", "reasons"} <= set(gate)
     assert gate["passed"] and gate["release"] in names
@@ -59,7 +71,7 @@ def test_every_gated_number_carries_its_interval(bench_run):
     _, _, run_dir = bench_run
     folder = run_dir / "bench" / "report"
     report = json.loads((folder / "report.json").read_text())
-    torch_entry, onnx_entry = report["artifacts"]
+    torch_entry, onnx_entry = report["artifacts"][:2]
     assert points_outside_intervals(report) == []
     for art in report["artifacts"]:
         lo, hi = art["accuracy_ci"]["top1"]
@@ -93,7 +105,7 @@ def test_predictions_are_kept_per_image_and_pair_with_the_report(bench_run):
     report = json.loads((folder / "report.json").read_text())
     predictions = load_predictions(folder)  # numpy arrays only, read with allow_pickle=False
     assert predictions.test_digest == report["data"]["test_digest"]
-    assert set(predictions.topk) == {"train.model", "export.onnx"} and predictions.topk["export.onnx"].shape == (359, 5)
+    assert set(predictions.topk) == {"train.model", "export.onnx", *on_openvino()} and predictions.topk["export.onnx"].shape == (359, 5)
     for art in report["artifacts"]:
         top1 = hits(predictions.topk[art["name"]], predictions.labels, "top1")
         assert 100 * top1.mean() == pytest.approx(art["accuracy"]["top1"], abs=1e-3)
@@ -252,7 +264,7 @@ def test_bench_settings_are_validated(tmp_path, tiny_config, write_pipeline, cap
 def test_the_baseline_is_measured_even_when_not_listed(tmp_path, capsys):
     config = copy.deepcopy(TINY)
     config["stages"] += [{"name": "export", "kind": "export", "parity": {"samples": 32}},
-                         dict(FAST_BENCH, artifacts=["export.onnx"], concurrency=2)]
+                         dict(FAST_BENCH, artifacts=["export.onnx"], concurrency=2, runtimes=["onnxruntime"])]
     path = tmp_path / "p.yaml"
     path.write_text(yaml.safe_dump(config))
     assert main(["run", str(path), "--run-dir", str(tmp_path / "run")]) == 0
@@ -300,7 +312,7 @@ def test_two_bench_stages_keep_their_own_reports_and_the_gate_reads_the_last(tmp
     config["latency"] = {"p99_budget_ms": 1000.0}
     config["stages"] += [{"name": "export", "kind": "export", "parity": {"samples": 32}},
                          dict(FAST_BENCH, name="bench_torch", artifacts=["train.model"]),
-                         dict(FAST_BENCH, name="bench_all")]
+                         dict(FAST_BENCH, name="bench_all", runtimes=["onnxruntime"])]
     path = tmp_path / "p.yaml"
     path.write_text(yaml.safe_dump(config))
     run_dir = tmp_path / "run"
@@ -313,3 +325,16 @@ def test_two_bench_stages_keep_their_own_reports_and_the_gate_reads_the_last(tmp
     capsys.readouterr()
     assert main(["gate", str(run_dir)]) == 0
     assert "bench_all" in capsys.readouterr().out.replace("\n", "")
+
+
+def test_a_runtime_asked_for_but_unusable_is_refused_by_name(monkeypatch):
+    from compress.errors import ConfigError
+    from compress.stages import runtime_choice
+
+    monkeypatch.setattr(runtime_choice, "runtime_status", lambda device: {
+        "onnxruntime": None, "openvino": "OpenVINO is not installed: pip install 'compress[cpu]'"})
+    with pytest.raises(ConfigError, match=r"stages\.bench\.runtimes: openvino cannot run here .*not installed"):
+        runtime_choice.onnx_runtimes(["openvino", "onnxruntime"], "cpu", "stages.bench.runtimes")
+    assert runtime_choice.onnx_runtimes(["onnxruntime", "onnxruntime"], "cpu", "f") == ["onnxruntime"]
+    monkeypatch.setattr(runtime_choice, "usable_onnx_runtimes", lambda device: ["onnxruntime"])
+    assert runtime_choice.onnx_runtimes(None, "cpu", "f") == ["onnxruntime"]

@@ -15,7 +15,7 @@ from train.data import DataSpec, load_data
 from train.model_io import read_description
 
 FAST_BENCH = {"min_iters": 100, "min_samples": 100, "min_duration_s": 0.0, "warmup_iters": 2, "warmup_s": 0.0,
-              "block_iters": 50, "threads": 1, "settle_s": 0.0, "block_s": 0.0, "profile_iters": 0}
+              "block_iters": 50, "threads": 1, "settle_s": 0.0, "block_s": 0.0, "profile_iters": 0, "runtimes": ["onnxruntime"]}
 
 
 @pytest.fixture(scope="module")

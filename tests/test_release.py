@@ -10,6 +10,7 @@ import shutil
 import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import onnx
 import pytest
@@ -17,10 +18,11 @@ import yaml
 
 from compress.cli import main
 from serve_bench.predictions import load_predictions
+from serve_bench.runners import usable_onnx_runtimes
 from tests.conftest import ROOT, TINY, run_cli
 
 FAST_BENCH = {"min_iters": 100, "min_samples": 100, "min_duration_s": 0.0, "warmup_iters": 2, "warmup_s": 0.0,
-              "block_iters": 50, "threads": 1, "settle_s": 0.0, "block_s": 0.0, "profile_iters": 0}
+              "block_iters": 50, "threads": 1, "settle_s": 0.0, "block_s": 0.0, "profile_iters": 0, "runtimes": ["onnxruntime"]}
 EPOCHS = 6
 PROJECT_PACKAGES = ("compress", "train", "export", "serve_bench")
 
@@ -163,11 +165,23 @@ def test_a_failed_gate_is_refused_unless_anyway_which_marks_the_bundle(finished,
     assert sorted(p.name for p in bundle.iterdir()) == before
 
 
-def _readme_example() -> str:
+def _readme_example(marker: str = "serving-example") -> str:
     text = (ROOT / "README.md").read_text()
-    block = re.search(r"<!-- serving-example -->\n```python\n(.*?)```", text, re.S)
-    assert block, "the README's serving example is marked with <!-- serving-example -->"
+    block = re.search(rf"<!-- {marker} -->\n```python\n(.*?)```", text, re.S)
+    assert block, f"the README's serving example is marked with <!-- {marker} -->"
     return block.group(1)
+
+
+def _serve_alone(example: str, model: Path, images: list[Path], folder: Path) -> list[str]:
+    """The README's example run from ``folder`` with ``-I`` (no project on the path), one answer per image."""
+    script = folder / "serve.py"
+    script.write_text(example.rsplit("\n\nprint(", 1)[0] + "\n\nimport sys\nfor path in sys.argv[2:]:\n"
+                      "    print(classify(sys.argv[1], path))\n"
+                      f"assert not [m for m in sys.modules if m.split('.')[0] in {PROJECT_PACKAGES!r}]\n")
+    result = subprocess.run([sys.executable, "-I", str(script), str(model), *map(str, images)], cwd=folder,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    return result.stdout.split()
 
 
 def test_the_readme_serving_example_classifies_real_images_from_the_bundle_alone(finished, tmp_path):
@@ -175,16 +189,8 @@ def test_the_readme_serving_example_classifies_real_images_from_the_bundle_alone
     bundle = tmp_path / "bundle"
     assert main(["release", str(run_dir), "--to", str(bundle)]) == 0
     card = json.loads((bundle / "model_card.json").read_text())
-    code = _readme_example().rsplit("\n\nprint(", 1)[0]  # the function, without the README's own call
     images = sorted((folder / "test-images").rglob("*.png"), key=lambda p: p.name)[:40]
-    script = tmp_path / "serve.py"
-    script.write_text(code + "\n\nimport sys\nfor path in sys.argv[2:]:\n    print(classify(sys.argv[1], path))\n"
-                      f"assert not [m for m in sys.modules if m.split('.')[0] in {PROJECT_PACKAGES!r}]\n")
-    # -I: no current directory or PYTHONPATH on the path; run from elsewhere, with the bundle alone
-    result = subprocess.run([sys.executable, "-I", str(script), str(bundle / card["released"]["file"]),
-                             *map(str, images)], cwd=tmp_path, capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, result.stderr
-    answers = result.stdout.split()
+    answers = _serve_alone(_readme_example(), bundle / card["released"]["file"], images, tmp_path)
     # the answers are the measured file's own: its top-1 for these test images, as the bench recorded them
     predictions = load_predictions(run_dir / "bench" / "report")
     order = [int(p.stem.split("-")[1]) for p in images]
@@ -390,3 +396,35 @@ def test_the_quick_opening_leaves_mlflow_settings_the_user_made_and_restores_the
     with _answer_soon():
         assert os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] == "1" and os.environ["MLFLOW_HTTP_REQUEST_TIMEOUT"] == "99"
     assert "MLFLOW_HTTP_REQUEST_MAX_RETRIES" not in os.environ and os.environ["MLFLOW_HTTP_REQUEST_TIMEOUT"] == "99"
+
+
+@pytest.mark.skipif("openvino" not in usable_onnx_runtimes(), reason="OpenVINO is not installed here (compress[cpu])")
+def test_a_release_on_openvino_names_its_runtime_verifies_in_it_and_serves_with_openvino_alone(finished, tmp_path):
+    """The same INT8 file measured on both runtimes; the OpenVINO candidate released, verified and served there."""
+    folder, pipeline, run_dir = finished
+    run = tmp_path / "run"
+    shutil.copytree(run_dir, run)
+    assert main(["run", str(pipeline), "--run-dir", str(run), "--only", "bench",
+                 "stages.bench.runtimes=[onnxruntime, openvino]"]) in (0, 1)
+    report = json.loads((run / "bench" / "report" / "report.json").read_text())
+    candidate = next(a for a in report["artifacts"] if a["name"] == "quantize.onnx_cpu@openvino")
+    assert candidate["artifact"] == "quantize.onnx_cpu" and candidate["backend"] == "openvino"
+    parity = candidate["runtime_parity"]  # the same bytes in two runtimes, paired image by image
+    assert parity["reference"] == "quantize.onnx_cpu" and parity["n"] == candidate["accuracy"]["n"]
+    assert parity["top1_differs_pct"] <= 2.0, parity  # INT8 rounding may move a few images, not many
+    bundle = tmp_path / "bundle"
+    chosen = report["gate"]["release"] == candidate["name"] and report["gate"]["passed"]
+    args = [] if chosen else ["--artifact", candidate["name"], "--anyway"]
+    assert main(["release", str(run), "--to", str(bundle), *args]) == 0
+    card = json.loads((bundle / "model_card.json").read_text())
+    assert card["released"]["artifact"] == "quantize.onnx_cpu" and card["released"]["candidate"] == candidate["name"]
+    assert card["runtime"]["name"] == "openvino" and card["runtime"]["version"] == candidate["runner"]["version"]
+    assert f"openvino {card['runtime']['version']}" in (bundle / "MODEL_CARD.md").read_text()
+    result = run_cli("verify", str(bundle), str(folder / "test-images"))
+    assert "loads in openvino" in result.stdout and "same accuracy" in result.stdout, result.stdout + result.stderr
+    images = sorted((folder / "test-images").rglob("*.png"), key=lambda p: p.name)[:40]
+    answers = _serve_alone(_readme_example("serving-example-openvino"), bundle / card["released"]["file"], images,
+                           tmp_path)
+    order = [int(p.stem.split("-")[1]) for p in images]
+    expected = load_predictions(run / "bench" / "report").topk[candidate["name"]][order, 0]
+    assert answers == [card["classes"][c] for c in expected]  # OpenVINO's own answers, as the bench recorded them

@@ -24,7 +24,7 @@ pytest.importorskip("ray")
 
 FAST_BENCH = {"name": "bench", "kind": "bench", "min_iters": 200, "min_samples": 200, "min_duration_s": 0.0,
               "warmup_iters": 5, "warmup_s": 0.0, "block_iters": 20, "threads": 1, "settle_s": 0.0, "block_s": 0.0,
-              "profile_iters": 0}
+              "profile_iters": 0, "runtimes": ["onnxruntime"]}
 TINY_FULL = {
     "name": "tiny-full", "seed": 0, "data": {"name": "digits"}, "model": {"name": "resnet20", "args": {"width": 8}},
     "red_line": {"metric": "top1", "max_drop": 6.0}, "latency": {"p99_budget_ms": 50.0}, "gate": {"decision": "point"},

@@ -20,7 +20,7 @@ from tests.conftest import TINY
 
 FAST_BENCH = {"name": "bench", "kind": "bench", "min_iters": 60, "min_samples": 50, "min_duration_s": 0.0,
               "warmup_iters": 2, "warmup_s": 0.0, "block_iters": 20, "threads": 1, "settle_s": 0.0, "block_s": 0.0,
-              "profile_iters": 0}
+              "profile_iters": 0, "runtimes": ["onnxruntime"]}
 PIPELINE = {**copy.deepcopy(TINY), "red_line": {"metric": "top1", "max_drop": 50.0}, "gate": {"decision": "point"},
             "stages": [*copy.deepcopy(TINY["stages"]),
                        {"name": "export", "kind": "export", "formats": ["onnx"], "parity": {"samples": 32}},

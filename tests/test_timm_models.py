@@ -176,7 +176,7 @@ def test_bn_scale_without_batchnorm_is_refused_with_the_fix(name, args):
 
 FAST_BENCH = {"name": "bench", "kind": "bench", "min_iters": 100, "min_samples": 100, "min_duration_s": 0.0,
               "warmup_iters": 5, "warmup_s": 0.0, "block_iters": 50, "threads": 1, "settle_s": 0.0, "block_s": 0.0,
-              "profile_iters": 0}
+              "profile_iters": 0, "runtimes": ["onnxruntime"]}
 
 
 def _pipeline(name: str, args: dict, folder) -> dict:

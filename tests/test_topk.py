@@ -1,6 +1,7 @@
 """One definition of top-k: the same hits in training and in the benchmark, no top-5 of five classes."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -55,3 +56,13 @@ def test_the_runner_refuses_a_top5_red_line_when_only_the_data_tells(tiny_config
                        red_line={"metric": "top5", "max_drop": 1.0})
     assert main(["run", str(write_pipeline(tiny_config)), "--run-dir", str(tmp_path / "run")]) == 2
     assert "red_line.metric: top5 is meaningless with 4 classes" in capsys.readouterr().err
+
+
+def test_tied_scores_go_to_the_lower_class_as_argmax_breaks_them():
+    """An INT8 file's logits are quantized, so exact ties happen; the recorded answer must be the served one."""
+    from serve_bench.predictions import top_k
+
+    logits = np.random.default_rng(0).integers(0, 2, size=(5000, 10)).astype(np.float32)  # ties everywhere
+    ranked = top_k(logits)
+    assert (ranked[:, 0] == logits.argmax(axis=1)).all()
+    assert top_k(np.array([[0, 1, 2.631, 2.631, 0, 0, 0, 0, 0, 0]], dtype=np.float32))[0].tolist() == [2, 3, 1, 0, 4]

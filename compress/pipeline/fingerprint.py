@@ -11,7 +11,7 @@ import platform
 from importlib.metadata import PackageNotFoundError, version
 
 PACKAGES = ("compress", "torch", "torchvision", "torch-pruning", "onnx", "onnxruntime", "onnxruntime-gpu",
-            "torchao", "tensorrt", "numpy")
+            "torchao", "tensorrt", "openvino", "nncf", "numpy")
 
 
 def _cpu_model() -> str:

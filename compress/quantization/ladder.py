@@ -2,7 +2,8 @@
 whose real quantized files are within the accuracy red line on the validation split.
 
 Each rung yields both Q/DQ flavours; a rung passes only when every flavour asked for is
-within the red line, because each of them ships somewhere. The rung records keep every
+within the red line, because each of them ships somewhere — and the CPU file on every runtime
+it may be released on, because each runtime answers with its own kernels. The rung records keep every
 number the decision was made on, and why the ladder climbed past it.
 """
 from __future__ import annotations
@@ -35,6 +36,10 @@ class LadderSettings:
     sensitivity_samples: int = 256
     eval_batch: int = 64
     cpu_weights: str = "7bit"  # "7bit": the CPU file computes the same with and without VNNI; "8bit": full range
+    # Runtimes besides onnxruntime the CPU file may be released on: its red-line check runs there too (as
+    # "cpu@<runtime>"), at the batch it serves (OpenVINO's answers depend on the batch).
+    cpu_runtimes: tuple[str, ...] = ()
+    serve_batch: int = 1
 
 
 @dataclass
@@ -55,10 +60,12 @@ class Attempt:
         return f"{self.rung}: {', '.join(over)} points > red line {max_drop:g} on the validation split"
 
     def record(self, metric: str) -> dict:
+        on_runtimes = {k: {f"val_{metric}": v[metric], "drop": round(self.drops[k], 4)} for k, v in self.val.items()
+                       if k not in self.files}
         return {"rung": self.rung, "within_red_line": self.within, "float_layers": self.float_layers,
                 "flavours": {f: {f"val_{metric}": self.val[f][metric], "drop": round(self.drops[f], 4),
                                  "size_bytes": self.files[f].stat().st_size} for f in self.files},
-                **self.details}
+                **({"runtimes": on_runtimes} if on_runtimes else {}), **self.details}
 
 
 class Ladder:
@@ -77,6 +84,9 @@ class Ladder:
                 float_layers: list[str] | None = None) -> Attempt:
         s = self.settings
         val = {f: int8_measure.split_accuracy(p, self.val_images, self.val_labels, s.eval_batch) for f, p in files.items()}
+        if "cpu" in files:  # the CPU file on each other runtime it may ship on: each answer checked
+            val.update({f"cpu@{r}": int8_measure.split_accuracy(files["cpu"], self.val_images, self.val_labels,
+                                                                s.serve_batch, runtime=r) for r in s.cpu_runtimes})
         drops = {f: self.reference - v[s.metric] for f, v in val.items()}
         within = all(d <= s.max_drop for d in drops.values())
         self.log(f"{rung}: val {s.metric} " + ", ".join(f"{f} {v[s.metric]:.2f}% (drop {drops[f]:+.2f})"
@@ -117,7 +127,8 @@ class Ladder:
 
     def fallback(self, failed: Attempt) -> Attempt:
         """Keep the fewest most sensitive layers in float until the drop is within the red line."""
-        flavour = max(failed.drops, key=failed.drops.get)  # rank on the flavour that missed by most
+        # rank on the flavour that missed by most (the CPU file's, when it missed on another runtime)
+        flavour = max(failed.drops, key=failed.drops.get).split("@")[0]
         ranked = self.sensitivity(flavour)
         self.log(f"fallback: most sensitive layers ({flavour}): "
                  + ", ".join(f"{r['node']} {r['error']:.2e}" for r in ranked[:5]))

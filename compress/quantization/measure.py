@@ -1,7 +1,8 @@
-"""What each rung of the INT8 ladder is judged by: the quantized file itself, run by onnxruntime.
+"""What each rung of the INT8 ladder is judged by: the quantized file itself, run by the runtimes that ship it.
 
-Accuracy goes through serve_bench's onnxruntime runner (the same code that later measures
-the deployed artifact), never through a torch simulation of the quantized model.
+Accuracy goes through serve_bench's runners (the same code that later measures the deployed
+artifact: onnxruntime, and OpenVINO where the CPU file may be released on it), never through a
+torch simulation of the quantized model.
 """
 from __future__ import annotations
 
@@ -12,18 +13,21 @@ import numpy as np
 
 from serve_bench.accuracy import accuracy
 from serve_bench.harness import HarnessSettings, measure_interleaved
-from serve_bench.runners import OnnxRuntimeRunner, predict
+from serve_bench.runners import make_runner, predict
 from serve_bench.stats import percentile
 from serve_bench.worker import BenchWorker
 
 
-def logits(path: Path, images: np.ndarray, batch_size: int = 64, threads: int | None = None) -> np.ndarray:
-    with OnnxRuntimeRunner(path, threads=threads) as runner:
+def logits(path: Path, images: np.ndarray, batch_size: int = 64, threads: int | None = None,
+           runtime: str = "onnxruntime") -> np.ndarray:
+    with make_runner(runtime, path, threads=threads) as runner:
         return predict(runner, images, batch_size)
 
 
-def split_accuracy(path: Path, images: np.ndarray, labels: np.ndarray, batch_size: int = 64) -> dict:
-    return accuracy(logits(path, images, batch_size), labels)
+def split_accuracy(path: Path, images: np.ndarray, labels: np.ndarray, batch_size: int = 64,
+                   runtime: str = "onnxruntime") -> dict:
+    """Accuracy of the file as ``runtime`` runs it (the same bytes can answer differently in another runtime)."""
+    return accuracy(logits(path, images, batch_size, runtime=runtime), labels)
 
 
 def output_error(reference: np.ndarray, candidate: np.ndarray) -> float:

@@ -65,11 +65,13 @@ def make_release(run_dir: Path, to: Path, *, anyway: bool = False, artifact: str
         raise ArtifactError(f"{run_dir} has no manifest.json: give the run directory of a finished `compress run`")
     report, report_path = load_report(run_dir)
     name = _chosen(report, artifact, anyway, report_path)
-    record = manifest.artifacts.get(name)
+    entry = next(a for a in report["artifacts"] if a["name"] == name)
+    file_name = entry.get("artifact") or name  # a candidate "file on runtime" names the manifest's file
+    record = manifest.artifacts.get(file_name)
     if record is None:
-        raise ArtifactError(f"{report_path} released {name}, which {run_dir}/manifest.json does not list; "
+        raise ArtifactError(f"{report_path} released {name}, whose file {file_name} {run_dir}/manifest.json does not list; "
                             f"re-run the bench stage: compress run <pipeline> --run-dir {run_dir} --from <bench stage>")
-    for checked in [name, *report_artifacts(manifest, report_path, run_dir)]:
+    for checked in [file_name, *report_artifacts(manifest, report_path, run_dir)]:
         problem = manifest.verify(run_dir, checked)
         if problem:
             raise ArtifactError(f"{checked}: {problem}; the bundle must hold what was measured — re-run the stage "
@@ -77,7 +79,6 @@ def make_release(run_dir: Path, to: Path, *, anyway: bool = False, artifact: str
     bench = deciding_bench(manifest, run_dir, report_path)
     require_measured(record, bench, run_dir)
     engines = engines_to_ship(_engines_of(manifest, record), report, measured_digests(bench))
-    entry = next(a for a in report["artifacts"] if a["name"] == name)
     with atomic_dir(to) as work:  # an existing `to` is empty, checked above
         card = _assemble(work, run_dir, manifest, record, report, report_path, entry, anyway, engines)
         write_sums(work)
@@ -190,7 +191,7 @@ def _assemble(work: Path, run_dir: Path, manifest: Manifest, record: ArtifactRec
         serving = work / folder / ENGINE_FILE if record.kind == "trt-engine" else work / folder
     input_spec, classes = _input_of(source, record, manifest)
     released = {"artifact": record.name, "kind": record.kind, "file": serving.relative_to(work).as_posix(),
-                "files": [f"{folder}/{f}" for f in files], "backend": entry.get("backend"),
+                "files": [f"{folder}/{f}" for f in files], "backend": entry.get("backend"), "candidate": entry["name"],
                 "precision": entry.get("precision"), "sha256": record.sha256, "size_bytes": record.size_bytes,
                 "run_dir": str(run_dir)}
     engines = []

@@ -24,7 +24,7 @@ def build_card(*, report: dict, entry: dict, released: dict, input_spec: dict, c
                 **{f"{k}_ci": v for k, v in (entry.get("accuracy_ci") or {}).items()},
                 "baseline": report["baseline"], "drop": entry.get("accuracy_drop"),
                 "drop_ci": (entry.get("accuracy_paired") or {}).get("drop_ci"),
-                "eval_batch": (report.get("settings") or {}).get("eval_batch", 64),
+                "eval_batch": entry.get("eval_batch") or (report.get("settings") or {}).get("eval_batch", 64),
                 # where the model came from outside the run: what the test split's independence rests on
                 "test_independence": data.get("test_independence")}
     lat = entry["latency_ms"]
@@ -38,11 +38,23 @@ def build_card(*, report: dict, entry: dict, released: dict, input_spec: dict, c
             "gate": {k: gate.get(k) for k in ("passed", "release", "decision", "confidence", "p99_budget_ms",
                                               "max_accuracy_drop", "reasons", "notes")},
             "input": input_spec, "classes": classes, "accuracy": accuracy, "latency": latency,
-            "serving": serving_of(entry),
+            "serving": serving_of(entry), "runtime": runtime_of(entry, report.get("environment") or {}),
             "size_bytes": entry.get("size_bytes"), "params": entry.get("params"), "macs": entry.get("macs"),
             "quantization": entry.get("quantization"), "tensorrt": tensorrt,
             "tensorrt_withheld": tensorrt_withheld, "pipeline": pipeline,
             "lineage": lineage, "flags": report.get("flags", []), "report": "report/report.json"}
+
+
+def runtime_of(entry: dict, environment: dict) -> dict:
+    """The runtime the gate released the file on, with its version: the same bytes run faster or slower, and can
+    answer differently, in another runtime, so the card's figures hold for this one."""
+    runner = entry.get("runner") or {}
+    backend = entry.get("backend") or runner.get("backend")
+    version = runner.get("version") or (environment.get("packages") or {}).get(backend)
+    if backend == "onnxruntime":
+        version = version or (environment.get("onnxruntime") or {}).get("version")
+    settings = {k: runner[k] for k in ("device", "threads", "providers", "hint", "inference_precision") if runner.get(k)}
+    return {"name": backend, "version": version, **settings}
 
 
 def serving_of(entry: dict) -> dict | None:
@@ -100,10 +112,20 @@ def render_markdown(card: dict, environment_line: str) -> str:
               f"- `{rel['file']}`: {rel['kind']} ({rel['precision']}), {rel['size_bytes']:,} bytes, "
               f"sha256 `{rel['sha256']}`",
               f"- parameters {_count(card['params'])}, MACs per image {_count(card['macs'])}"]
+    runtime = card.get("runtime") or {}
+    if runtime.get("name"):
+        how = ", ".join(f"{k} {runtime[k]}" for k in ("hint", "inference_precision", "threads") if runtime.get(k))
+        lines.append(f"- released to run on **{runtime['name']} {runtime.get('version') or '(version not recorded)'}**"
+                     f"{f' ({how})' if how else ''}: every figure below was measured there, and another runtime "
+                     "can be faster, slower or answer differently")
     if card["quantization"]:
         q = card["quantization"]
-        lines.append(f"- INT8: rung `{q.get('rung')}`, {q.get('flavour')} flavour, layers kept in float: "
-                     f"{', '.join(q.get('float_layers') or []) or 'none'}")
+        if q.get("method"):  # made by another tool (NNCF's post-training quantization)
+            lines.append(f"- INT8: {q['method']}" + "".join(f", {k} {q[k]}" for k in ("nncf_version", "preset", "samples")
+                                                             if q.get(k) is not None))
+        else:
+            lines.append(f"- INT8: rung `{q.get('rung')}`, {q.get('flavour')} flavour, layers kept in float: "
+                         f"{', '.join(q.get('float_layers') or []) or 'none'}")
     for engine in card["tensorrt"]:
         lines.append(f"- TensorRT engine `{engine['file']}` ({engine.get('precision')}), built for "
                      f"{engine.get('gpu_name')} with TensorRT {engine.get('tensorrt_version')}: it runs only there")

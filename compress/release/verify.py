@@ -72,9 +72,9 @@ def verify_bundle(folder: Path, images: Path | None = None, threads: int | None 
     if released["kind"] == "onnx" and not _onnx_loads(path, card, result):
         result.unchecked += [accuracy_not_run] if images is not None else []
         return result
-    backend = BACKENDS[released["kind"]]
+    backend = released.get("backend") or BACKENDS[released["kind"]]  # the runtime the gate released it on
     try:
-        runner = make_runner(backend, path, threads=threads).load()
+        runner = make_runner(backend, path, threads=threads, **runner_options(card)).load()
     except (RunnerError, RuntimeError, OSError, ValueError) as exc:  # the runtimes' load errors
         if backend != "tensorrt":
             result.problems.append(f"{released['file']} does not load in {backend}: {exc}")
@@ -91,6 +91,15 @@ def verify_bundle(folder: Path, images: Path | None = None, threads: int | None 
     finally:
         runner.close()
     return result
+
+
+def runner_options(card: dict) -> dict:
+    """What the runtime ran the file with when the card's figures were measured (OpenVINO: its performance hint
+    and the inference precision it used, so the accuracy is reproduced in the same arithmetic)."""
+    runner = (card.get("latency") or {}).get("runner") or {}
+    if runner.get("backend") != "openvino":
+        return {}
+    return {k: runner[k] for k in ("hint", "inference_precision") if runner.get(k)}
 
 
 def _onnx_loads(path: Path, card: dict, result: Verification) -> bool:

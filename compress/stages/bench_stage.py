@@ -11,7 +11,8 @@ from compress.config import PipelineConfig, StageConfig
 from compress.errors import ArtifactError, ConfigError
 from compress.stages.base import InputArtifact, Output, Stage, StageContext, StageResult
 from compress.stages.provenance import independence_flag, test_independence
-from serve_bench.bench import ArtifactSpec, BenchSettings, TestSet, run_benchmark
+from compress.stages.runtime_choice import onnx_runtimes
+from serve_bench.bench import ArtifactSpec, BenchSettings, TestSet, on_runtimes, run_benchmark
 from serve_bench.gate import evaluate, quantized_not_faster
 from serve_bench.harness import HarnessSettings, short_of_floors_flag
 from serve_bench.latency_intervals import too_few_blocks
@@ -20,6 +21,7 @@ from serve_bench.machine_load import busy_machine_flag
 from serve_bench.profile_report import profile_failures, unfused_qdq_flags
 from serve_bench.report import test_set_facts, write_report
 from serve_bench.report_tables import main_table
+from serve_bench.runners.openvino_runner import OpenVinoSettings
 from train.data import BatchStream, DataBundle
 
 BACKENDS = {"torch-model": "torch", "onnx": "onnxruntime", "trt-engine": "tensorrt"}
@@ -33,6 +35,12 @@ class BenchConfig(StageConfig, HarnessSettings):
     batch_size: int | None = Field(None, ge=1, description="default: the pipeline's latency.batch_size")
     threads: int | None = Field(None, ge=1, description="intra-op threads; default: physical cores")
     inter_op_threads: int = Field(1, ge=1, description="onnxruntime inter-op threads")
+    runtimes: list[Literal["onnxruntime", "openvino"]] | None = Field(
+        None, min_length=1, description="the runtimes each ONNX file is measured on, each (file, runtime) its own "
+                                        "candidate (the first keeps the file's name, others are <file>@<runtime>); default: every one usable here (onnxruntime, and OpenVINO "
+                                        "where installed; on cuda onnxruntime alone)")
+    openvino: OpenVinoSettings = Field(default_factory=OpenVinoSettings,
+                                       description="how OpenVINO compiles each file (performance hint, precision)")
     torch_compile: bool = Field(False, description="torch.compile the torch artifacts before timing them")
     device: Literal["cpu", "cuda"] = "cpu"
     device_only: bool = Field(False, description="time the computation only, input staged on the device and "
@@ -72,7 +80,9 @@ class BenchStage(Stage):
                               "reads the p99 at latency.target_qps, which only the LoadGen test measures; drop "
                               "`loadgen: false` or gate on the single-stream scenario")
         unique = {a.name: a for a in inputs.values()}  # the baseline input is also one of the collected artifacts
-        specs = [artifact_spec(a, cfg) for a in unique.values()]
+        runtimes = onnx_runtimes(cfg.runtimes, cfg.device, f"stages.{ctx.name}.runtimes")
+        specs = [s for a in unique.values() for s in on_runtimes(artifact_spec(a, cfg), runtimes,
+                                                                 {"openvino": cfg.openvino.runner_options()})]
         if not specs:
             raise ArtifactError(f"stage {ctx.name!r} found no deployable artifact to measure; add a train stage first")
         # the red line's baseline, the runner's "baseline" input: the first train stage's model, else the model the

@@ -21,6 +21,7 @@ from compress.stages.int8_records import input_onnx, onnx_meta, reference_accura
 from compress.stages.model_source import model_from_artifact, onnx_description
 from compress.stages.onnx_labels import label_onnx
 from compress.stages.qat_rung import QATSettings, run_qat
+from compress.stages.runtime_choice import onnx_runtimes
 from export.onnx_export import export_onnx
 from serve_bench.gate import why_int8_not_faster
 from train.hardware import isa_facts
@@ -47,6 +48,9 @@ class QuantizeConfig(StageConfig):
     cpu_weights: Literal["7bit", "8bit"] = Field(
         "7bit", description="weights of the CPU file: 7bit computes the same on x86 CPUs with and without VNNI "
                             "(8bit weights saturate onnxruntime's u8s8 kernels where VNNI is missing)")
+    runtimes: list[Literal["onnxruntime", "openvino"]] | None = Field(
+        None, min_length=1, description="runtimes the CPU file's red line is checked on (each answers with its own "
+                                        "kernels); default: every one usable here, as the bench measures it on")
 
 
 def recipe(flavour: str, cfg: QuantizeConfig, meta: dict) -> dict:
@@ -101,10 +105,13 @@ class QuantizeStage(Stage):
         else:
             export_onnx(model, torch.from_numpy(val_x[:2]), work / "float.onnx", opset=cfg.opset)
             float_onnx = preprocess(work / "float.onnx", work / "float.prep.onnx")
+        cpu_runtimes = tuple(r for r in onnx_runtimes(cfg.runtimes, "cpu", f"{field}.runtimes") if r != "onnxruntime") \
+            if "cpu" in cfg.flavours else ()
         settings = LadderSettings(
             flavours=tuple(cfg.flavours), calibration=Calibration(**cfg.calibration.model_dump(exclude={"samples"})),
             metric=red.metric, max_drop=red.max_drop, max_float_layers=cfg.fallback.max_float_layers,
-            sensitivity_samples=cfg.fallback.sensitivity_samples, cpu_weights=cfg.cpu_weights)
+            sensitivity_samples=cfg.fallback.sensitivity_samples, cpu_weights=cfg.cpu_weights,
+            cpu_runtimes=cpu_runtimes, serve_batch=ctx.pipeline.latency.batch_size)
         ladder = Ladder(float_onnx, work, settings, calib, val_x, val_y, ref_val[red.metric], log=ctx.log)
         attempts, climbed = self._climb(ctx, cfg, ladder, model, description, inputs, calib, field)
         chosen = choose(attempts)
@@ -113,6 +120,8 @@ class QuantizeStage(Stage):
             raise StageError(f"stage {ctx.name!r}: the TensorRT Q/DQ file of rung {chosen.rung} fails the lint: "
                              + "; ".join(lints[chosen.rung]["violations"][:8]))
         test = {f: int8_measure.split_accuracy(p, test_x, test_y) for f, p in chosen.files.items()}
+        test.update({f"cpu@{r}": int8_measure.split_accuracy(chosen.files["cpu"], test_x, test_y, settings.serve_batch,
+                                                             runtime=r) for r in cpu_runtimes})
         drops = {f: round(ref_test[red.metric] - t[red.metric], 4) for f, t in test.items()}
         # Within only if the ladder's choice passed on validation and the test split confirms it;
         # not judged at all (None) where the labels are random.

@@ -21,6 +21,7 @@ BUILTIN: dict[str, str] = {
     "quantize": "compress.stages.quantize_stage:QuantizeStage",
     "export": "compress.stages.export_stage:ExportStage",
     "bench": "compress.stages.bench_stage:BenchStage",
+    "nncf": "compress.stages.nncf_stage:NNCFStage",
 }
 _PLUGINS: dict[str, type["Stage"]] = {}
 

@@ -1,0 +1,30 @@
+"""Backends behind one interface (load, infer, close), one module per runtime.
+
+Optional runtimes' libraries (TensorRT, OpenVINO) are imported inside their runners' ``load``,
+so importing this package never needs them.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from serve_bench.runners.availability import ONNX_RUNTIMES, runtime_status, usable_onnx_runtimes
+from serve_bench.runners.base import PerThread, Runner, RunnerError, physical_cores, predict
+from serve_bench.runners.onnxruntime_runner import OnnxRuntimeRunner
+from serve_bench.runners.openvino_runner import OpenVinoRunner
+from serve_bench.runners.simulated import SimulatedRunner
+from serve_bench.runners.tensorrt_runner import TensorRTRunner
+from serve_bench.runners.torch_runner import TorchRunner
+
+RUNNERS: dict[str, type[Runner]] = {r.backend: r for r in (TorchRunner, OnnxRuntimeRunner, OpenVinoRunner,
+                                                          TensorRTRunner, SimulatedRunner)}
+
+__all__ = ["ONNX_RUNTIMES", "OnnxRuntimeRunner", "OpenVinoRunner", "PerThread", "RUNNERS", "Runner", "RunnerError",
+           "SimulatedRunner", "TensorRTRunner", "TorchRunner", "make_runner", "physical_cores", "predict",
+           "runtime_status", "usable_onnx_runtimes"]
+
+
+def make_runner(backend: str, path: str | Path, **kwargs: Any) -> Runner:
+    if backend not in RUNNERS:
+        raise RunnerError(f"unknown backend {backend!r}; known: {', '.join(RUNNERS)}")
+    return RUNNERS[backend](path, **kwargs)

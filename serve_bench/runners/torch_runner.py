@@ -1,0 +1,45 @@
+"""Eager (optionally compiled) PyTorch: the baseline every artifact is compared with."""
+from __future__ import annotations
+
+import numpy as np
+
+from serve_bench.runners.base import Runner, RunnerError
+
+
+class TorchRunner(Runner):
+    """Eager (optionally compiled) PyTorch: the baseline every artifact is compared with."""
+
+    backend = "torch"
+
+    def _load(self) -> None:
+        import torch
+
+        from train.model_io import load_model
+
+        if self.device == "cuda" and not torch.cuda.is_available():
+            raise RunnerError("torch runner: device cuda was asked for but no CUDA device is visible")
+        if self.device == "cpu":
+            torch.set_num_threads(self.threads)
+        self._torch = torch
+        model, self.description = load_model(self.path)
+        self.model = model.eval().to(self.device)
+        if self.options.get("compile"):
+            self.model = torch.compile(self.model)
+
+    def _prepare(self, x: np.ndarray):
+        return self._torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)).to(self.device)
+
+    def _run(self, staged):
+        with self._torch.inference_mode():
+            y = self.model(staged)
+        if self.device == "cuda":
+            self._torch.cuda.synchronize()
+        return y
+
+    def _to_host(self, y) -> np.ndarray:
+        return y.float().cpu().numpy()
+
+    def info(self) -> dict:
+        return {**super().info(), "precision": "fp32", "compile": bool(self.options.get("compile"))}
+
+
