@@ -104,7 +104,8 @@ def ladder_table(report: dict) -> Table:
         for i, rung in enumerate(ladder.get("rungs", [])):
             flavours = ", ".join(f"{f} {r.get(f'val_{metric}', float('nan')):.2f}% ({r['drop']:+.2f})"
                                  for f, r in rung["flavours"].items())
-            sizes = ", ".join(f"{f} {r['size_bytes'] / 1024:.0f}" for f, r in rung["flavours"].items())
+            sizes = ", ".join(f"{f} {r['size_bytes'] / 1024:.0f}" for f, r in rung["flavours"].items()
+                              if "size_bytes" in r)  # a flavour's file on another runtime (cpu@openvino) is the same file
             lat = rung.get("latency") or {}
             latency = f"{lat['int8_p50_ms']:.3f} / {lat['fp32_p50_ms']:.3f}" if lat else "—"
             chosen = " ← shipped" if rung["rung"] == ladder["rung"] else ""

@@ -34,11 +34,30 @@ def runtime_parity(reference: str, reference_logits: np.ndarray, logits: np.ndar
 
 
 def same_file_pairs(specs: list) -> dict[str, str]:
-    """Artifact name → the name of the first artifact that runs the same file on another runtime."""
-    first_by_path: dict[str, str] = {}
+    """Artifact name → the name of the first artifact that runs the same file on another runtime (the same file
+    twice on one runtime, as a run compared with itself, is not a runtime pair)."""
+    first: dict[str, object] = {}
     pairs = {}
     for spec in specs:
-        seen = first_by_path.setdefault(spec.path, spec.name)
-        if seen != spec.name:
-            pairs[spec.name] = seen
+        seen = first.setdefault(spec.path, spec)
+        if seen.name != spec.name and seen.backend != spec.backend:
+            pairs[spec.name] = seen.name
     return pairs
+
+
+def runtime_choice_note(entries: list[dict], release: str | None) -> str | None:
+    """A note where the released file's runtime was not told apart from another runtime's at p99: which runtime the
+    card names is then the noise's choice, and either serves the file as fast."""
+    chosen = next((e for e in entries if e["name"] == release), None)
+    if chosen is None:
+        return None
+    for other in entries:
+        if other is chosen or other.get("artifact") != chosen.get("artifact") or other["backend"] == chosen["backend"]:
+            continue
+        pair = chosen if (chosen.get("runtime_parity") or {}).get("reference") == other["name"] else other
+        ratio = ((pair.get("runtime_parity") or {}).get("latency_ratio") or {}).get("p99")
+        if ratio and ratio["ci"][0] <= 1.0 <= ratio["ci"][1] and not other.get("refused"):
+            return (f"{release} was released on {chosen['backend']}, but the same file on {other['backend']} "
+                    f"({other['name']}) is not told apart from it at p99 (ratio {ratio['ratio']:.3f} "
+                    f"[{ratio['ci'][0]:.3f}, {ratio['ci'][1]:.3f}]): either runtime serves it as fast")
+    return None

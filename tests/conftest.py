@@ -11,6 +11,18 @@ from pathlib import Path
 import pytest
 import yaml
 
+
+@pytest.fixture(autouse=True)
+def onnx_files_on_onnxruntime_alone(request, monkeypatch):
+    """Stages run in the test process measure ONNX files on onnxruntime alone unless the test is marked
+    ``openvino``: every bench would otherwise time each file twice where OpenVINO is installed, and the suite's
+    time is CI's. The default itself (every usable runtime) is what the marked tests and the quickstart run."""
+    if request.node.get_closest_marker("openvino") is None:
+        from compress.stages import runtime_choice
+
+        monkeypatch.setattr(runtime_choice, "usable_onnx_runtimes", lambda device="cpu": ["onnxruntime"])
+
+
 ROOT = Path(__file__).resolve().parents[1]
 
 # A pipeline small enough to train in a couple of seconds on the CPU: the 1,797 real 8×8

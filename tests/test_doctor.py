@@ -23,7 +23,15 @@ from compress.doctor import smoke as smoke_module
 from compress.doctor.machine import isa_limits, torch_level_of
 
 ROOT = Path(__file__).resolve().parents[1]
-HAS_OPENVINO = importlib.util.find_spec("openvino") is not None
+def _imports(module: str) -> bool:
+    try:
+        importlib.import_module(module)
+        return True
+    except ImportError:
+        return False
+
+
+HAS_OPENVINO = _imports("openvino")
 RUNTIME_ROWS = {"torch", "onnxruntime", "openvino", "tensorrt", "nncf", "mlperf_loadgen"}
 
 

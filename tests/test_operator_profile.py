@@ -206,8 +206,8 @@ def test_tensorrt_layers_of_a_built_engine(onnx_files, tmp_path):
 
 
 def test_an_unknown_backend_is_refused():
-    with pytest.raises(RunnerError, match="unknown backend 'openvino'"):
-        profile_artifact("openvino", "model.xml", np.zeros((1, 3, 8, 8), np.float32), threads=1)
+    with pytest.raises(RunnerError, match="unknown backend 'tflite'"):
+        profile_artifact("tflite", "model.tflite", np.zeros((1, 3, 8, 8), np.float32), threads=1)
 
 
 def test_a_file_onnxruntime_cannot_load_is_a_runner_error_naming_it(tmp_path):

@@ -223,8 +223,9 @@ def test_an_fp32_export_beside_a_cpu_only_quantize_stage_is_made_from_the_model_
     """It once read quantize's TensorRT file by default: missing with flavours [cpu], a re-export after any
     re-quantization where present."""
     config = copy.deepcopy(TINY)
-    config["stages"] += [{"name": "quantize", "kind": "quantize", "flavours": ["cpu"],
-                          "calibration": {"method": "minmax", "samples": 64}},
+    config["stages"] += [{"name": "quantize", "kind": "quantize", "flavours": ["cpu"],  # the ladder is not the point
+                          "calibration": {"method": "minmax", "samples": 64}, "fallback": {"enabled": False},
+                          "qat": {"enabled": False}},
                          {"name": "export", "kind": "export", "formats": ["onnx"], "parity": {"samples": 32}}]
     path = tmp_path / "p.yaml"
     path.write_text(yaml.safe_dump(config))
@@ -367,8 +368,9 @@ def test_the_flag_says_whether_the_instruction_set_explains_a_slow_int8_file():
 
 
 def test_the_gate_refuses_an_int8_file_that_missed_the_red_line():
-    reason = _refusal({"red_line": {"within": False, "test_drop": 3.2}})
-    assert reason and "no rung within the red line" in reason and _refusal({"red_line": {"within": True}}) is None
+    reason = _refusal({"red_line": {"within": False, "test_drop": 3.2}}, "onnxruntime")
+    assert reason and "no rung within the red line" in reason
+    assert _refusal({"red_line": {"within": True}}, "onnxruntime") is None
     entries = [_entry("train.model", "fp32", 5.0, 6.0, fmt="torch"), _entry("q", "int8", 0.5, 0.6, refused=reason)]
     gate = evaluate(entries, p99_budget_ms=None, max_accuracy_drop=1.0)
     assert gate["release"] == "train.model" and any(r.startswith("q: the quantize stage") for r in gate["reasons"])

@@ -404,11 +404,15 @@ def test_a_release_on_openvino_names_its_runtime_verifies_in_it_and_serves_with_
     folder, pipeline, run_dir = finished
     run = tmp_path / "run"
     shutil.copytree(run_dir, run)
-    assert main(["run", str(pipeline), "--run-dir", str(run), "--only", "bench",
+    # from quantize: its red-line check follows the bench's runtimes, so it now runs the CPU file in OpenVINO too
+    assert main(["run", str(pipeline), "--run-dir", str(run), "--from", "quantize",
                  "stages.bench.runtimes=[onnxruntime, openvino]"]) in (0, 1)
+    ladder = json.loads((run / "manifest.json").read_text())["artifacts"]["quantize.onnx_cpu"]["meta"]["red_line"]
+    assert "openvino" in ladder["test_drop_on"]  # checked where it may ship
     report = json.loads((run / "bench" / "report" / "report.json").read_text())
     candidate = next(a for a in report["artifacts"] if a["name"] == "quantize.onnx_cpu@openvino")
     assert candidate["artifact"] == "quantize.onnx_cpu" and candidate["backend"] == "openvino"
+    assert not candidate.get("refused")
     parity = candidate["runtime_parity"]  # the same bytes in two runtimes, paired image by image
     assert parity["reference"] == "quantize.onnx_cpu" and parity["n"] == candidate["accuracy"]["n"]
     assert parity["top1_differs_pct"] <= 2.0, parity  # INT8 rounding may move a few images, not many

@@ -284,6 +284,9 @@ class Runner:
                     "inputs": {role: self.manifest.artifacts[art.name].sha256 for role, art in inputs.items()},
                     "input_names": {role: art.name for role, art in inputs.items()}, "version": __version__,
                     "environment": self._environment_digest if cls.keyed_on_environment else None}
+        extra = cls.key_extra(cfg, self.pipeline.config)
+        if extra is not None:
+            material["extra"] = extra
         if self.pipeline.config.threads is not None:  # float sums are split by thread: the bits depend on it
             material["threads"] = self.pipeline.config.threads
         spread = self._distributed(cfg, cls)

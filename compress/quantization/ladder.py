@@ -40,6 +40,8 @@ class LadderSettings:
     # "cpu@<runtime>"), at the batch it serves (OpenVINO's answers depend on the batch).
     cpu_runtimes: tuple[str, ...] = ()
     serve_batch: int = 1
+    runtime_options: dict = field(default_factory=dict)  # runtime → runner options, as the bench runs it
+    runtime_threads: int | None = None
 
 
 @dataclass
@@ -86,7 +88,9 @@ class Ladder:
         val = {f: int8_measure.split_accuracy(p, self.val_images, self.val_labels, s.eval_batch) for f, p in files.items()}
         if "cpu" in files:  # the CPU file on each other runtime it may ship on: each answer checked
             val.update({f"cpu@{r}": int8_measure.split_accuracy(files["cpu"], self.val_images, self.val_labels,
-                                                                s.serve_batch, runtime=r) for r in s.cpu_runtimes})
+                                                                s.serve_batch, runtime=r, threads=s.runtime_threads,
+                                                                options=s.runtime_options.get(r))
+                        for r in s.cpu_runtimes})
         drops = {f: self.reference - v[s.metric] for f, v in val.items()}
         within = all(d <= s.max_drop for d in drops.values())
         self.log(f"{rung}: val {s.metric} " + ", ".join(f"{f} {v[s.metric]:.2f}% (drop {drops[f]:+.2f})"

@@ -19,15 +19,16 @@ from serve_bench.worker import BenchWorker
 
 
 def logits(path: Path, images: np.ndarray, batch_size: int = 64, threads: int | None = None,
-           runtime: str = "onnxruntime") -> np.ndarray:
-    with make_runner(runtime, path, threads=threads) as runner:
+           runtime: str = "onnxruntime", options: dict | None = None) -> np.ndarray:
+    with make_runner(runtime, path, threads=threads, **(options or {})) as runner:
         return predict(runner, images, batch_size)
 
 
 def split_accuracy(path: Path, images: np.ndarray, labels: np.ndarray, batch_size: int = 64,
-                   runtime: str = "onnxruntime") -> dict:
-    """Accuracy of the file as ``runtime`` runs it (the same bytes can answer differently in another runtime)."""
-    return accuracy(logits(path, images, batch_size, runtime=runtime), labels)
+                   runtime: str = "onnxruntime", options: dict | None = None, threads: int | None = None) -> dict:
+    """Accuracy of the file as ``runtime`` runs it (the same bytes can answer differently in another runtime),
+    with the runner ``options`` and ``threads`` the bench runs it with."""
+    return accuracy(logits(path, images, batch_size, threads=threads, runtime=runtime, options=options), labels)
 
 
 def output_error(reference: np.ndarray, candidate: np.ndarray) -> float:

@@ -210,7 +210,7 @@ def _assemble(work: Path, run_dir: Path, manifest: Manifest, record: ArtifactRec
               for r in manifest.stages.values()]
     pipeline = {"file": PIPELINE_FILE, "sha256": file_sha256(resolved), "stages": stages,
                 "data_split_digest": manifest.data.get("split_hash")}
-    gate_passed = bool(report["gate"].get("passed")) and report["gate"].get("release") == record.name
+    gate_passed = bool(report["gate"].get("passed")) and report["gate"].get("release") == entry["name"]
     card = build_card(report=report, entry=entry, released=released, input_spec=input_spec, classes=classes,
                       tensorrt=engines, tensorrt_withheld=withheld, pipeline=pipeline,
                       lineage=_lineage(manifest, record.name), anyway=anyway and not gate_passed, created=now(),

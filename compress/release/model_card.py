@@ -54,6 +54,8 @@ def runtime_of(entry: dict, environment: dict) -> dict:
     if backend == "onnxruntime":
         version = version or (environment.get("onnxruntime") or {}).get("version")
     settings = {k: runner[k] for k in ("device", "threads", "providers", "hint", "inference_precision") if runner.get(k)}
+    if runner.get("threads_used"):  # what OpenVINO actually ran with, which its hint may lower
+        settings["threads"] = runner["threads_used"]
     return {"name": backend, "version": version, **settings}
 
 

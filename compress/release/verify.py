@@ -74,7 +74,9 @@ def verify_bundle(folder: Path, images: Path | None = None, threads: int | None 
         return result
     backend = released.get("backend") or BACKENDS[released["kind"]]  # the runtime the gate released it on
     try:
-        runner = make_runner(backend, path, threads=threads, **runner_options(card)).load()
+        options = runner_options(card)
+        measured_threads = options.pop("threads", None)
+        runner = make_runner(backend, path, threads=threads or measured_threads, **options).load()
     except (RunnerError, RuntimeError, OSError, ValueError) as exc:  # the runtimes' load errors
         if backend != "tensorrt":
             result.problems.append(f"{released['file']} does not load in {backend}: {exc}")
@@ -94,12 +96,13 @@ def verify_bundle(folder: Path, images: Path | None = None, threads: int | None 
 
 
 def runner_options(card: dict) -> dict:
-    """What the runtime ran the file with when the card's figures were measured (OpenVINO: its performance hint
-    and the inference precision it used, so the accuracy is reproduced in the same arithmetic)."""
+    """What the runtime ran the file with when the card's figures were measured (OpenVINO: its performance hint,
+    the inference precision and the threads it used, so the accuracy is reproduced in the same arithmetic)."""
     runner = (card.get("latency") or {}).get("runner") or {}
     if runner.get("backend") != "openvino":
         return {}
-    return {k: runner[k] for k in ("hint", "inference_precision") if runner.get(k)}
+    options = {k: runner[k] for k in ("hint", "inference_precision") if runner.get(k)}
+    return {**options, **({"threads": runner["threads_used"]} if runner.get("threads_used") else {})}
 
 
 def _onnx_loads(path: Path, card: dict, result: Verification) -> bool:

@@ -122,6 +122,12 @@ class Stage:
         return {}
 
     @classmethod
+    def key_extra(cls, config: StageConfig, pipeline) -> dict | None:
+        """Anything else a stage's results depend on that its settings do not say (resolved from the machine or
+        from other stages' settings), added to its cache key; None: nothing."""
+        return None
+
+    @classmethod
     def produces_for(cls, config: StageConfig) -> tuple[str, ...]:
         """The roles this configuration makes, so a later stage's default never names one it won't."""
         return cls.produces

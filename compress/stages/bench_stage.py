@@ -21,6 +21,7 @@ from serve_bench.machine_load import busy_machine_flag
 from serve_bench.profile_report import profile_failures, unfused_qdq_flags
 from serve_bench.report import test_set_facts, write_report
 from serve_bench.report_tables import main_table
+from serve_bench.runtime_parity import runtime_choice_note
 from serve_bench.runners.openvino_runner import OpenVinoSettings
 from train.data import BatchStream, DataBundle
 
@@ -83,6 +84,8 @@ class BenchStage(Stage):
         runtimes = onnx_runtimes(cfg.runtimes, cfg.device, f"stages.{ctx.name}.runtimes")
         specs = [s for a in unique.values() for s in on_runtimes(artifact_spec(a, cfg), runtimes,
                                                                  {"openvino": cfg.openvino.runner_options()})]
+        for spec in specs:  # the red line a file was checked on is per runtime
+            spec.refused = _refusal(unique[spec.artifact].meta, spec.backend)
         if not specs:
             raise ArtifactError(f"stage {ctx.name!r} found no deployable artifact to measure; add a train stage first")
         # the red line's baseline, the runner's "baseline" input: the first train stage's model, else the model the
@@ -114,6 +117,7 @@ class BenchStage(Stage):
         flags += [f for f in (independence_flag(independence),) if f]
         flags += unfused_qdq_flags(result.entries)
         gate["notes"] += profile_failures(result.entries)
+        gate["notes"] += [n for n in (runtime_choice_note(result.entries, gate["release"]),) if n]
         report = {"pipeline": pipeline.name, "baseline": baseline, "metric": metric, "artifacts": result.entries,
                   "gate": gate, "flags": flags, "environment": env, "traffic": result.traffic,
                   "settings": {**cfg.model_dump(mode="json"), "batch_size": batch},
@@ -191,14 +195,21 @@ def artifact_spec(artifact: InputArtifact, cfg: BenchConfig) -> ArtifactSpec:
                         options={"compile": cfg.torch_compile} if backend == "torch" else
                         {"inter_op_threads": cfg.inter_op_threads} if backend == "onnxruntime" else {},
                         source_model=meta.get("source_model") or (artifact.name if backend == "torch" else None),
-                        refused=_refusal(meta), quantization=meta.get("quantization"))
+                        refused=_refusal(meta, backend), quantization=meta.get("quantization"))
 
 
-def _refusal(meta: dict) -> str | None:
+def _refusal(meta: dict, backend: str) -> str | None:
+    """Why the gate must not release this file on ``backend``, from the quantize stage's red-line check."""
     red = meta.get("red_line")
-    if red and red.get("within") is False:
-        return (f"the quantize stage found no rung within the red line (its test drop {red.get('test_drop')} "
-                f"points); refused")
+    if not red:
+        return None
+    drops = {"onnxruntime": red.get("test_drop"), **(red.get("test_drop_on") or {})}
+    if red.get("within") is False:
+        return ("the quantize stage found no rung within the red line on every runtime it checked (test drop "
+                + ", ".join(f"{r} {d}" for r, d in drops.items()) + " points); refused")
+    if backend == "openvino" and backend not in drops:  # a file quantized before the check, or without it
+        return (f"the quantize stage checked its red line on {', '.join(drops)} only, not on {backend} (its runtimes "
+                f"setting); refused here: re-run the quantize stage with {backend} among its runtimes")
     return None
 
 

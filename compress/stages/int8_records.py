@@ -52,7 +52,7 @@ def reference_accuracy(artifact: InputArtifact, data: DataBundle, split: str, mo
 def _compact(record: dict) -> dict:
     """A rung as the benchmark report shows it: accuracy and drop per flavour, float layers, first latency."""
     out = {"rung": record["rung"], "within_red_line": record["within_red_line"],
-           "float_layers": len(record["float_layers"]), "flavours": record["flavours"]}
+           "float_layers": len(record["float_layers"]), "flavours": {**record["flavours"], **record.get("runtimes", {})}}
     if "latency" in record:
         out["latency"] = {k: v for k, v in record["latency"].items() if k.endswith("_ms")}
     return out

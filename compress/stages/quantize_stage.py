@@ -21,7 +21,7 @@ from compress.stages.int8_records import input_onnx, onnx_meta, reference_accura
 from compress.stages.model_source import model_from_artifact, onnx_description
 from compress.stages.onnx_labels import label_onnx
 from compress.stages.qat_rung import QATSettings, run_qat
-from compress.stages.runtime_choice import onnx_runtimes
+from compress.stages.runtime_choice import cpu_check_plan
 from export.onnx_export import export_onnx
 from serve_bench.gate import why_int8_not_faster
 from train.hardware import isa_facts
@@ -78,6 +78,17 @@ class QuantizeStage(Stage):
     def config_refs(cls, config: QuantizeConfig) -> dict[str, str]:  # type: ignore[override]
         return {"teacher": config.qat.distill.teacher} if config.qat.distill else {}
 
+    @classmethod
+    def key_extra(cls, config: StageConfig, pipeline) -> dict | None:
+        return {"runtime_check": cls.runtime_check(config, pipeline)}
+
+    @staticmethod
+    def runtime_check(cfg: QuantizeConfig, pipeline) -> dict:
+        """The runtimes besides onnxruntime the CPU file's red line is checked on, and how (see cpu_check_plan)."""
+        if "cpu" not in cfg.flavours:
+            return {"runtimes": [], "versions": {}, "serve_batch": None, "threads": None, "options": {}}
+        return cpu_check_plan(cfg.runtimes, pipeline.stages, pipeline.latency.batch_size, f"stages.{cfg.name}.runtimes")
+
     def run(self, ctx: StageContext, inputs: dict[str, InputArtifact]) -> StageResult:
         cfg: QuantizeConfig = self.config  # type: ignore[assignment]
         field, data, red = f"stages.{ctx.name}", ctx.data, ctx.pipeline.red_line
@@ -105,13 +116,14 @@ class QuantizeStage(Stage):
         else:
             export_onnx(model, torch.from_numpy(val_x[:2]), work / "float.onnx", opset=cfg.opset)
             float_onnx = preprocess(work / "float.onnx", work / "float.prep.onnx")
-        cpu_runtimes = tuple(r for r in onnx_runtimes(cfg.runtimes, "cpu", f"{field}.runtimes") if r != "onnxruntime") \
-            if "cpu" in cfg.flavours else ()
+        check = self.runtime_check(cfg, ctx.pipeline)
+        cpu_runtimes = tuple(check["runtimes"])
         settings = LadderSettings(
             flavours=tuple(cfg.flavours), calibration=Calibration(**cfg.calibration.model_dump(exclude={"samples"})),
             metric=red.metric, max_drop=red.max_drop, max_float_layers=cfg.fallback.max_float_layers,
             sensitivity_samples=cfg.fallback.sensitivity_samples, cpu_weights=cfg.cpu_weights,
-            cpu_runtimes=cpu_runtimes, serve_batch=ctx.pipeline.latency.batch_size)
+            cpu_runtimes=cpu_runtimes, serve_batch=check["serve_batch"], runtime_options=check["options"],
+            runtime_threads=check["threads"])
         ladder = Ladder(float_onnx, work, settings, calib, val_x, val_y, ref_val[red.metric], log=ctx.log)
         attempts, climbed = self._climb(ctx, cfg, ladder, model, description, inputs, calib, field)
         chosen = choose(attempts)
@@ -121,7 +133,8 @@ class QuantizeStage(Stage):
                              + "; ".join(lints[chosen.rung]["violations"][:8]))
         test = {f: int8_measure.split_accuracy(p, test_x, test_y) for f, p in chosen.files.items()}
         test.update({f"cpu@{r}": int8_measure.split_accuracy(chosen.files["cpu"], test_x, test_y, settings.serve_batch,
-                                                             runtime=r) for r in cpu_runtimes})
+                                                             runtime=r, threads=check["threads"],
+                                                             options=check["options"].get(r)) for r in cpu_runtimes})
         drops = {f: round(ref_test[red.metric] - t[red.metric], 4) for f, t in test.items()}
         # Within only if the ladder's choice passed on validation and the test split confirms it;
         # not judged at all (None) where the labels are random.

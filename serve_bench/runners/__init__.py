@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from serve_bench.runners.availability import ONNX_RUNTIMES, runtime_status, usable_onnx_runtimes
+from serve_bench.runners.availability import ONNX_RUNTIMES, runtime_status, runtime_versions, usable_onnx_runtimes
 from serve_bench.runners.base import PerThread, Runner, RunnerError, physical_cores, predict
 from serve_bench.runners.onnxruntime_runner import OnnxRuntimeRunner
 from serve_bench.runners.openvino_runner import OpenVinoRunner
@@ -21,7 +21,7 @@ RUNNERS: dict[str, type[Runner]] = {r.backend: r for r in (TorchRunner, OnnxRunt
 
 __all__ = ["ONNX_RUNTIMES", "OnnxRuntimeRunner", "OpenVinoRunner", "PerThread", "RUNNERS", "Runner", "RunnerError",
            "SimulatedRunner", "TensorRTRunner", "TorchRunner", "make_runner", "physical_cores", "predict",
-           "runtime_status", "usable_onnx_runtimes"]
+           "runtime_status", "runtime_versions", "usable_onnx_runtimes"]
 
 
 def make_runner(backend: str, path: str | Path, **kwargs: Any) -> Runner:

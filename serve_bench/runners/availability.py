@@ -43,6 +43,26 @@ def runtime_status(device: str = "cpu") -> dict[str, str | None]:
     return {"onnxruntime": _onnxruntime(device), "openvino": _openvino(device)}
 
 
+def runtime_versions(names: list[str]) -> dict[str, str | None]:
+    """The installed version of each runtime named (None where it does not import): what a cached check ran on."""
+    out: dict[str, str | None] = {}
+    for name in names:
+        try:
+            if name == "openvino":
+                import openvino
+
+                out[name] = openvino.get_version()
+            elif name == "onnxruntime":
+                import onnxruntime
+
+                out[name] = onnxruntime.__version__
+            else:
+                out[name] = None
+        except ImportError:
+            out[name] = None
+    return out
+
+
 def usable_onnx_runtimes(device: str = "cpu") -> list[str]:
     """The runtimes the bench measures each ONNX file on by default, in order (onnxruntime first)."""
     status = runtime_status(device)
