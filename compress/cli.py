@@ -12,6 +12,7 @@ import traceback
 from pathlib import Path
 
 from compress import __version__
+from compress.doctor.command import add_parser as add_doctor_parser
 from compress.errors import CompressError, ConfigError, RunInterrupted
 
 
@@ -46,8 +47,7 @@ def _run_interruptible(runner, resume: str):
 def _gate_exit_code(manifest, selected: list[str], run_dir: Path) -> int:
     """1 when a bench stage of this invocation said no, so CI sees a failed gate however the stage was run."""
     for name in selected:
-        record = manifest.stages.get(name)
-        if record is not None and record.kind == "bench" and record.metrics.get("gate_passed") is False:
+        if (record := manifest.stages.get(name)) and record.kind == "bench" and record.metrics.get("gate_passed") is False:
             reasons = "; ".join(record.metrics.get("gate_reasons", []))
             print(f"release gate FAILED ({name}): {reasons}; report in {run_dir / name / 'report'}", file=sys.stderr)
             return 1
@@ -83,8 +83,7 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
 def _warn_if_foreign(report: dict, path: Path) -> None:
     from compress.pipeline.bench_report import foreign_isa_note
 
-    note = foreign_isa_note(report, path)
-    if note:
+    if note := foreign_isa_note(report, path):
         _console(stderr=True).print(note, style="yellow", highlight=False)
 
 
@@ -238,12 +237,6 @@ def _cmd_join(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_doctor(args: argparse.Namespace) -> int:
-    from compress.doctor.checkup import DoctorSettings, run_doctor
-
-    return run_doctor(DoctorSettings(json_path=Path(args.json) if args.json else None, gpu=args.gpu), _console(False))
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="compress", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -370,13 +363,7 @@ def build_parser() -> argparse.ArgumentParser:
     stage.add_argument("overrides", nargs="*", metavar="key=value", default=[],
                        help="stage settings, or data./model. keys")
     stage.set_defaults(func=_cmd_stage)
-
-    doctor = sub.add_parser("doctor", help="check this machine: CPU, runtimes, the defaults' choices, a smoke run",
-                            description="Exit 0: every installed runtime passed its smoke run; 3: one failed.")
-    doctor.add_argument("--json", metavar="PATH", help="also write the facts as JSON")
-    doctor.add_argument("--gpu", action="store_true", help="the GPU check instead: pytest -m gpu, then the "
-                        "quickstart with an INT8 TensorRT engine and a cuda bench (exit 0 without a GPU)")
-    doctor.set_defaults(func=_cmd_doctor)
+    add_doctor_parser(sub, _console)
     return parser
 
 

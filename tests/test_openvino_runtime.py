@@ -120,7 +120,7 @@ def test_runtime_parity_counts_the_images_whose_answer_differs_with_a_known_answ
     paired = parity["accuracy_vs_reference"]
     right_before = int((reference[flipped].argmax(1) == labels[flipped]).sum())
     right_after = int((wrong == labels[flipped]).sum())
-    assert paired["baseline_only"] == right_before - 0 and paired["artifact_only"] == right_after
+    assert paired["baseline_only"] == right_before and paired["artifact_only"] == right_after
     assert paired["drop"] == pytest.approx(100.0 * (right_before - right_after) / 2000, abs=1e-4)
     assert paired["drop_ci"][0] <= paired["drop"] <= paired["drop_ci"][1]
     same = runtime_parity("file", reference, reference.copy(), labels, "top1")

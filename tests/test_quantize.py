@@ -14,7 +14,7 @@ import yaml
 
 from compress.cli import main
 from compress.pipeline.pipeline_file import load_pipeline
-from compress.pipeline.runner import input_refs
+from compress.pipeline.input_wiring import input_refs
 from compress.quantization import ladder as int8_ladder, measure as int8_measure, qat_pt2e
 from compress.quantization.qdq_lint import graph_constants, lint_qdq
 from compress.quantization.qdq_rewrite import WEIGHT_7BIT_MAX, int8_to_uint8_activations, weights_to_7bit

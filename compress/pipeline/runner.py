@@ -23,6 +23,7 @@ from compress.errors import ArtifactError, CompressError, ConfigError, from_libr
 from compress.pipeline.console_log import cli_console, to_console
 from compress.pipeline.distributed_launch import launch_stage
 from compress.pipeline.fingerprint import environment, environment_key
+from compress.pipeline.input_wiring import ARTIFACT_ROLE, input_refs
 from compress.pipeline.manifest import ArtifactRecord, Manifest, StageRecord, digest_path, now
 from compress.pipeline.pipeline_data import load_section
 from compress.pipeline.pipeline_file import Pipeline
@@ -67,66 +68,6 @@ def _without_locations(section: str, value: object) -> object:
 
 def default_run_dir(pipeline: Pipeline) -> Path:
     return Path(pipeline.config.run_dir or Path("runs") / pipeline.config.name)
-
-
-ARTIFACT_ROLE = "artifact:"  # roles of a collecting stage: one per artifact it measures
-
-
-def _first_train_model(earlier: list[tuple[str, type]]) -> str | None:
-    """The red line's baseline: the first train stage's model, else the model the user brought (``model.model``)."""
-    return next((f"{n}.model" for n, c in earlier if c.kind == "train"),
-                next((f"{n}.model" for n, c in earlier if c.kind == "model"), None))
-
-
-def input_refs(pipeline: Pipeline) -> dict[str, dict[str, str]]:
-    """Artifact name each stage reads per input role.
-
-    Defaults: ``model`` is the latest earlier model; ``teacher`` (and a ``baseline``) is the
-    first train stage's model, the trained baseline (the brought model where nothing trains); a
-    role in the stage's ``latest_of`` is the latest earlier artifact of that role (an INT8 export
-    reads the latest Q/DQ file).
-    """
-    refs: dict[str, dict[str, str]] = {}
-    earlier: list[tuple[str, type]] = []
-    made: dict[str, tuple[str, ...]] = {}  # stage name → the roles its configuration makes
-    for stage in pipeline.stages:
-        cls = registry.get(stage.kind)
-        assert cls is not None  # the pipeline was validated
-        given = {**stage.inputs, **cls.config_refs(stage)}
-        chosen: dict[str, str] = {}
-        for role in cls.input_roles:
-            ref = given.get(role)
-            if ref is not None and "." in ref:
-                chosen[role] = ref
-            elif ref is not None:  # a bare stage name: that stage's main artifact
-                roles = made[ref]
-                pick = role if role in roles else cls.latest_of.get(role) if cls.latest_of.get(role) in roles else \
-                    roles[0] if roles else role
-                chosen[role] = f"{ref}.{pick}"
-            elif role == "model":
-                makers = [n for n, roles in made.items() if "model" in roles]
-                if makers:
-                    chosen[role] = f"{makers[-1]}.model"
-            elif role == "teacher" and cls.default_teacher and _first_train_model(earlier):
-                chosen[role] = _first_train_model(earlier)
-            elif role == "baseline" and _first_train_model(earlier):
-                chosen[role] = _first_train_model(earlier)
-            elif role in (latest := cls.latest_of_for(stage)):
-                makers = [n for n, roles in made.items() if latest[role] in roles]
-                if makers:
-                    chosen[role] = f"{makers[-1]}.{latest[role]}"
-        if cls.collects_deployable:
-            names = getattr(stage, "artifacts", None) or [
-                f"{n}.{role}" for n, c in earlier for role in c.deployable if role in made[n]]
-            # The baseline is always measured in the same run, listed or not.
-            baseline = getattr(stage, "baseline", None) or _first_train_model(earlier)
-            if baseline and baseline not in names:
-                names = [baseline, *names]
-            chosen.update({f"{ARTIFACT_ROLE}{name}": name for name in names})
-        refs[stage.name] = chosen
-        earlier.append((stage.name, cls))
-        made[stage.name] = cls.produces_for(stage)
-    return refs
 
 
 class Runner:
@@ -284,8 +225,7 @@ class Runner:
                     "inputs": {role: self.manifest.artifacts[art.name].sha256 for role, art in inputs.items()},
                     "input_names": {role: art.name for role, art in inputs.items()}, "version": __version__,
                     "environment": self._environment_digest if cls.keyed_on_environment else None}
-        extra = cls.key_extra(cfg, self.pipeline.config)
-        if extra is not None:
+        if (extra := cls.key_extra(cfg, self.pipeline.config)) is not None:  # what the settings do not say
             material["extra"] = extra
         if self.pipeline.config.threads is not None:  # float sums are split by thread: the bits depend on it
             material["threads"] = self.pipeline.config.threads

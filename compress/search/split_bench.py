@@ -21,7 +21,7 @@ from compress.pipeline.fingerprint import environment, environment_key
 from compress.pipeline.manifest import Manifest
 from compress.pipeline.pipeline_data import load_section
 from compress.pipeline.pipeline_file import Pipeline
-from compress.pipeline.runner import ARTIFACT_ROLE, input_refs
+from compress.pipeline.input_wiring import ARTIFACT_ROLE, input_refs
 from compress.search.contenders import Contender, Limits
 from compress.search.measure_env import MeasurementEnvironment
 from compress.stages.base import InputArtifact
