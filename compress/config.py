@@ -17,8 +17,14 @@ class Strict(BaseModel):
 
 
 class DataConfig(Strict):
-    name: Literal["digits", "mnist5k", "imagefolder", "cifar10", "synthetic"]
-    path: str | None = Field(None, description="folder of the data set (imagefolder, cifar10)")
+    name: Literal["digits", "mnist5k", "imagefolder", "cifar10", "synthetic", "coco", "shapes"]
+    path: str | None = Field(None, description="folder of the data set (imagefolder, cifar10; coco: the folder "
+                                               "holding images/ and the instances JSON)")
+    annotations: str | None = Field(None, description="coco: the instances JSON (relative to path or absolute); "
+                                                      "default: the one JSON in path/annotations/ or path")
+    resize: Literal["letterbox", "stretch"] = Field(
+        "letterbox", description="coco, shapes: letterbox (longest side to image_size, aspect kept, padded with grey "
+                                 "114, centred) or stretch (both sides to image_size); recorded in the ONNX metadata")
     image_size: int | None = Field(None, gt=0, le=1024, description="resize every image once to this square size")
     channels: Literal[1, 3] | None = Field(None, description="convert to 1 (grey) or 3 (RGB) channels")
     mean: list[float] | None = Field(None, description="per-channel mean; default: measured on the train split")
@@ -31,7 +37,7 @@ class DataConfig(Strict):
     calib_size: int = Field(256, gt=0, description="calibration images, a seeded subset of the train split")
     split_seed: int = Field(0, ge=0, description="seed of the split permutation; kept apart from the run seed so "
                             "runs with different seeds are measured on the same test images")
-    synthetic_samples: int = Field(1024, gt=0)
+    synthetic_samples: int = Field(1024, gt=0, description="synthetic, shapes: images generated")
     synthetic_classes: int = Field(10, ge=2)
     decode_cache: Literal["auto", "on", "off"] = Field(
         "auto", description="imagefolder: decode once into an on-disk uint8 cache read through a memory map "
@@ -49,7 +55,7 @@ class DataConfig(Strict):
 
     @model_validator(mode="after")
     def _check(self) -> "DataConfig":
-        if self.name in ("imagefolder", "cifar10") and not self.path:
+        if self.name in ("imagefolder", "cifar10", "coco") and not self.path:
             raise ValueError(f"data.path is required for {self.name}")
         if self.test_path and self.name != "imagefolder":
             raise ValueError("data.test_path is a test folder beside an imagefolder data.path; use name: imagefolder")
@@ -90,9 +96,14 @@ class ModelConfig(Strict):
         return bool(self.weights or self.onnx)
 
 
+DETECTION_METRICS = ("map", "map50")
+
+
 class RedLine(Strict):
-    metric: Literal["top1", "top5"] = "top1"
-    max_drop: float = Field(1.0, ge=0, le=100, description="percentage points below the trained baseline")
+    metric: Literal["top1", "top5", "map", "map50"] = Field(
+        "top1", description="classification: top1, top5; detection: map (COCO mAP@0.5:0.95) or map50 (mAP@0.5)")
+    max_drop: float = Field(1.0, ge=0, le=100, description="percentage points (accuracy or mAP points) below the "
+                                                          "trained baseline")
 
 
 class Latency(Strict):
@@ -186,6 +197,9 @@ class TrackingSettings(Strict):
 
 class PipelineConfig(Strict):
     name: str = Field(..., pattern=NAME_PATTERN)
+    task: Literal["classification", "detection"] = Field(
+        "classification", description="detection: boxes and classes from COCO-format data (data.name coco or "
+                                      "shapes), judged by COCO mAP (red_line.metric map or map50)")
     seed: int = Field(0, ge=0)
     run_dir: str | None = Field(None, description="default: runs/<name> beside the current directory")
     data: DataConfig
@@ -202,11 +216,31 @@ class PipelineConfig(Strict):
     tracking: TrackingSettings = Field(default_factory=TrackingSettings)
     stages: list[dict[str, Any]] = Field(..., min_length=1)
 
+    @model_validator(mode="after")
+    def _task(self) -> "PipelineConfig":
+        detection_data = self.data.name in ("coco", "shapes")
+        if self.task == "detection":
+            if not detection_data:
+                raise ValueError(f"task: detection reads boxes from COCO-format data: set data.name to coco (your "
+                                 f"folder) or shapes (generated), not {self.data.name}")
+            if self.red_line.metric not in DETECTION_METRICS:
+                raise ValueError("task: detection is judged by mAP: set red_line.metric to map (mAP@0.5:0.95) or "
+                                 "map50 (mAP@0.5)")
+        else:
+            if detection_data:
+                raise ValueError(f"data.name {self.data.name} holds boxes: add task: detection")
+            if self.red_line.metric in DETECTION_METRICS:
+                raise ValueError(f"red_line.metric {self.red_line.metric} is a detection metric: use top1 or top5, "
+                                 "or add task: detection")
+        return self
+
 
 def check_metric_has_meaning(metric: str, num_classes: int | None) -> None:
     """A top-k red line on k classes or fewer would pass whatever the model does (every image is a hit)."""
     from train.evaluate import meaningful_metrics
 
+    if metric in DETECTION_METRICS:
+        return
     if num_classes is not None and metric not in meaningful_metrics(num_classes):
         raise ValueError(f"{metric} is meaningless with {num_classes} classes (every image would "
                          f"count as a hit); use metric: top1")

@@ -28,7 +28,9 @@ class ParityResult:
     max_abs_diff: float
     logit_scale: float
     rel_diff: float
-    top1_agreement: float  # percent
+    top1_agreement: float  # percent (a detector: images whose best-scoring cell and class agree)
+    box_max_abs_diff: float | None = None  # a detector's output (N×A×(4+C)): boxes in pixels
+    score_max_abs_diff: float | None = None  # … and its 0..1 class scores
 
     def passes(self, tolerance: float, min_agreement: float) -> bool:
         return self.rel_diff <= tolerance and self.top1_agreement >= min_agreement
@@ -53,6 +55,7 @@ def measure(session, model: nn.Module, images: torch.Tensor, batch_size: int, io
     feed_dtype = np.float16 if io_dtype == "fp16" else np.float32
     model = model.eval()
     max_diff, scale, agree, n = 0.0, 0.0, 0, 0
+    box_diff = score_diff = None
     with torch.no_grad():
         for start in range(0, len(images) - batch_size + 1, batch_size):
             x = images[start:start + batch_size]
@@ -60,12 +63,18 @@ def measure(session, model: nn.Module, images: torch.Tensor, batch_size: int, io
             got = session.run(None, {input_name: x.numpy().astype(feed_dtype)})[0].astype(np.float32)
             if got.shape != expected.shape:
                 raise ParityError(f"batch {batch_size}: ONNX output shape {got.shape} ≠ torch {expected.shape}")
+            if expected.ndim == 3:  # a detector's decoded boxes and scores: each on its own scale
+                box_diff = max(box_diff or 0.0, float(np.abs(got[..., :4] - expected[..., :4]).max()))
+                score_diff = max(score_diff or 0.0, float(np.abs(got[..., 4:] - expected[..., 4:]).max()))
+                got, expected = got[..., 4:].reshape(len(x), -1), expected[..., 4:].reshape(len(x), -1)
             max_diff = max(max_diff, float(np.abs(got - expected).max()))
             scale = max(scale, float(np.abs(expected).max()))
             agree += int((got.argmax(1) == expected.argmax(1)).sum())
             n += len(x)
     rel = max_diff / scale if scale > 0 else max_diff
-    return ParityResult(batch_size, n, max_diff, scale, rel, 100.0 * agree / max(n, 1))
+    if box_diff is not None:  # boxes relative to the image scale they live in, scores relative to 1
+        rel = max(rel, box_diff / max(float(images.shape[-1]), 1.0))
+    return ParityResult(batch_size, n, max_diff, scale, rel, 100.0 * agree / max(n, 1), box_diff, score_diff)
 
 
 def check_parity(path: str | Path, model: nn.Module, images: torch.Tensor, batch_sizes: list[int], *,

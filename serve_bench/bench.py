@@ -33,7 +33,9 @@ from serve_bench.paired import paired_counts, paired_summary
 from serve_bench.predictions import Predictions, digest_of_test_split
 from serve_bench.runtime_parity import runtime_parity, same_file_pairs
 from serve_bench.stats import PERCENTILES, bootstrap_ci, summarize
+from serve_bench.detection_accuracy import detection_entries
 from serve_bench.worker import BenchWorker, WorkerError
+from train.detection.postprocess import NmsSettings
 
 
 @dataclass
@@ -83,6 +85,8 @@ class TestSet:
     images: np.ndarray
     labels: np.ndarray
     digest: str = ""
+    targets: list[dict] | None = None  # a detector's test set: boxes, classes and crowd flags per image
+    num_classes: int | None = None
 
     def __post_init__(self) -> None:
         self.digest = self.digest or digest_of_test_split(self.images, self.labels)
@@ -105,6 +109,7 @@ class BenchSettings:
     budget_ms: float | None = None
     decision: str = "point"
     profile_iters: int = 0  # per-operator profile of each artifact over this many runs (0: none)
+    nms: dict | None = None  # a detector's NmsSettings: every timed request ends after NMS
 
 
 @dataclass
@@ -212,7 +217,7 @@ def run_benchmark(specs: list[ArtifactSpec], baseline: str, test: TestSet, setti
         workers = {}
         for spec in specs:
             options = {"threads": settings.threads, "device": "cuda" if spec.backend == "tensorrt" else settings.device,
-                       **spec.options}
+                       **spec.options, **({"postprocess": settings.nms} if settings.nms is not None else {})}
             workers[spec.name] = stack.enter_context(BenchWorker(
                 spec.name, spec.backend, spec.path, options, _pool(tests[spec.name], settings.batch_size),
                 settings.batch_size, settings.device_only))
@@ -232,20 +237,31 @@ def run_benchmark(specs: list[ArtifactSpec], baseline: str, test: TestSet, setti
 
     blocked = measured["blocked"]
     base_test = tests[baseline]
+    judged = None
+    if base_test.targets is not None:  # a detector: mAP with bootstrap intervals, paired on the one test split
+        if any(tests[s.name].digest != base_test.digest for s in specs):
+            raise ValueError("detectors are judged on one test split; every artifact must share the baseline's")
+        judged = detection_entries([s.name for s in specs], logits, base_test.targets, base_test.num_classes,
+                                   baseline, metric, max_drop, NmsSettings(**(settings.nms or {})))
     predictions = Predictions(labels=base_test.labels, test_digest=base_test.digest)
     unpaired = {}
     for spec in specs:
+        if judged is not None:
+            continue
         if tests[spec.name].digest == base_test.digest:
             predictions.add(spec.name, logits[spec.name])
         else:
             unpaired[spec.name] = (f"judged on another test split (digest {tests[spec.name].digest[:12]}… vs the "
                                    f"baseline's {base_test.digest[:12]}…): its accuracy is its own, not paired")
-    base_hits = predictions.hits(baseline, metric)
     latency = {name: _latency(b, settings) for name, b in blocked.items()}
     for name in measured["short"]:
         latency[name]["short_of_floors"] = True
-    accuracies = {s.name: accuracy(logits[s.name], tests[s.name].labels, settings.per_class) for s in specs}
-    base_acc = accuracies[baseline][metric]
+    if judged is None:
+        base_hits = predictions.hits(baseline, metric)
+        accuracies = {s.name: accuracy(logits[s.name], tests[s.name].labels, settings.per_class) for s in specs}
+        base_acc = accuracies[baseline][metric]
+    else:
+        accuracies = {name: j["accuracy"] for name, j in judged.items()}
     parity_of = same_file_pairs(specs)
     entries = []
     for spec in specs:
@@ -254,9 +270,11 @@ def run_benchmark(specs: list[ArtifactSpec], baseline: str, test: TestSet, setti
         entry = {
             "name": spec.name, "artifact": spec.artifact, "stage": spec.stage, "backend": spec.backend, "precision": spec.precision,
             "format": spec.format, "path": spec.path, "size_bytes": spec.size_bytes, "params": spec.params,
-            "macs": spec.macs, "accuracy": acc, "accuracy_ci": accuracy_intervals(acc),
+            "macs": spec.macs, "accuracy": acc,
+            "accuracy_ci": accuracy_intervals(acc) if judged is None else judged[spec.name]["accuracy_ci"],
             "eval_batch": eval_batches[spec.name],
-            "accuracy_drop": round(base_acc - acc[metric], 4) if spec.name not in unpaired else None,
+            "accuracy_drop": (judged[spec.name]["accuracy_drop"] if judged is not None else
+                              round(base_acc - acc[metric], 4) if spec.name not in unpaired else None),
             "latency_ms": lat, **speed_figures(spec.name, baseline, blocked, wall[0], wall[1], settings.batch_size),
             "runner": infos[spec.name],
             "source_model": spec.source_model, "machine_load": load_summary(measured["loads"][spec.name]),
@@ -266,7 +284,10 @@ def run_benchmark(specs: list[ArtifactSpec], baseline: str, test: TestSet, setti
             **({"refused": spec.refused} if spec.refused else {}),
             **({"quantization": spec.quantization} if spec.quantization else {}),
         }
-        if spec.name in unpaired:
+        if judged is not None:
+            entry["accuracy_paired"] = judged[spec.name]["accuracy_paired"]
+            entry["postprocess_ms"] = judged[spec.name]["postprocess_ms"]
+        elif spec.name in unpaired:
             entry["accuracy_paired"] = {"unpaired": unpaired[spec.name]}
         elif spec.name == baseline:
             entry["accuracy_paired"] = {"reference": True, "n": len(base_hits), "baseline_only": 0, "artifact_only": 0,
@@ -274,7 +295,7 @@ def run_benchmark(specs: list[ArtifactSpec], baseline: str, test: TestSet, setti
         else:
             entry["accuracy_paired"] = paired_summary(paired_counts(base_hits, predictions.hits(spec.name, metric)),
                                                       max_drop)
-        if spec.name in parity_of and tests[spec.name].digest == tests[parity_of[spec.name]].digest:
+        if judged is None and spec.name in parity_of and tests[spec.name].digest == tests[parity_of[spec.name]].digest:
             other = parity_of[spec.name]
             entry["runtime_parity"] = {**runtime_parity(other, logits[other], logits[spec.name], tests[spec.name].labels,
                                                         metric),
@@ -291,7 +312,7 @@ def run_benchmark(specs: list[ArtifactSpec], baseline: str, test: TestSet, setti
                                                                       for r in runs],
                                 "spread": repeat_spread(runs)}
         entries.append(entry)
-    return BenchResult(entries, blocked, predictions, infos, unpaired, traffic_facts)
+    return BenchResult(entries, blocked, predictions if judged is None else None, infos, unpaired, traffic_facts)
 
 
 def operator_profile(worker: BenchWorker, settings: BenchSettings) -> dict | None:

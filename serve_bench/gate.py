@@ -69,6 +69,15 @@ LATENCY_ONLY = ("accuracy not gated: the test labels are random (synthetic data)
 
 
 def _needed_words(paired: dict, max_drop: float) -> str:
+    if paired.get("method") == "paired-bootstrap":  # a detector's mAP: the bootstrap's spread, scaled as 1/√n
+        needed = paired.get("needed_test_images")
+        if needed is not None:
+            return (f"this test set of {paired['n']:,} images is too small to show it within the red line: at the "
+                    f"observed spread (bootstrap sd {paired['sd']:.2f} points) that takes ≈ {needed:,} test images "
+                    f"for an {POWER:.0%} chance")
+        if paired["drop"] >= max_drop:
+            return "its observed drop is itself at or past the red line, so no test set would show it within"
+        return "the bootstrap shows no spread to scale from"
     counts = counts_of(paired)
     needed = needed_test_images(counts, max_drop)
     if needed is not None:
@@ -89,6 +98,8 @@ def _drop_bound(art: dict) -> tuple[float | None, str | None]:
                       "or decide with --decision point")
     if paired.get("reference"):
         return 0.0, None
+    if paired.get("method") == "paired-bootstrap":
+        return paired["drop_ci"][1], None
     return drop_interval(counts_of(paired))[1], None
 
 
@@ -183,6 +194,8 @@ def _latency_problems(art: dict, budget: float | None, decision: str) -> list[st
 
 
 def _test_set_note(artifacts: list[dict], max_drop: float) -> str | None:
+    if any((a.get("accuracy_paired") or {}).get("method") == "paired-bootstrap" for a in artifacts):
+        return None  # a detector's mAP: each candidate's bootstrap says what test size would show it
     sizes = {(a.get("accuracy_paired") or {}).get("n") for a in artifacts} - {None}
     if len(sizes) != 1:
         return None

@@ -140,10 +140,13 @@ def worker_main(conn, backend: str, path: str, options: dict, pool: np.ndarray, 
     from serve_bench.runners import make_runner, predict
 
     try:
-        runner = make_runner(backend, path, **options).load()
+        options = dict(options)
+        nms = options.pop("postprocess", None)
+        model = make_runner(backend, path, **options).load()
+        runner = WithNms(model, nms) if nms is not None else model
         batches = batches_of(pool, batch_size)
         staged = [runner.prepare(b) for b in batches] if device_only else None
-        copies = ServingCopies(runner, backend, path, options)
+        copies = ServingCopies(model, backend, path, options)  # traffic copies serve the model alone
         conn.send(("ready", runner.info()))
     except Exception as exc:  # report any load failure to the parent instead of dying silently
         conn.send(("error", f"{type(exc).__name__}: {exc}"))
@@ -164,7 +167,7 @@ def worker_main(conn, backend: str, path: str, options: dict, pool: np.ndarray, 
                 conn.send(("ok", timed_block(runner, batches, staged, n, start, concurrency)))
             elif command == "predict":
                 images, eval_batch = args
-                conn.send(("ok", predict(runner, images, eval_batch)))
+                conn.send(("ok", predict(model, images, eval_batch)))
             elif command == "serve":
                 from serve_bench.load.loadgen_scenarios import ScenarioSettings, run_scenario
 
@@ -192,6 +195,25 @@ def worker_main(conn, backend: str, path: str, options: dict, pool: np.ndarray, 
                 conn.send(("error", f"unknown command {command!r}"))
         except Exception as exc:
             conn.send(("error", f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=3)}"))
+
+
+class WithNms:
+    """A detector's runner whose request ends after NMS: the latency a detection service answers in.
+    Everything but ``infer`` and ``run_prepared`` is the model runner's own."""
+
+    def __init__(self, runner, nms: dict) -> None:
+        from train.detection.postprocess import NmsSettings, detections
+
+        self._runner, self._settings, self._detections = runner, NmsSettings(**nms), detections
+
+    def __getattr__(self, name: str):
+        return getattr(self._runner, name)
+
+    def infer(self, x: np.ndarray):
+        return self._detections(self._runner.infer(x), self._settings)
+
+    def run_prepared(self, staged):
+        return self._detections(self._runner._to_host(self._runner.run_prepared(staged)), self._settings)
 
 
 class BenchWorker:

@@ -42,6 +42,8 @@ class DataSpec:
     decode_cache_check: str = "sample"  # sample | stat | content: how a reused cache is checked (train.decode_cache)
     cache_dir: str | None = None
     decode_workers: int | None = None
+    annotations: str | None = None  # coco: the instances JSON (default: the one under path)
+    resize: str = "letterbox"  # coco, shapes: letterbox | stretch
 
 
 # An image folder larger than this decoded goes through the on-disk cache under decode_cache: auto.

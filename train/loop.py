@@ -48,6 +48,7 @@ class LoopSettings:
     # Several processes: BatchNorm statistics over the global batch, as one process would compute them
     # (torch's SyncBatchNorm, which DDP accepts only on CUDA).
     sync_batchnorm: bool = False
+    val_metric: str = "top1"  # the validation figure recorded as val_<name> and maximised (map for a detector)
 
 
 @dataclass
@@ -58,6 +59,9 @@ class Hooks:
     # Entered around every validation pass: a model whose forward has side effects in eval mode
     # (QAT's range observers) must not learn from the images that judge it.
     evaluation: Callable[[], ContextManager] | None = None
+    # Replaces top-1 validation (a detector is scored by mAP): returns the metrics of the split, the one named
+    # by LoopSettings.val_metric choosing the best epoch.
+    validate: Callable[[nn.Module, BatchStream, Callable[[], ContextManager]], dict] | None = None
 
 
 @dataclass
@@ -160,13 +164,17 @@ class _Loop:
                      for k, v in sums.items()}}
         self.epoch_sums, self.epoch_steps = {}, 0
         if val is not None:
+            name = self.settings.val_metric
             with (self.hooks.evaluation or contextlib.nullcontext)():
-                metrics = evaluate(self.train_model, val, self.precision.autocast, self.group)
-            record.update(val_top1=metrics["top1"], val_loss=metrics["loss"])
-            if metrics["top1"] > self.state["best_val_top1"]:
-                self.state["best_val_top1"], self.state["best_epoch"] = metrics["top1"], epoch + 1
+                metrics = (self.hooks.validate or evaluate)(self.train_model, val, self.precision.autocast,
+                                                           *(() if self.hooks.validate else (self.group,)))
+            record.update({f"val_{k}": v for k, v in metrics.items() if k != "n"} if self.hooks.validate
+                          else {"val_top1": metrics["top1"], "val_loss": metrics["loss"]})
+            if metrics[name] > self.state["best_val_top1"]:
+                self.state["best_val_top1"], self.state["best_epoch"] = metrics[name], epoch + 1
             progress.message(f"{self.settings.label}: epoch {epoch + 1}/{self.settings.epochs} "
-                             f"loss {record.get('train_loss', float('nan')):.4f} val top1 {metrics['top1']:.2f}%")
+                             f"loss {record.get('train_loss', float('nan')):.4f} val {name} {metrics[name]:.2f}"
+                             + ("%" if name == "top1" else ""))
         self.state["history"].append(record)
         if self.hooks.on_epoch:
             self.hooks.on_epoch(record)

@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from train import cifar_resnet
+from train.detection.model import tiny_fcos
 from train.errors import TrainError
 
 
@@ -26,7 +27,8 @@ class ModelError(TrainError):
     """A model name, its arguments or its weights file is wrong; the message says how to fix it."""
 
 
-_CIFAR = {"resnet20": cifar_resnet.resnet20, "resnet32": cifar_resnet.resnet32, "resnet56": cifar_resnet.resnet56}
+_CIFAR = {"resnet20": cifar_resnet.resnet20, "resnet32": cifar_resnet.resnet32, "resnet56": cifar_resnet.resnet56,
+          "tiny_fcos": tiny_fcos}  # the project's own small models (tiny_fcos: a detector, task: detection)
 
 
 def _torchvision_builders() -> dict[str, Callable[..., nn.Module]]:

@@ -42,6 +42,9 @@ class LadderSettings:
     serve_batch: int = 1
     runtime_options: dict = field(default_factory=dict)  # runtime → runner options, as the bench runs it
     runtime_threads: int | None = None
+    # Nodes never quantized on any rung: a detector's decode tail, which puts pixel coordinates and 0..1 scores
+    # into one output that a single INT8 scale cannot hold.
+    keep_float: tuple[str, ...] = ()
 
 
 @dataclass
@@ -75,25 +78,28 @@ class Ladder:
 
     def __init__(self, float_onnx: Path, work: Path, settings: LadderSettings, calib: np.ndarray,
                  val_images: np.ndarray, val_labels: np.ndarray, reference: float,
-                 log: Callable[[str], None] = logger.info) -> None:
+                 log: Callable[[str], None] = logger.info, score: Callable[..., dict] | None = None) -> None:
+        """``score(path, batch_size, runtime=, threads=, options=)`` judges a file on the validation split
+        (default: top-k accuracy of its logits against ``val_labels``; a detector's: its mAP)."""
         self.float_onnx, self.work, self.settings = float_onnx, work, settings
         self.calib, self.val_images, self.val_labels = calib, val_images, val_labels
         self.reference, self.log = reference, log
+        self.score = score or (lambda path, batch, **kw: int8_measure.split_accuracy(
+            path, self.val_images, self.val_labels, batch, **kw))
         self.cache = work / f"calibration-{settings.calibration.method}.json"
         work.mkdir(parents=True, exist_ok=True)
 
     def measure(self, rung: str, files: dict[str, Path], details: dict | None = None,
                 float_layers: list[str] | None = None) -> Attempt:
         s = self.settings
-        val = {f: int8_measure.split_accuracy(p, self.val_images, self.val_labels, s.eval_batch) for f, p in files.items()}
+        val = {f: self.score(p, s.eval_batch) for f, p in files.items()}
         if "cpu" in files:  # the CPU file on each other runtime it may ship on: each answer checked
-            val.update({f"cpu@{r}": int8_measure.split_accuracy(files["cpu"], self.val_images, self.val_labels,
-                                                                s.serve_batch, runtime=r, threads=s.runtime_threads,
-                                                                options=s.runtime_options.get(r))
+            val.update({f"cpu@{r}": self.score(files["cpu"], s.serve_batch, runtime=r, threads=s.runtime_threads,
+                                               options=s.runtime_options.get(r))
                         for r in s.cpu_runtimes})
         drops = {f: self.reference - v[s.metric] for f, v in val.items()}
         within = all(d <= s.max_drop for d in drops.values())
-        self.log(f"{rung}: val {s.metric} " + ", ".join(f"{f} {v[s.metric]:.2f}% (drop {drops[f]:+.2f})"
+        self.log(f"{rung}: val {s.metric} " + ", ".join(f"{f} {v[s.metric]:.2f} (drop {drops[f]:+.2f})"
                                                         for f, v in val.items())
                  + (" — within the red line" if within else f" — over the red line {s.max_drop:g}"))
         return Attempt(rung=rung, files=files, val=val, drops=drops, within=within, details=details or {},
@@ -103,7 +109,8 @@ class Ladder:
         folder = self.work / tag
         folder.mkdir(parents=True, exist_ok=True)
         return {f: quantize(self.float_onnx, folder / f"model-{f}.onnx", f, self.settings.calibration, self.calib,
-                            self.cache, exclude=exclude, reduce_range=self._reduce(f)) for f in self.settings.flavours}
+                            self.cache, exclude=[*self.settings.keep_float, *exclude], reduce_range=self._reduce(f))
+                for f in self.settings.flavours}
 
     def _reduce(self, flavour: str) -> bool:
         return flavour == "cpu" and self.settings.cpu_weights == "7bit"

@@ -23,7 +23,10 @@ from serve_bench.report import test_set_facts, write_report
 from serve_bench.report_tables import main_table
 from serve_bench.runtime_parity import runtime_choice_note
 from serve_bench.runners.openvino_runner import OpenVinoSettings
+from compress.stages.training_run import is_detection
+from serve_bench.load.traffic import wanted
 from train.data import BatchStream, DataBundle
+from train.detection.postprocess import NmsSettings
 
 BACKENDS = {"torch-model": "torch", "onnx": "onnxruntime", "trt-engine": "tensorrt"}
 
@@ -55,6 +58,8 @@ class BenchConfig(StageConfig, HarnessSettings):
                                                  "serving configuration, the sweep for the highest load in budget")
     profile_iters: int = Field(20, ge=0, description="runs of each artifact under its runtime's profiler, for the "
                                                      "per-operator table (0: no profile)")
+    nms: NmsSettings = Field(default_factory=NmsSettings, description="task: detection: what follows each file's "
+                                                                     "decode; every timed request ends after it")
 
     @model_validator(mode="after")
     def _floor(self) -> "BenchConfig":
@@ -80,6 +85,10 @@ class BenchStage(Stage):
             raise ConfigError(f"stages.{ctx.name}.traffic.loadgen: false, but latency.scenario is server: the gate "
                               "reads the p99 at latency.target_qps, which only the LoadGen test measures; drop "
                               "`loadgen: false` or gate on the single-stream scenario")
+        if is_detection(data) and wanted(cfg.traffic, pipeline.latency.scenario):
+            raise ConfigError(f"stages.{ctx.name}.traffic: latency under traffic is not built for task: detection yet "
+                              "(its serving copies would answer without NMS); use latency.scenario: single-stream "
+                              "and drop the traffic settings")
         unique = {a.name: a for a in inputs.values()}  # the baseline input is also one of the collected artifacts
         runtimes = onnx_runtimes(cfg.runtimes, cfg.device, f"stages.{ctx.name}.runtimes")
         specs = [s for a in unique.values() for s in on_runtimes(artifact_spec(a, cfg), runtimes,
@@ -152,12 +161,16 @@ def bench_settings(cfg: BenchConfig, pipeline: PipelineConfig, batch: int | None
                          min_samples=cfg.min_samples, per_class=cfg.per_class,
                          repeats=cfg.repeats if repeats is None else repeats, traffic=cfg.traffic,
                          scenario=latency.scenario, target_qps=latency.target_qps, budget_ms=latency.p99_budget_ms,
-                         decision=pipeline.gate.decision, profile_iters=cfg.profile_iters)
+                         decision=pipeline.gate.decision, profile_iters=cfg.profile_iters,
+                         nms=cfg.nms.model_dump() if pipeline.task == "detection" else None)
 
 
 def test_set_of(data: DataBundle) -> TestSet:
     """The test split as the arrays every artifact is judged on, in a fixed order (so results pair)."""
     images, labels = next(BatchStream(data.test, data, len(data.test), shuffle=False, drop_last=False).epoch(0))
+    if is_detection(data):  # the digest covers the boxes too (the bundle's split digest does)
+        return TestSet(images.numpy(), labels.numpy(), digest=f"detection:{data.digest()}",
+                       targets=data.split_targets("test"), num_classes=data.num_classes)
     return TestSet(images.numpy(), labels.numpy())
 
 

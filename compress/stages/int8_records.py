@@ -9,11 +9,14 @@ import torch
 
 from compress.errors import ArtifactError
 from compress.quantization import measure as int8_measure
+from compress.quantization.detection_int8 import file_map
 from compress.quantization.ladder import Attempt
 from compress.stages.base import InputArtifact
 from compress.stages.model_source import model_from_artifact
+from compress.stages.training_run import is_detection
 from export.external_data import UnsafeModelError, check_external_data
 from train.data import BatchStream, DataBundle
+from train.detection.training import evaluate_detector
 from train.evaluate import evaluate
 
 
@@ -25,8 +28,20 @@ def split_arrays(data: DataBundle, name: str, limit: int | None = None) -> tuple
 
 
 def torch_accuracy(model: torch.nn.Module, data: DataBundle, split: str) -> dict:
-    """The float reference, measured the way every train stage measures: the project's evaluate loop."""
-    return evaluate(model.cpu(), BatchStream(getattr(data, split), data, 256, shuffle=False, drop_last=False))
+    """The float reference, measured the way every train stage measures: the project's evaluate loop (a
+    detector's: decode, NMS and COCO mAP)."""
+    stream = BatchStream(getattr(data, split), data, 256, shuffle=False, drop_last=False)
+    return evaluate_detector(model.cpu(), stream) if is_detection(data) else evaluate(model.cpu(), stream)
+
+
+def split_scorer(data: DataBundle, split: str):
+    """``score(path, batch_size, runtime=, threads=, options=)`` of an ONNX file on ``split``: top-k accuracy of
+    a classifier's logits, a detector's mAP after NMS."""
+    images, labels = split_arrays(data, split)
+    if is_detection(data):
+        targets = data.boxes_of(torch.from_numpy(labels))
+        return lambda path, batch=64, **kw: file_map(path, images, targets, data.num_classes, batch, **kw)
+    return lambda path, batch=64, **kw: int8_measure.split_accuracy(path, images, labels, batch, **kw)
 
 
 def input_onnx(artifact: InputArtifact) -> Path:
@@ -43,7 +58,7 @@ def reference_accuracy(artifact: InputArtifact, data: DataBundle, split: str, mo
     """A red line's reference on ``split``: the torch model through the evaluate loop, an ONNX file (a brought
     model.onnx) through onnxruntime, as the bench measures it. ``model``: the artifact already loaded."""
     if artifact.kind == "onnx":
-        return int8_measure.split_accuracy(input_onnx(artifact), *split_arrays(data, split))
+        return split_scorer(data, split)(input_onnx(artifact))
     if model is None:
         model = model_from_artifact(artifact, data)[0]
     return torch_accuracy(model, data, split)

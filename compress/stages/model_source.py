@@ -134,5 +134,6 @@ def onnx_description(artifact: InputArtifact) -> dict:
 
 def model_meta(metrics: dict, description: dict) -> dict:
     """The manifest metadata of a saved model artifact (what the bench and export read without loading it)."""
-    return {"params": metrics["params"], "macs": metrics["macs"], "test_top1": metrics["test_top1"],
+    return {"params": metrics["params"], "macs": metrics["macs"],
+            **{k: metrics[k] for k in ("test_top1", "test_map", "test_map50") if k in metrics},
             "preprocessing": description["preprocessing"]}

@@ -23,10 +23,9 @@ from compress.pruning.channel_pruning import (PruneResult, PruneTarget, SurgeryS
                                               gamma_histogram, latency_ratio, prune, unprunable_batchnorms)
 from compress.stages.base import InputArtifact, Output, Stage, StageContext, StageResult
 from compress.stages.model_source import model_from_artifact, model_meta, trained_on
-from compress.stages.training_run import (Distributable, TrainingRun, TrainingSettings, eval_stream, resolve_device,
-                                          run_training, teacher_loss, test_accuracy, test_metrics)
+from compress.stages.training_run import (Distributable, TrainingRun, TrainingSettings, headline, resolve_device,
+                                          run_training, teacher_loss, test_accuracy, test_metrics, val_score)
 from train.atomic_io import atomic_dir
-from train.evaluate import evaluate
 from train.loop import Hooks
 from train.model_io import load_model, save_model
 
@@ -52,11 +51,18 @@ class PruneConfig(StageConfig, SurgerySettings, Distributable):
 
 
 def _protected(model: nn.Module, names: list[str], field: str) -> list[nn.Module]:
-    """The user's protected modules, then the classifier (last: the pruner reports it as such)."""
+    """The user's protected modules, then the classifier (last: the pruner reports it as such); a detector's
+    final class and box convolutions (its ``head_convs``) keep their outputs (class count, four distances)."""
     modules = dict(model.named_modules())
     missing = [n for n in names if n not in modules]
     if missing:
         raise ConfigError(f"{field}.protected: no module named {', '.join(missing)}")
+    heads = getattr(model, "head_convs", None)
+    if heads is not None:
+        absent = [n for n in heads if n not in modules]
+        if absent:
+            raise ConfigError(f"{field}: the detector's head_convs name no module {', '.join(absent)}")
+        return [modules[n] for n in names] + [modules[n] for n in heads]
     classifier = model.get_classifier() if callable(getattr(model, "get_classifier", None)) else None  # timm's
     if not isinstance(classifier, (nn.Linear, nn.Conv2d)):  # some timm models classify with a 1×1 convolution
         classifier = ([m for m in model.modules() if isinstance(m, nn.Linear)] or [None])[-1]
@@ -160,13 +166,12 @@ class PruneStage(Stage):
         device = resolve_device(cfg.finetune.device)
         if device.type == "cuda" and ctx.group.active:
             device = torch.device("cuda", torch.cuda.current_device())
-        after_surgery = evaluate(model.to(device), eval_stream(data, "val", cfg.finetune, device, ctx.group),
-                                 group=ctx.group)["top1"]
+        score, after_surgery = val_score(model, data, cfg.finetune, device, ctx.group)
         heads = (f", attention heads {sum(result.heads_before.values())} → {sum(result.heads_after.values())}"
                  if result.heads_before else "")
         ctx.log(f"pruned to {result.macs_after / result.macs_before:.1%} of the MACs "
                 f"({result.params_after:,} of {result.params_before:,} params{heads}, {result.importance} importance); "
-                f"val top1 right after surgery {after_surgery:.2f}%")
+                f"val {score} right after surgery {after_surgery:.2f}")
         ctx.log(f"not pruned: {_not_pruned_line(result)}")
         if result.unwrapped:
             ctx.log(f"parameters outside any layer, pruned along the dimension torch-pruning inferred: "
@@ -187,15 +192,15 @@ class PruneStage(Stage):
         model.cpu().eval()
         # Timed on rank 0 alone: other ranks timing at once would share its cores and skew it.
         ratio = latency_ratio(original, model, example) if ctx.is_main else float("nan")
-        ctx.log(f"test top1 {test['top1']:.2f}% after finetune; CPU latency pruned/unpruned {ratio:.2f}")
+        ctx.log(f"{headline(test_metrics(test))} after finetune; CPU latency pruned/unpruned {ratio:.2f}")
 
         history = (description.get("pruning") or {}).get("history", []) + result.history
         description["pruning"] = {"history": history, "input_shape": list(data.input_shape), "stage": ctx.name}
         metrics = {"macs_before": result.macs_before, "macs_after": result.macs_after,
                    "macs_fraction": round(result.macs_after / result.macs_before, 4),
                    "params_before": result.params_before, "params_after": result.params_after,
-                   "val_top1_after_surgery": round(after_surgery, 3),
-                   "val_top1": run.metrics["best_val_top1"] if run is not None else round(after_surgery, 3),
+                   f"val_{score}_after_surgery": round(after_surgery, 3),
+                   f"val_{score}": run.metrics[f"best_val_{score}"] if run is not None else round(after_surgery, 3),
                    **test_metrics(test),
                    "cpu_latency_ratio": round(ratio, 3),
                    "importance": result.importance, "not_pruned": result.not_pruned,
@@ -205,7 +210,7 @@ class PruneStage(Stage):
                    "params": result.params_after, "macs": result.macs_after,
                    "precision": {phase: {"name": r.precision.name, "reason": r.precision.reason}
                                  for phase, r in runs.items()},
-                   "summary": f"MACs {result.macs_after / result.macs_before:.1%}, test top1 {test['top1']:.2f}%, "
+                   "summary": f"MACs {result.macs_after / result.macs_before:.1%}, {headline(test_metrics(test))}, "
                               f"latency ×{ratio:.2f}"}
         report.update(channels_before=result.channels_before, channels_after=result.channels_after,
                       heads_before=result.heads_before, heads_after=result.heads_after,

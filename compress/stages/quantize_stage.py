@@ -11,17 +11,19 @@ from pydantic import Field
 from compress.config import StageConfig, Strict
 from compress.distillation.loss import check_pair
 from compress.errors import ConfigError, StageError
-from compress.quantization import measure as int8_measure
 from compress.quantization.ladder import Attempt, Ladder, LadderSettings, choose, climb
 from compress.quantization.ptq import Calibration, preprocess
 from compress.quantization.qdq_lint import lint_qdq
 from compress.quantization.qdq_rewrite import int8_to_uint8_activations, weights_to_7bit
 from compress.stages.base import InputArtifact, Output, Stage, StageContext, StageResult
-from compress.stages.int8_records import input_onnx, onnx_meta, reference_accuracy, rung_records, split_arrays
+from compress.stages.int8_records import (input_onnx, onnx_meta, reference_accuracy, rung_records, split_arrays,
+                                         split_scorer)
 from compress.stages.model_source import model_from_artifact, onnx_description
 from compress.stages.onnx_labels import label_onnx
 from compress.stages.qat_rung import QATSettings, run_qat
 from compress.stages.runtime_choice import cpu_check_plan
+from compress.stages.training_run import is_detection
+from compress.quantization.detection_int8 import tail_nodes
 from export.onnx_export import export_onnx
 from serve_bench.gate import why_int8_not_faster
 from train.hardware import isa_facts
@@ -102,11 +104,10 @@ class QuantizeStage(Stage):
         ref_artifact = inputs.get("baseline") or inputs["model"]
         calib, _ = split_arrays(data, "calib", cfg.calibration.samples)
         val_x, val_y = split_arrays(data, "val")
-        test_x, test_y = split_arrays(data, "test")
         ref_val, ref_test = (reference_accuracy(ref_artifact, data, split, model if ref_artifact.name ==
                                                 inputs["model"].name else None) for split in ("val", "test"))
-        ctx.log(f"reference {ref_artifact.name}: val {red.metric} {ref_val[red.metric]:.2f}%, test "
-                f"{ref_test[red.metric]:.2f}%; red line {red.max_drop:g} points")
+        ctx.log(f"reference {ref_artifact.name}: val {red.metric} {ref_val[red.metric]:.2f}, test "
+                f"{ref_test[red.metric]:.2f}; red line {red.max_drop:g} points")
 
         work = ctx.stage_dir / "work"
         shutil.rmtree(work, ignore_errors=True)
@@ -123,18 +124,20 @@ class QuantizeStage(Stage):
             metric=red.metric, max_drop=red.max_drop, max_float_layers=cfg.fallback.max_float_layers,
             sensitivity_samples=cfg.fallback.sensitivity_samples, cpu_weights=cfg.cpu_weights,
             cpu_runtimes=cpu_runtimes, serve_batch=check["serve_batch"], runtime_options=check["options"],
-            runtime_threads=check["threads"])
-        ladder = Ladder(float_onnx, work, settings, calib, val_x, val_y, ref_val[red.metric], log=ctx.log)
+            runtime_threads=check["threads"], keep_float=tuple(self._decode_tail(ctx, model, float_onnx, field)))
+        ladder = Ladder(float_onnx, work, settings, calib, val_x, val_y, ref_val[red.metric], log=ctx.log,
+                        score=split_scorer(data, "val"))
+        score_test = split_scorer(data, "test")
         attempts, climbed = self._climb(ctx, cfg, ladder, model, description, inputs, calib, field)
         chosen = choose(attempts)
         lints = {a.rung: lint_qdq(a.files["trt"], set(a.float_layers)).as_dict() for a in attempts if "trt" in a.files}
         if chosen.rung in lints and not lints[chosen.rung]["ok"]:
             raise StageError(f"stage {ctx.name!r}: the TensorRT Q/DQ file of rung {chosen.rung} fails the lint: "
                              + "; ".join(lints[chosen.rung]["violations"][:8]))
-        test = {f: int8_measure.split_accuracy(p, test_x, test_y) for f, p in chosen.files.items()}
-        test.update({f"cpu@{r}": int8_measure.split_accuracy(chosen.files["cpu"], test_x, test_y, settings.serve_batch,
-                                                             runtime=r, threads=check["threads"],
-                                                             options=check["options"].get(r)) for r in cpu_runtimes})
+        test = {f: score_test(p) for f, p in chosen.files.items()}
+        test.update({f"cpu@{r}": score_test(chosen.files["cpu"], settings.serve_batch, runtime=r,
+                                            threads=check["threads"], options=check["options"].get(r))
+                     for r in cpu_runtimes})
         drops = {f: round(ref_test[red.metric] - t[red.metric], 4) for f, t in test.items()}
         # Within only if the ladder's choice passed on validation and the test split confirms it;
         # not judged at all (None) where the labels are random.
@@ -150,9 +153,10 @@ class QuantizeStage(Stage):
         verdict = {True: "within the red line", False: "OVER the red line",
                    None: "red line not judged (random labels)"}[within]
         ctx.log(f"rung reached: {chosen.rung}; test {red.metric} " + ", ".join(
-            f"{f} {t[red.metric]:.2f}% (drop {drops[f]:+.2f})" for f, t in test.items()) + f" — {verdict}"
+            f"{f} {t[red.metric]:.2f} (drop {drops[f]:+.2f})" for f, t in test.items()) + f" — {verdict}"
             + "".join(f"\n  ! {flag}" for flag in flags), style="red" if within is False else None)
         summary = {"rung": chosen.rung, "climbed": climbed, "cpu_weights": cfg.cpu_weights,
+                   **({"float_tail": list(settings.keep_float)} if settings.keep_float else {}),
                    "reference": ref_artifact.name,
                    "reference_val": ref_val[red.metric], "reference_test": ref_test[red.metric],
                    "red_line": {"metric": red.metric, "max_drop": red.max_drop, "within": within,
@@ -174,12 +178,31 @@ class QuantizeStage(Stage):
             f"{f} {d:+.2f}" for f, d in drops.items()) + f" ({verdict}, {red.max_drop:g} points)"}
         return StageResult(outputs=[*outputs, Output("report", "report", ctx.stage_dir / "report")], metrics=metrics)
 
+    @staticmethod
+    def _decode_tail(ctx: StageContext, model, float_onnx, field: str) -> list[str]:
+        """A detector's decode nodes (kept float on every rung); nothing for a classifier."""
+        if not is_detection(ctx.data):
+            return []
+        heads = getattr(model, "head_convs", None)
+        if model is None or not heads:
+            raise ConfigError(f"{field}: a detector's decode tail is found from its head convolutions (head_convs), "
+                              "which needs the torch detector (model.name), not an ONNX file")
+        try:
+            tail = tail_nodes(float_onnx, tuple(heads))
+        except ValueError as exc:
+            raise StageError(f"stage {ctx.name!r}: {exc}") from exc
+        ctx.log(f"decode tail kept in float: {len(tail)} nodes after {', '.join(heads)}")
+        return tail
+
     def _climb(self, ctx, cfg: QuantizeConfig, ladder: Ladder, model, description, inputs, calib,
                field: str) -> tuple[list[Attempt], list[str]]:
         if not ctx.data.meaningful_accuracy:
             ctx.log(f"{ctx.data.name} data: the labels are random, so an accuracy drop measures noise; the "
                     "ladder stays at PTQ (nothing to recover) and the red line is not judged", style="yellow")
-        qat = cfg.qat.enabled and model is not None
+        qat = cfg.qat.enabled and model is not None and not is_detection(ctx.data)
+        if cfg.qat.enabled and is_detection(ctx.data):
+            ctx.log(f"{field}.qat: QAT of a detector is not built yet: the ladder stops at the fallback rung",
+                    style="yellow")
         if cfg.qat.enabled and model is None:
             ctx.log(f"{field}.qat: QAT trains the torch model, and {inputs['model'].name} is an ONNX file: the ladder "
                     "stops at the fallback rung (give model.name and model.weights to climb to QAT)", style="yellow")

@@ -11,7 +11,8 @@ from compress.config import StageConfig
 from compress.errors import ConfigError
 from compress.stages.base import InputArtifact, Output, Stage, StageContext, StageResult
 from compress.stages.model_source import model_from_artifact, model_from_config, model_meta, trained_on
-from compress.stages.training_run import Distributable, TrainingSettings, run_training, test_accuracy, test_metrics
+from compress.stages.training_run import (Distributable, TrainingSettings, headline, is_detection, run_training,
+                                          test_accuracy, test_metrics)
 from train.loop import Hooks
 from train.model_io import save_model
 from train.models import count_macs, count_params
@@ -48,11 +49,13 @@ class TrainStage(Stage):
         if not data.meaningful_accuracy:
             metrics["accuracy_meaningless"] = "synthetic data: random images and labels, so this accuracy is meaningless"
             ctx.log("synthetic data: the accuracy below is meaningless (use it for latency only)", style="yellow")
-        ctx.log(f"test top1 {metrics['test_top1']:.2f}% (best val {metrics['best_val_top1']:.2f}% at epoch "
+        best = "best_val_map" if is_detection(data) else "best_val_top1"
+        ctx.log(f"{headline(metrics)} (best val {metrics[best]:.2f} at epoch "
                 f"{metrics['best_epoch']}), {metrics['images_per_s']:,.0f} img/s, "
                 f"{metrics['amp_skipped_steps']} AMP-skipped steps")
 
-        description["training"] = {"stage": ctx.name, "test_top1": metrics["test_top1"], "precision": metrics["precision"]}
+        description["training"] = {"stage": ctx.name, **{k: metrics[k] for k in ("test_top1", "test_map") if k in metrics},
+                                   "precision": metrics["precision"]}
         with ctx.atomic_output_dir("model") as folder:
             save_model(model.to("cpu", memory_format=torch.contiguous_format), folder,
                        trained_on(description, data))

@@ -20,6 +20,7 @@ from compress.errors import ConfigError, StageError
 from compress.stages.base import StageContext
 from train.activation_checkpointing import checkpoint_blocks
 from train.data import Augment, BatchStream, DataBundle
+from train.detection.training import evaluate_detector, loss_hook
 from train.distributed import SINGLE, ProcessGroupInfo
 from train.evaluate import evaluate
 from train.loop import FitResult, Hooks, LoopSettings, NonFiniteLoss, fit
@@ -125,8 +126,11 @@ def run_training(ctx: StageContext, model: nn.Module, cfg: TrainingSettings, *, 
         except ValueError as exc:
             raise ConfigError(f"{field}.{exc}") from exc
     split = data.train if cfg.train_images is None else data.train.head(cfg.train_images)
+    augment = Augment(cfg.augment.pad, cfg.augment.hflip)
+    if is_detection(data):
+        augment, hooks = Augment(), detection_hooks(data, model, cfg, field, hooks, group)
     train = BatchStream(split, data, cfg.batch_size, shuffle=True, drop_last=True,
-                        augment=Augment(cfg.augment.pad, cfg.augment.hflip), seed=ctx.pipeline.seed, device=device,
+                        augment=augment, seed=ctx.pipeline.seed, device=device,
                         channels_last=cfg.channels_last, shard=group.shard)
     steps_per_epoch = len(train) // cfg.grad_accum
     if steps_per_epoch == 0:
@@ -143,7 +147,8 @@ def run_training(ctx: StageContext, model: nn.Module, cfg: TrainingSettings, *, 
     settings = LoopSettings(epochs=cfg.epochs, grad_accum=cfg.grad_accum, clip_grad_norm=cfg.clip_grad_norm,
                             label_smoothing=cfg.label_smoothing, checkpoint_every=cfg.checkpoint_every,
                             label=label, heartbeat_s=cfg.heartbeat_s, run_key=f"{ctx.cache_key}:{label}",
-                            sync_batchnorm=_sync_batchnorm(ctx.distributed, device, field))
+                            sync_batchnorm=_sync_batchnorm(ctx.distributed, device, field),
+                            val_metric="map" if is_detection(data) else "top1")
     bn = "SyncBatchNorm" if settings.sync_batchnorm else "BatchNorm statistics per process"
     where = (f"{group.world} processes ({train.batch_size} images each, global batch "
              f"{train.batch_size * group.world * cfg.grad_accum}, lr {lr:g} by lr_scaling {scaling}, {bn})"
@@ -158,7 +163,8 @@ def run_training(ctx: StageContext, model: nn.Module, cfg: TrainingSettings, *, 
     except NonFiniteLoss as exc:
         raise StageError(str(exc)) from exc
     metrics = {
-        "best_val_top1": round(result.best_val_top1, 3), "best_epoch": result.best_epoch,
+        ("best_val_map" if is_detection(data) else "best_val_top1"): round(result.best_val_top1, 3),
+        "best_epoch": result.best_epoch,
         "images_per_s": round(result.images_per_s, 1), "train_time_s": round(result.train_time_s, 2),
         "peak_memory_mb": round(result.peak_memory_bytes / 2**20, 1), "peak_memory_kind": result.peak_memory_kind,
         "precision": precision.name, "precision_reason": precision.reason, "device": str(device),
@@ -180,12 +186,56 @@ def test_accuracy(data: DataBundle, model: nn.Module, cfg: TrainingSettings, run
     device = run.device if run else resolve_device(cfg.device)
     group = run.group if run else SINGLE
     model.to(device)
+    if is_detection(data):
+        return evaluate_detector(model, eval_stream(data, "test", cfg, device))
     return evaluate(model, eval_stream(data, "test", cfg, device, group), group=group)
 
 
 def test_metrics(test: dict) -> dict:
-    """The test accuracies a stage records: top-1, and top-5 where the class count gives it a meaning."""
-    return {f"test_{name}": round(test[name], 3) for name in ("top1", "top5") if name in test}
+    """The test figures a stage records: top-1, and top-5 where the class count gives it a meaning; a
+    detector's mAP@0.5:0.95 and mAP@0.5 (points)."""
+    return {f"test_{name}": round(test[name], 3) for name in ("top1", "top5", "map", "map50") if name in test}
+
+
+def val_score(model: nn.Module, data: DataBundle, cfg: TrainingSettings, device: torch.device,
+              group: ProcessGroupInfo = SINGLE) -> tuple[str, float]:
+    """The validation figure a stage judges by (top1 of a classifier, mAP of a detector), and its name."""
+    if is_detection(data):
+        return "map", evaluate_detector(model.to(device), eval_stream(data, "val", cfg, device))["map"]
+    return "top1", evaluate(model.to(device), eval_stream(data, "val", cfg, device, group), group=group)["top1"]
+
+
+def is_detection(data: DataBundle) -> bool:
+    return getattr(data, "task", "classification") == "detection"
+
+
+def headline(metrics: dict) -> str:
+    """The test figure a log line leads with: top-1 of a classifier, mAP of a detector."""
+    if "test_map" in metrics:
+        return f"test mAP {metrics['test_map']:.2f} (mAP@0.5 {metrics['test_map50']:.2f})"
+    return f"test top1 {metrics['test_top1']:.2f}%"
+
+
+def detection_hooks(data: DataBundle, model: nn.Module, cfg: TrainingSettings, field: str, hooks: Hooks | None,
+                    group: ProcessGroupInfo) -> Hooks:
+    """The loop's hooks for a detector: its loss and mAP validation beside what the stage asked for."""
+    explicit = cfg.augment.model_fields_set & {"pad", "hflip"}
+    if explicit and (cfg.augment.pad or cfg.augment.hflip):
+        raise ConfigError(f"{field}.augment: shifts and flips move the boxes, which this loop's augmentation does not "
+                          "follow; drop augment for task: detection")
+    if group.active:
+        raise ConfigError(f"{field}.distributed: task: detection trains in one process; drop the distributed section")
+    hooks = hooks or Hooks()
+    if hooks.loss is not None:
+        raise ConfigError(f"{field}: this stage replaces the loss (distillation), which task: detection does not do "
+                          "yet; drop its distill section")
+    stride = getattr(model, "stride", None)
+    if not isinstance(stride, int):
+        raise ConfigError(f"{field}: a detector must have an integer `stride` (input pixels per cell of its maps); "
+                          f"{type(model).__name__} has {stride!r}")
+    hooks.loss = loss_hook(data, stride)
+    hooks.validate = lambda m, stream, autocast: evaluate_detector(m, stream, autocast)
+    return hooks
 
 
 def teacher_loss(teacher: nn.Module, cfg: TrainingSettings, kd: LossSettings, field: str) -> DistillationLoss:

@@ -1,0 +1,1 @@
+"""Object detection: COCO-format data, the shapes generator, a small single-stage detector, its loss and decode."""
