@@ -9,6 +9,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from train.detection.postprocess import NmsSettings
+
 NAME_PATTERN = r"^[A-Za-z][A-Za-z0-9_-]*$"
 
 
@@ -214,6 +216,9 @@ class PipelineConfig(Strict):
                                                         "thread, so trained weights are bit-identical only at the "
                                                         "same count")
     tracking: TrackingSettings = Field(default_factory=TrackingSettings)
+    nms: NmsSettings = Field(default_factory=NmsSettings,
+                             description="task: detection: what follows the decode of every detector, wherever mAP is "
+                                         "measured (validation, the INT8 ladder, the bench) and in every timed request")
     stages: list[dict[str, Any]] = Field(..., min_length=1)
 
     @model_validator(mode="after")

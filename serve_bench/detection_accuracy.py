@@ -34,6 +34,21 @@ def nms_latency(outputs: np.ndarray, nms: NmsSettings, repeats: int = 3) -> dict
             "n": len(values), "what": "score threshold, top-k and class-wise NMS of one image's decoded output"}
 
 
+def thin_classes(targets: list[dict], class_names: list[str], minimum: int = 5) -> str | None:
+    """A flag when a class has boxes in fewer than ``minimum`` test images: resamples then often miss it, its
+    AP is undefined there, and the bootstrap's mAP averages over fewer classes than the figure does."""
+    counts = np.zeros(len(class_names), dtype=int)
+    for t in targets:
+        present = np.unique(np.asarray(t["classes"])[~np.asarray(t["crowd"], dtype=bool)])
+        counts[present] += 1
+    thin = [f"{class_names[c]} ({counts[c]})" for c in range(len(class_names)) if counts[c] < minimum]
+    if not thin:
+        return None
+    return (f"classes with boxes in fewer than {minimum} test images: {', '.join(thin)}; the mAP intervals and the "
+            "paired drops are unreliable for them (a resample that misses a class averages over the others): "
+            "add test images of those classes")
+
+
 def detection_entries(names: list[str], outputs: dict[str, np.ndarray], targets: list[dict], num_classes: int,
                       baseline: str, metric: str, max_drop: float | None, nms: NmsSettings = NmsSettings(),
                       draws: int = DRAWS, seed: int = SEED) -> dict[str, dict]:

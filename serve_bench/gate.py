@@ -11,6 +11,7 @@ an artifact within the red line, with the test-set size that would.
 from __future__ import annotations
 
 from serve_bench.load.capacity import capacity, loadgen_valid_for
+from train.detection.coco_map import needed_for_bootstrap
 from serve_bench.paired import (LEVEL, POWER, PairedCounts, counts_of, drop_interval, needed_test_images,
                                smallest_certifiable_drop)
 
@@ -70,7 +71,7 @@ LATENCY_ONLY = ("accuracy not gated: the test labels are random (synthetic data)
 
 def _needed_words(paired: dict, max_drop: float) -> str:
     if paired.get("method") == "paired-bootstrap":  # a detector's mAP: the bootstrap's spread, scaled as 1/√n
-        needed = paired.get("needed_test_images")
+        needed = needed_for_bootstrap(paired["n"], paired["drop"], paired["sd"], max_drop)
         if needed is not None:
             return (f"this test set of {paired['n']:,} images is too small to show it within the red line: at the "
                     f"observed spread (bootstrap sd {paired['sd']:.2f} points) that takes ≈ {needed:,} test images "

@@ -35,6 +35,9 @@ def shapes_run(tmp_path_factory):
     data = {"name": "shapes", "synthetic_samples": 360, "image_size": 96, "cache_dir": str(folder / "cache"),
             "test_fraction": 0.25, "calib_size": 64}
     stages = [{"name": "train", "kind": "train", "epochs": 14, "batch_size": 16, "lr": 4e-3, "eval_batch_size": 64},
+              {"name": "prune", "kind": "prune", "sparsity": {"epochs": 1, "batch_size": 16},
+               "target": {"macs": 0.5},
+               "finetune": {"epochs": 3, "batch_size": 16, "lr": 2e-3, "distill": {"teacher": "train"}}},
               {"name": "quantize", "kind": "quantize", "flavours": ["cpu"],
                "calibration": {"method": "minmax", "samples": 64}, "runtimes": ["onnxruntime"]},
               {"name": "export", "kind": "export", "formats": ["onnx"], "parity": {"batch_sizes": [1, 8]}}, BENCH]
@@ -51,19 +54,24 @@ def test_the_chain_trains_a_detector_keeps_its_tail_float_and_benches_map_with_i
     stages = _manifest(shapes_run)["stages"]
     trained = stages["train"]["metrics"]
     assert trained["test_map"] > 15 and trained["test_map50"] > 35  # chance is ~0 for boxes
+    pruned = stages["prune"]["metrics"]
+    assert pruned["macs_fraction"] <= 0.5 and pruned["test_map"] > 5
+    curves = json.loads((shapes_run / "prune" / "report" / "history.json").read_text())
+    assert all(row["finetune.train_kd_cls"] >= 0 and "finetune.train_feature" in row for row in curves
+               if "finetune.train_loss" in row)  # the finetune distilled from the trained detector
     ladder = json.loads((shapes_run / "quantize" / "report" / "ladder.json").read_text())
     assert len(ladder["float_tail"]) >= 8  # softplus, sigmoid, the grid arithmetic, the concatenations
     assert "export" in stages and stages["export"]["status"] == "completed"
     report = json.loads((shapes_run / "bench" / "report" / "report.json").read_text())
     assert report["metric"] == "map"
     by_name = {a["name"]: a for a in report["artifacts"]}
-    assert set(by_name) == {"train.model", "quantize.onnx_cpu", "export.onnx"}
+    assert set(by_name) == {"train.model", "prune.model", "quantize.onnx_cpu", "export.onnx"}
     for entry in by_name.values():
         lo, hi = entry["accuracy_ci"]["map"]
         assert lo <= entry["accuracy"]["map"] <= hi and hi - lo > 0
         assert entry["postprocess_ms"]["p99"] > 0
-    fp32 = by_name["export.onnx"]
-    assert abs(fp32["accuracy_drop"]) < 0.05  # the same weights through onnxruntime: the same boxes
+    # the pruned weights through onnxruntime: the same boxes, so the same mAP
+    assert abs(by_name["export.onnx"]["accuracy"]["map"] - by_name["prune.model"]["accuracy"]["map"]) < 0.05
     int8 = by_name["quantize.onnx_cpu"]["accuracy_paired"]
     assert int8["method"] == "paired-bootstrap" and int8["drop_ci"][0] <= int8["drop"] <= int8["drop_ci"][1]
     assert report["gate"]["decided_on"]

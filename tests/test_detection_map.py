@@ -10,7 +10,8 @@ import pytest
 from pycocotools.cocoeval import COCOeval
 
 from serve_bench.gate import evaluate
-from train.detection.coco_map import _coco_objects, bootstrap_weights, match, mean_ap, paired_drop
+from train.detection.coco_map import (_coco_objects, bootstrap_weights, match, mean_ap, needed_for_bootstrap,
+                                      paired_drop)
 
 
 def scene(rng, n_images: int, jitter: float, n_classes: int = 3):
@@ -97,6 +98,10 @@ def test_the_confident_gate_reads_the_bootstrap_bound_and_says_which_test_size_w
     assert gate["release"] == "shown"
     why = " ".join(gate["reasons"])
     assert "unshown: accuracy drop 0.60 points, 95% upper bound 1.40 > red line 1" in why
-    assert "≈ 1,234 test images" in why
+    # the test size is worked out at the red line the gate is asked about, from the bootstrap's spread:
+    # 300 · ((1.96 + 0.84) · 0.4 / (1.0 − 0.6))² ≈ 2,355
+    assert f"≈ {needed_for_bootstrap(300, 0.6, 0.4, 1.0):,} test images" in why and "2,35" in why
+    wider = evaluate([base, unshown], None, 1.2, decision="confident")
+    assert any(f"≈ {needed_for_bootstrap(300, 0.6, 0.4, 1.2):,} test images" in r for r in wider["reasons"])
     point = evaluate([base, unshown], None, 1.0, decision="point")
     assert point["release"] == "unshown"

@@ -19,6 +19,7 @@ from torch import nn
 
 from train import cifar_resnet
 from train.detection.model import tiny_fcos
+from train.detection.torchvision_ssdlite import ssdlite_mobilenet_v3
 from train.errors import TrainError
 
 
@@ -28,7 +29,8 @@ class ModelError(TrainError):
 
 
 _CIFAR = {"resnet20": cifar_resnet.resnet20, "resnet32": cifar_resnet.resnet32, "resnet56": cifar_resnet.resnet56,
-          "tiny_fcos": tiny_fcos}  # the project's own small models (tiny_fcos: a detector, task: detection)
+          "tiny_fcos": tiny_fcos,  # the project's own small models; tiny_fcos and ssdlite: detectors (task: detection)
+          "ssdlite_mobilenet_v3": ssdlite_mobilenet_v3}
 
 
 def _torchvision_builders() -> dict[str, Callable[..., nn.Module]]:

@@ -35,6 +35,8 @@ class LossSettings(Strict):
     alpha: float = Field(0.5, ge=0, le=1, description="weight of the soft (teacher) term; 0 = plain cross-entropy")
     cache_teacher: bool = Field(False, description="compute teacher logits once per image (only without "
                                 "augmentation: augment.pad 0, no flips)")
+    feature_weight: float = Field(1.0, ge=0, description="task: detection: weight of the neck-feature term "
+                                                         "(attention transfer); classifiers have none")
 
 
 class DistillSettings(LossSettings):

@@ -87,6 +87,8 @@ class Runner:
     def _load_data(self) -> DataBundle:
         if self._data is None:
             self._data = load_section(self.pipeline.config.data, self.pipeline.source)
+            if getattr(self._data, "task", None) == "detection":  # how every stage of the run measures mAP
+                self._data.nms = self.pipeline.config.nms
             try:
                 check_metric_has_meaning(self.pipeline.config.red_line.metric, self._data.num_classes)
             except ValueError as exc:
@@ -227,6 +229,8 @@ class Runner:
                     "environment": self._environment_digest if cls.keyed_on_environment else None}
         if (extra := cls.key_extra(cfg, self.pipeline.config)) is not None:  # what the settings do not say
             material["extra"] = extra
+        if self.pipeline.config.task == "detection":  # every stage's mAP (and the best epoch) depends on the NMS
+            material["detection"] = {"nms": self.pipeline.config.nms.model_dump(mode="json")}
         if self.pipeline.config.threads is not None:  # float sums are split by thread: the bits depend on it
             material["threads"] = self.pipeline.config.threads
         spread = self._distributed(cfg, cls)

@@ -83,7 +83,7 @@ def unprunable_batchnorms(model: nn.Module, example: torch.Tensor, protected: li
     push its scales to zero: that would only cost accuracy.
     """
     ignored = [m for layer in protected for m in layer.modules()]
-    graph = tp.DependencyGraph().build_dependency(model.eval(), example_inputs=example)
+    graph = tp.DependencyGraph().build_dependency(model.eval(), example_inputs=example, forward_fn=_trace_fn(model))
     prunable = set()
     for group in graph.get_all_groups(ignored_layers=ignored, root_module_types=(nn.Conv2d, nn.Linear)):
         prunable.update(dep.target.module for dep, _ in group)
@@ -174,6 +174,14 @@ def _importance(model: nn.Module, settings: SurgerySettings) -> tp.importance.Im
     return tp.importance.BNScaleImportance()
 
 
+def _trace_fn(model: nn.Module):
+    """What torch-pruning traces: the model's ``prune_trace(x)`` where it has one (a detector's raw head outputs,
+    before reshapes over anchors that torch-pruning cannot map), else its forward."""
+    if callable(getattr(model, "prune_trace", None)):
+        return lambda m, x: m.prune_trace(x)
+    return None
+
+
 def prune(model: nn.Module, example: torch.Tensor, target: PruneTarget, protected: list[nn.Module],
           settings: SurgerySettings | None = None) -> PruneResult:
     """Prune ``model`` in place towards the target; raises PruningError when it cannot.
@@ -193,7 +201,7 @@ def prune(model: nn.Module, example: torch.Tensor, target: PruneTarget, protecte
     ignored = list(dict.fromkeys([*protected, *reasons]))  # the pruner ignores these and their submodules
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        graph = tp.DependencyGraph().build_dependency(model, example_inputs=example)
+        graph = tp.DependencyGraph().build_dependency(model, example_inputs=example, forward_fn=_trace_fn(model))
         found = structure.survey(model, graph, importance, settings.importance, reasons)
         if found.rankable == 0 and settings.importance == "bn_scale":
             raise PruningInputError("no prunable channel group of this model carries a BatchNorm scale, so BN-scale "
@@ -209,7 +217,7 @@ def prune(model: nn.Module, example: torch.Tensor, target: PruneTarget, protecte
             model, example, importance=importance, global_pruning=settings.global_pruning,
             pruning_ratio=settings.max_layer_ratio if by_macs else target.ratio,
             max_pruning_ratio=settings.max_layer_ratio, iterative_steps=settings.steps if by_macs else 1,
-            ignored_layers=ignored, round_to=settings.round_to)
+            ignored_layers=ignored, round_to=settings.round_to, forward_fn=_trace_fn(model))
         macs, _ = tp.utils.count_ops_and_params(model, example)
         for _ in range(settings.steps if by_macs else 1):
             if by_macs and macs <= target.macs * macs_before:

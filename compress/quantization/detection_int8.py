@@ -44,6 +44,20 @@ def tail_nodes(path: Path, head_convs: tuple[str, ...]) -> list[str]:
     return tail
 
 
+def detection_output_error(reference: np.ndarray, candidate: np.ndarray, score_threshold: float = 0.05) -> float:
+    """How far a quantized detector's decoded outputs are from the float ones, for ranking layers: the class
+    scores' squared error relative to their variance, plus the boxes' where the float file finds something
+    (best score ≥ ``score_threshold``) relative to theirs. Pixel coordinates of empty background cells would
+    otherwise outweigh every score by the image size squared."""
+    ref_scores, cand_scores = reference[..., 4:], candidate[..., 4:]
+    error = float(np.mean((ref_scores - cand_scores) ** 2) / max(float(np.var(ref_scores)), 1e-12))
+    found = ref_scores.max(axis=-1) >= score_threshold
+    if found.any():
+        ref_boxes, cand_boxes = reference[..., :4][found], candidate[..., :4][found]
+        error += float(np.mean((ref_boxes - cand_boxes) ** 2) / max(float(np.var(ref_boxes)), 1e-12))
+    return error
+
+
 def file_map(path: Path, images: np.ndarray, targets: list[dict], num_classes: int, batch_size: int = 64,
              runtime: str = "onnxruntime", threads: int | None = None, options: dict | None = None,
              nms: NmsSettings = NmsSettings()) -> dict:

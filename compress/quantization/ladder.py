@@ -78,12 +78,14 @@ class Ladder:
 
     def __init__(self, float_onnx: Path, work: Path, settings: LadderSettings, calib: np.ndarray,
                  val_images: np.ndarray, val_labels: np.ndarray, reference: float,
-                 log: Callable[[str], None] = logger.info, score: Callable[..., dict] | None = None) -> None:
+                 log: Callable[[str], None] = logger.info, score: Callable[..., dict] | None = None,
+                 output_error: Callable[[np.ndarray, np.ndarray], float] = int8_measure.output_error) -> None:
         """``score(path, batch_size, runtime=, threads=, options=)`` judges a file on the validation split
-        (default: top-k accuracy of its logits against ``val_labels``; a detector's: its mAP)."""
+        (default: top-k accuracy of its logits against ``val_labels``; a detector's: its mAP); ``output_error``
+        ranks the layers for the fallback (a detector's weighs its scores, not only its pixel coordinates)."""
         self.float_onnx, self.work, self.settings = float_onnx, work, settings
         self.calib, self.val_images, self.val_labels = calib, val_images, val_labels
-        self.reference, self.log = reference, log
+        self.reference, self.log, self.output_error = reference, log, output_error
         self.score = score or (lambda path, batch, **kw: int8_measure.split_accuracy(
             path, self.val_images, self.val_labels, batch, **kw))
         self.cache = work / f"calibration-{settings.calibration.method}.json"
@@ -131,7 +133,7 @@ class Ladder:
         for node in compute_nodes(self.float_onnx):
             single = quantize(self.float_onnx, folder / "single.onnx", flavour, self.settings.calibration,
                               self.calib, self.cache, only=[node], reduce_range=self._reduce(flavour))
-            error = int8_measure.output_error(reference, int8_measure.logits(single, images, self.settings.eval_batch))
+            error = self.output_error(reference, int8_measure.logits(single, images, self.settings.eval_batch))
             ranked.append({"node": node, "error": round(error, 6)})
         shutil.rmtree(folder, ignore_errors=True)
         return sorted(ranked, key=lambda r: -r["error"])

@@ -24,9 +24,9 @@ from serve_bench.report_tables import main_table
 from serve_bench.runtime_parity import runtime_choice_note
 from serve_bench.runners.openvino_runner import OpenVinoSettings
 from compress.stages.training_run import is_detection
+from serve_bench.detection_accuracy import thin_classes
 from serve_bench.load.traffic import wanted
 from train.data import BatchStream, DataBundle
-from train.detection.postprocess import NmsSettings
 
 BACKENDS = {"torch-model": "torch", "onnx": "onnxruntime", "trt-engine": "tensorrt"}
 
@@ -58,8 +58,6 @@ class BenchConfig(StageConfig, HarnessSettings):
                                                  "serving configuration, the sweep for the highest load in budget")
     profile_iters: int = Field(20, ge=0, description="runs of each artifact under its runtime's profiler, for the "
                                                      "per-operator table (0: no profile)")
-    nms: NmsSettings = Field(default_factory=NmsSettings, description="task: detection: what follows each file's "
-                                                                     "decode; every timed request ends after it")
 
     @model_validator(mode="after")
     def _floor(self) -> "BenchConfig":
@@ -125,6 +123,8 @@ class BenchStage(Stage):
         independence = test_independence(pipeline.model, pipeline.data, pipeline.stages)
         flags += [f for f in (independence_flag(independence),) if f]
         flags += unfused_qdq_flags(result.entries)
+        if is_detection(data):
+            flags += [f for f in (thin_classes(test.targets, data.class_names),) if f]
         gate["notes"] += profile_failures(result.entries)
         gate["notes"] += [n for n in (runtime_choice_note(result.entries, gate["release"]),) if n]
         report = {"pipeline": pipeline.name, "baseline": baseline, "metric": metric, "artifacts": result.entries,
@@ -162,7 +162,7 @@ def bench_settings(cfg: BenchConfig, pipeline: PipelineConfig, batch: int | None
                          repeats=cfg.repeats if repeats is None else repeats, traffic=cfg.traffic,
                          scenario=latency.scenario, target_qps=latency.target_qps, budget_ms=latency.p99_budget_ms,
                          decision=pipeline.gate.decision, profile_iters=cfg.profile_iters,
-                         nms=cfg.nms.model_dump() if pipeline.task == "detection" else None)
+                         nms=pipeline.nms.model_dump() if pipeline.task == "detection" else None)
 
 
 def test_set_of(data: DataBundle) -> TestSet:

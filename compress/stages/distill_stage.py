@@ -13,7 +13,8 @@ from compress.distillation.loss import LossSettings, check_pair
 from compress.errors import ConfigError
 from compress.stages.base import InputArtifact, Output, Stage, StageContext, StageResult
 from compress.stages.model_source import model_from_artifact, model_from_config, model_meta, trained_on
-from compress.stages.training_run import (Distributable, TrainingSettings, run_training, teacher_loss, test_accuracy,
+from compress.stages.training_run import (Distributable, TrainingSettings, headline, run_training, teacher_loss,
+                                          test_accuracy,
                                           test_metrics)
 from train.loop import Hooks
 from train.model_io import save_model
@@ -61,7 +62,7 @@ class DistillStage(Stage):
         else:
             raise ConfigError(f"{field}: no student: set student: {{name: ...}} or add a stage that makes a model")
         check_pair(teacher_desc, description, teacher_name, student_name)
-        loss = teacher_loss(teacher, cfg, cfg, field)
+        loss = teacher_loss(teacher, cfg, cfg, field, data, student)
         ctx.log(f"student {student_name} ({count_params(student):,} params) from teacher {teacher_name} "
                 f"({count_params(teacher):,} params), T={cfg.temperature:g}, α={cfg.alpha:g}")
         run = run_training(ctx, student, cfg, field=field, label=ctx.name, hooks=Hooks(loss=loss),
@@ -72,9 +73,10 @@ class DistillStage(Stage):
                    "temperature": cfg.temperature, "alpha": cfg.alpha, "teacher": teacher_name,
                    "loss_parts": [{k: round(v, 5) for k, v in r.items() if k.startswith("train_") or k == "epoch"}
                                   for r in run.result.history],
-                   "summary": f"student test top1 {test['top1']:.2f}% (T={cfg.temperature:g}, α={cfg.alpha:g})"}
-        ctx.log(f"student test top1 {test['top1']:.2f}%")
-        description["training"] = {"stage": ctx.name, "test_top1": metrics["test_top1"], "distilled_from": teacher_name}
+                   "summary": f"student {headline(metrics)} (T={cfg.temperature:g}, α={cfg.alpha:g})"}
+        ctx.log(f"student {headline(metrics)}")
+        description["training"] = {"stage": ctx.name, **{k: metrics[k] for k in ("test_top1", "test_map") if k in metrics},
+                                   "distilled_from": teacher_name}
         with ctx.atomic_output_dir("model") as folder:
             save_model(student.to("cpu", memory_format=torch.contiguous_format), folder,
                        trained_on(description, data))

@@ -40,7 +40,8 @@ def split_scorer(data: DataBundle, split: str):
     images, labels = split_arrays(data, split)
     if is_detection(data):
         targets = data.boxes_of(torch.from_numpy(labels))
-        return lambda path, batch=64, **kw: file_map(path, images, targets, data.num_classes, batch, **kw)
+        return lambda path, batch=64, **kw: file_map(path, images, targets, data.num_classes, batch, nms=data.nms,
+                                                     **kw)
     return lambda path, batch=64, **kw: int8_measure.split_accuracy(path, images, labels, batch, **kw)
 
 

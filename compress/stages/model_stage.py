@@ -24,7 +24,7 @@ from compress.stages.int8_records import split_arrays
 from compress.stages.model_source import model_from_config, model_meta, source_digests
 from compress.stages.onnx_import import import_onnx
 from compress.stages.provenance import origin_record
-from compress.stages.training_run import TrainingSettings, test_accuracy, test_metrics
+from compress.stages.training_run import TrainingSettings, headline, test_accuracy, test_metrics
 from train.model_io import save_model
 from train.models import count_macs, count_params
 
@@ -64,11 +64,11 @@ class ModelStage(Stage):
         metrics = {**test_metrics(test), "params": count_params(model), "macs": count_macs(model, data.input_shape),
                    "origin": origin}
         ctx.log(f"{cfg.name} from {cfg.weights}: {metrics['params']:,} params, {metrics['macs'] / 1e6:,.1f} M MACs, "
-                f"test top1 {metrics['test_top1']:.2f}% ({len(data.test)} images; test images: "
+                f"{headline(metrics)} ({len(data.test)} images; test images: "
                 f"{origin['test_independence']})")
         with ctx.atomic_output_dir("model") as folder:
             save_model(model.to("cpu", memory_format=torch.contiguous_format), folder, description)
-        metrics["summary"] = f"{cfg.name} weights, test top1 {metrics['test_top1']:.2f}% (training data unknown)"
+        metrics["summary"] = f"{cfg.name} weights, {headline(metrics)} (training data unknown)"
         return StageResult(outputs=[Output("model", "torch-model", ctx.stage_dir / "model",
                                            meta=model_meta(metrics, description))], metrics=metrics)
 

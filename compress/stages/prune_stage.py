@@ -183,7 +183,7 @@ class PruneStage(Stage):
             if distill is not None:
                 teacher, teacher_desc = model_from_artifact(inputs["teacher"], data)
                 check_pair(teacher_desc, description, inputs["teacher"].name, inputs["model"].name)
-                hooks.loss = teacher_loss(teacher, cfg.finetune, distill, f"{field}.finetune.distill")
+                hooks.loss = teacher_loss(teacher, cfg.finetune, distill, f"{field}.finetune.distill", data, model)
                 ctx.log(f"finetune distils from {inputs['teacher'].name} (T={distill.temperature:g}, α={distill.alpha:g})")
             run = runs["finetune"] = run_training(ctx, model, cfg.finetune, field=f"{field}.finetune",
                                                   label=f"{ctx.name}.finetune", hooks=hooks,

@@ -23,7 +23,7 @@ from compress.stages.onnx_labels import label_onnx
 from compress.stages.qat_rung import QATSettings, run_qat
 from compress.stages.runtime_choice import cpu_check_plan
 from compress.stages.training_run import is_detection
-from compress.quantization.detection_int8 import tail_nodes
+from compress.quantization.detection_int8 import detection_output_error, tail_nodes
 from export.onnx_export import export_onnx
 from serve_bench.gate import why_int8_not_faster
 from train.hardware import isa_facts
@@ -126,7 +126,8 @@ class QuantizeStage(Stage):
             cpu_runtimes=cpu_runtimes, serve_batch=check["serve_batch"], runtime_options=check["options"],
             runtime_threads=check["threads"], keep_float=tuple(self._decode_tail(ctx, model, float_onnx, field)))
         ladder = Ladder(float_onnx, work, settings, calib, val_x, val_y, ref_val[red.metric], log=ctx.log,
-                        score=split_scorer(data, "val"))
+                        score=split_scorer(data, "val"),
+                        **({"output_error": detection_output_error} if is_detection(data) else {}))
         score_test = split_scorer(data, "test")
         attempts, climbed = self._climb(ctx, cfg, ladder, model, description, inputs, calib, field)
         chosen = choose(attempts)

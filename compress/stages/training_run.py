@@ -15,7 +15,8 @@ from pydantic import Field, field_validator
 from torch import nn
 
 from compress.config import DistributedSettings, Strict
-from compress.distillation.loss import DistillationLoss, LossSettings
+from compress.distillation.detection_kd import DetectionDistillation
+from compress.distillation.loss import DistillationLoss, DistillationMismatch, LossSettings
 from compress.errors import ConfigError, StageError
 from compress.stages.base import StageContext
 from train.activation_checkpointing import checkpoint_blocks
@@ -226,20 +227,43 @@ def detection_hooks(data: DataBundle, model: nn.Module, cfg: TrainingSettings, f
     if group.active:
         raise ConfigError(f"{field}.distributed: task: detection trains in one process; drop the distributed section")
     hooks = hooks or Hooks()
-    if hooks.loss is not None:
-        raise ConfigError(f"{field}: this stage replaces the loss (distillation), which task: detection does not do "
-                          "yet; drop its distill section")
-    stride = getattr(model, "stride", None)
-    if not isinstance(stride, int):
-        raise ConfigError(f"{field}: a detector must have an integer `stride` (input pixels per cell of its maps); "
-                          f"{type(model).__name__} has {stride!r}")
-    hooks.loss = loss_hook(data, stride)
+    if not callable(getattr(model, "loss", None)):
+        detector_stride(model, field)  # the FCOS loss needs it
+    if hooks.loss is None:
+        hooks.loss = loss_hook(data, model)
+    elif not isinstance(hooks.loss, DetectionDistillation):
+        raise ConfigError(f"{field}: this stage's loss is a classifier's (distillation of logits); a detector "
+                          "distils through teacher_loss with its data")
     hooks.validate = lambda m, stream, autocast: evaluate_detector(m, stream, autocast)
     return hooks
 
 
-def teacher_loss(teacher: nn.Module, cfg: TrainingSettings, kd: LossSettings, field: str) -> DistillationLoss:
-    """The loss for a student trained with ``cfg``: teacher on the same device, in the same precision."""
+def detector_stride(model: nn.Module, field: str) -> int:
+    stride = getattr(model, "stride", None)
+    if not isinstance(stride, int):
+        raise ConfigError(f"{field}: a detector must have an integer `stride` (input pixels per cell of its maps); "
+                          f"{type(model).__name__} has {stride!r}")
+    return stride
+
+
+def teacher_loss(teacher: nn.Module, cfg: TrainingSettings, kd: LossSettings, field: str,
+                 data: DataBundle | None = None, student: nn.Module | None = None):
+    """The loss for a student trained with ``cfg``: teacher on the same device, in the same precision. A
+    detector (``data`` of task detection, ``student`` given) distils class maps, boxes and neck features."""
+    if data is not None and is_detection(data):
+        if student is None:
+            raise ValueError("a detector's distillation needs the student (its stride)")
+        if callable(getattr(student, "loss", None)):
+            raise ConfigError(f"{field}: {type(student).__name__} trains with its own (anchor-based) loss; "
+                              "distillation is written for single-stride detectors with sigmoid class maps "
+                              "(tiny_fcos): drop the distill section")
+        device = resolve_device(cfg.device)
+        try:
+            return DetectionDistillation(teacher.to(device), data.boxes_of, detector_stride(student, field),
+                                         temperature=kd.temperature, alpha=kd.alpha, feature_weight=kd.feature_weight,
+                                         autocast=make_precision(cfg.amp, device).autocast)
+        except DistillationMismatch as exc:
+            raise ConfigError(f"{field}: {exc}") from exc
     if kd.cache_teacher and (cfg.augment.pad or cfg.augment.hflip):
         raise ConfigError(f"{field}: cache_teacher needs training without augmentation (augment: {{pad: 0}}): "
                           "augmented images differ every epoch, so cached teacher logits would be wrong")

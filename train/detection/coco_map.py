@@ -167,20 +167,28 @@ def drop_summary(drop: float, draws: np.ndarray, n: int, max_drop: float | None 
     would show it: the interval's half-width shrinks as 1/√n, so at the observed drop and spread
     n' = n · ((z_level + z_power) · sd / (max_drop − drop))² puts the upper bound below the red line with
     ``POWER`` probability."""
-    from statistics import NormalDist
-
-    draws = draws[np.isfinite(draws)]
-    lower, upper = percentile_interval(draws, level)
-    sd = float(draws.std())
+    finite = draws[np.isfinite(draws)]
+    lower, upper = percentile_interval(finite, level)
+    sd = float(finite.std())
     out = {"n": n, "drop": round(drop, 4), "drop_ci": [round(lower, 4), round(upper, 4)], "level": level,
-           "method": "paired-bootstrap", "draws": int(len(draws)), "sd": round(sd, 4)}
+           "method": "paired-bootstrap", "draws": int(len(finite)), "draws_undefined": int(len(draws) - len(finite)),
+           "sd": round(sd, 4)}
     if max_drop is not None:
         out["max_drop"] = max_drop
         out["non_inferior"] = bool(upper <= max_drop)
-        needed = None
-        if upper > max_drop and drop < max_drop and sd > 0:
-            z = NormalDist().inv_cdf(1 - (1 - level) / 2) + NormalDist().inv_cdf(POWER)
-            needed = int(np.ceil(n * (z * sd / (max_drop - drop)) ** 2))
-        out["needed_test_images"] = needed
+        out["needed_test_images"] = None if upper <= max_drop else needed_for_bootstrap(n, drop, sd, max_drop, level)
         out["needed_test_images_power"] = POWER
     return out
+
+
+def needed_for_bootstrap(n: int, drop: float, sd: float, max_drop: float, level: float = LEVEL,
+                         power: float = POWER) -> int | None:
+    """Test images that would put a drop's upper bound under ``max_drop`` with ``power`` probability, from the
+    bootstrap spread ``sd`` at ``n`` images scaled as 1/√n (more than ``n``: this set did not show it). None
+    when the drop is itself at or past the line, or the bootstrap had no spread."""
+    from statistics import NormalDist
+
+    if drop >= max_drop or sd <= 0:
+        return None
+    z = NormalDist().inv_cdf(1 - (1 - level) / 2) + NormalDist().inv_cdf(power)
+    return max(n + 1, int(np.ceil(n * (z * sd / (max_drop - drop)) ** 2)))

@@ -17,7 +17,8 @@ from train.data import DataBundle, DataSpec, Split, _split_indices, _train_stats
 from train.datasets import DataError, RawDataset
 from train.decode_cache import default_cache_dir
 from train.detection.coco_folder import load_coco_folder
-from train.detection.shapes import write_shapes
+from train.detection.postprocess import NmsSettings
+from train.detection.shapes import GENERATOR_VERSION, write_shapes
 
 DETECTION_DATASETS = ("coco", "shapes")
 
@@ -28,6 +29,9 @@ class DetectionBundle(DataBundle):
     category_ids: list[int] = field(default_factory=list)
     resize: str = "letterbox"
     task: str = "detection"
+    # How this run measures mAP (the pipeline's nms section, set by the runner): not data, and not in the digest,
+    # but it travels with the boxes so every stage that scores them scores alike.
+    nms: NmsSettings = field(default_factory=NmsSettings)
 
     def boxes_of(self, rows: torch.Tensor) -> list[dict]:
         return [self.targets[int(r)] for r in rows.tolist()]
@@ -37,6 +41,8 @@ class DetectionBundle(DataBundle):
 
     def preprocessing(self) -> dict:
         return {**super().preprocessing(), "resize": self.resize, "pad_value": 114 if self.resize == "letterbox" else None,
+                "pad_rule": ("new = round(side × image_size / longest side); pad before = (image_size − new) // 2"
+                             if self.resize == "letterbox" else None),
                 "box_format": "xyxy pixels of the resized input", "classes": self.class_names}
 
     def digest(self) -> str:
@@ -61,7 +67,7 @@ def shapes_folder(spec: DataSpec) -> Path:
     """The generated shapes set for ``spec`` (written once into the cache folder, then read like a user's)."""
     size = spec.image_size or 128
     root = Path(spec.cache_dir) if spec.cache_dir else default_cache_dir()
-    folder = root / f"shapes-n{spec.synthetic_samples}-s{size}-seed{spec.split_seed}"
+    folder = root / f"shapes-v{GENERATOR_VERSION}-n{spec.synthetic_samples}-s{size}-seed{spec.split_seed}"
     if not (folder / "annotations" / "instances.json").is_file():
         root.mkdir(parents=True, exist_ok=True)
         write_shapes(folder, images=spec.synthetic_samples, size=size, seed=spec.split_seed)
@@ -81,9 +87,15 @@ def load_detection(spec: DataSpec) -> DetectionBundle:
         raise DataError("data.channels: detection reads RGB images; drop channels or set it to 3")
     raw = load_coco_folder(path, size, spec.resize, spec.annotations)
     rows = torch.arange(len(raw.targets), dtype=torch.int64)
+    if not any(len(t["classes"]) for t in raw.targets):
+        raise DataError(f"{path}: no annotation in the whole set; a detection set needs boxes")
     indices = _split_indices(spec, RawDataset(images=raw.images, labels=rows, num_classes=len(raw.class_names),
                                               class_names=raw.class_names))
     splits = {k: Split(raw.images[v].contiguous(), rows[v].contiguous()) for k, v in indices.items()}
+    for name in ("val", "test"):  # mAP of a split without a box is undefined: say so instead of recording NaN
+        if not any((~raw.targets[int(r)]["crowd"]).any() for r in indices[name]):
+            raise DataError(f"{path}: the {name} split ({len(indices[name])} images) holds no box; raise "
+                            f"data.{name}_fraction or annotate more images")
     if spec.mean is not None and spec.std is not None:
         mean, std = list(spec.mean), list(spec.std)
     else:

@@ -2,9 +2,10 @@
 
 The detector contract, which a user's ``package.module:callable`` detector follows too:
 
-- in training mode ``forward(x)`` returns the raw maps as two tensors, ``class_logits`` (N×C×H×W)
-  and ``box_distances`` (N×4×H×W, the left/top/right/bottom distances from each cell centre
-  before the positive transform), so the loss sees them and pruning sees two separate heads;
+- ``maps(x)`` returns the raw maps, ``class_logits`` (N×C×H×W) and ``box_distances`` (N×4×H×W, the
+  left/top/right/bottom distances from each cell centre before the positive transform), and the
+  neck's features (N×F×H×W); in training mode ``forward(x)`` returns the same three, so the loss
+  sees the maps, distillation sees the features and pruning sees two separate heads;
 - in eval mode it returns ``decode(class_logits, box_distances)``: N×A×(4+C), boxes as x1, y1, x2, y2
   in input pixels followed by per-class scores in 0..1, which is what the ONNX file outputs;
 - it has ``stride`` (input pixels per cell) and ``head_convs`` (the names of the two final convolutions,
@@ -39,6 +40,9 @@ class DecodeTail(nn.Module):
         cy, cx = torch.meshgrid(ys, xs, indexing="ij")
         dist = F.softplus(box_distances.float()) * self.stride  # N×4×H×W, positive
         boxes = torch.stack([cx - dist[:, 0], cy - dist[:, 1], cx + dist[:, 2], cy + dist[:, 3]], dim=-1)
+        # clipped to the input, as the ground truth is (a box running off the canvas would lose IoU at the border)
+        boxes = torch.minimum(boxes.clamp_min(0.0), torch.tensor([w, h, w, h], dtype=boxes.dtype,
+                                                                device=boxes.device) * float(self.stride))
         scores = torch.sigmoid(class_logits.float()).permute(0, 2, 3, 1)
         return torch.cat([boxes, scores], dim=-1).reshape(n, h * w, 4 + c)
 
@@ -70,11 +74,14 @@ class TinyFCOS(nn.Module):
         """The neck's output: what a feature-distillation term compares."""
         return self.neck(self.backbone(x))
 
-    def forward(self, x: torch.Tensor):
+    def maps(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         f = self.features(x)
-        class_logits, box_distances = self.cls_head(self.cls_tower(f)), self.box_head(self.box_tower(f))
+        return self.cls_head(self.cls_tower(f)), self.box_head(self.box_tower(f)), f
+
+    def forward(self, x: torch.Tensor):
+        class_logits, box_distances, features = self.maps(x)
         if self.training:
-            return class_logits, box_distances
+            return class_logits, box_distances, features
         return self.decode(class_logits, box_distances)
 
 

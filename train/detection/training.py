@@ -15,16 +15,22 @@ from torch import nn
 from train.data import BatchStream
 from train.detection.coco_map import match, mean_ap
 from train.detection.loss import detection_loss
-from train.detection.postprocess import NmsSettings, detections
+from train.detection.postprocess import detections
 
 
-def loss_hook(bundle, stride: int) -> Callable:
-    """``Hooks.loss`` for a detector: the batch's labels are row numbers into ``bundle.targets``."""
+def loss_hook(bundle, model: nn.Module) -> Callable:
+    """``Hooks.loss`` for a detector: the batch's labels are row numbers into ``bundle.targets``. A detector with
+    its own ``loss(outputs, targets)`` (torchvision's, anchor-based) is trained by it; any other by the FCOS loss
+    at its ``stride``."""
+    if callable(getattr(model, "loss", None)):
+        own = model.loss
+        return lambda x, outputs, rows: own(outputs, bundle.boxes_of(rows.cpu()))
+    stride = model.stride
 
     def loss(x: torch.Tensor, outputs, rows: torch.Tensor) -> dict[str, torch.Tensor]:
-        if not (isinstance(outputs, (tuple, list)) and len(outputs) == 2):
-            raise TypeError("a detector's training-mode forward must return (class_logits, box_distances); "
-                            f"got {type(outputs).__name__}")
+        if not (isinstance(outputs, (tuple, list)) and len(outputs) in (2, 3)):
+            raise TypeError("a detector's training-mode forward must return (class_logits, box_distances[, "
+                            f"features]); got {type(outputs).__name__}")
         return detection_loss(outputs[0], outputs[1], bundle.boxes_of(rows.cpu()), stride)
 
     return loss
@@ -48,10 +54,9 @@ def decoded_outputs(model: nn.Module, stream: BatchStream,
 
 
 def evaluate_detector(model: nn.Module, stream: BatchStream,
-                      autocast: Callable[[], ContextManager] = contextlib.nullcontext,
-                      nms: NmsSettings = NmsSettings()) -> dict[str, float]:
-    """COCO mAP@0.5:0.95 and mAP@0.5 (points) of ``model`` on the stream's images."""
+                      autocast: Callable[[], ContextManager] = contextlib.nullcontext) -> dict[str, float]:
+    """COCO mAP@0.5:0.95 and mAP@0.5 (points) of ``model`` on the stream's images, after the run's NMS."""
     decoded, rows = decoded_outputs(model, stream, autocast)
     bundle = stream.bundle
-    table = match(bundle.boxes_of(rows), detections(decoded.numpy(), nms), bundle.num_classes)
+    table = match(bundle.boxes_of(rows), detections(decoded.numpy(), bundle.nms), bundle.num_classes)
     return {**mean_ap(table), "n": len(rows)}
