@@ -22,11 +22,6 @@ class DataConfig(Strict):
     name: Literal["digits", "mnist5k", "imagefolder", "cifar10", "synthetic", "coco", "shapes"]
     path: str | None = Field(None, description="folder of the data set (imagefolder, cifar10; coco: the folder "
                                                "holding images/ and the instances JSON)")
-    annotations: str | None = Field(None, description="coco: the instances JSON (relative to path or absolute); "
-                                                      "default: the one JSON in path/annotations/ or path")
-    resize: Literal["letterbox", "stretch"] = Field(
-        "letterbox", description="coco, shapes: letterbox (longest side to image_size, aspect kept, padded with grey "
-                                 "114, centred) or stretch (both sides to image_size); recorded in the ONNX metadata")
     image_size: int | None = Field(None, gt=0, le=1024, description="resize every image once to this square size")
     channels: Literal[1, 3] | None = Field(None, description="convert to 1 (grey) or 3 (RGB) channels")
     mean: list[float] | None = Field(None, description="per-channel mean; default: measured on the train split")
@@ -54,6 +49,11 @@ class DataConfig(Strict):
     independent_test: bool = Field(False, description="the test split shares no image with the data the input "
                                    "models were trained on, although its split digest differs from theirs: "
                                    "measure them anyway (default: refuse)")
+    annotations: str | None = Field(None, description="coco: the instances JSON (relative to path or absolute); "
+                                                      "default: the one JSON in path/annotations/ or path")
+    resize: Literal["letterbox", "stretch"] = Field(
+        "letterbox", description="coco, shapes: letterbox (longest side to image_size, aspect kept, padded with grey "
+                                 "114, centred) or stretch (both sides to image_size); recorded in the ONNX metadata")
 
     @model_validator(mode="after")
     def _check(self) -> "DataConfig":

@@ -56,6 +56,7 @@ def _brought(model: dict, stages: list[dict]) -> dict:
     return config
 
 
+@pytest.mark.slow  # the whole chain
 def test_trained_weights_start_the_run_with_the_train_stages_figure_then_prune_quantize_export_release(
         trained, tmp_path):
     config = _brought({"name": "resnet20", "args": {"width": 4}, "weights": str(trained["weights"])}, [

@@ -50,6 +50,7 @@ def _manifest(run_dir):
     return json.loads((run_dir / "manifest.json").read_text())
 
 
+@pytest.mark.slow  # trains, prunes, quantizes and benches a detector: 2 min
 def test_the_chain_trains_a_detector_keeps_its_tail_float_and_benches_map_with_intervals(shapes_run):
     stages = _manifest(shapes_run)["stages"]
     trained = stages["train"]["metrics"]
@@ -77,6 +78,7 @@ def test_the_chain_trains_a_detector_keeps_its_tail_float_and_benches_map_with_i
     assert report["gate"]["decided_on"]
 
 
+@pytest.mark.slow  # trains, prunes, quantizes and benches a detector: 2 min
 def test_the_decode_tail_inside_int8_rounds_the_scores_and_loses_map(shapes_run, tmp_path):
     from train.model_io import load_model
     from compress.stages.int8_records import split_arrays
@@ -129,3 +131,22 @@ def test_a_coco_folder_written_by_hand_trains_one_epoch_and_benches(tmp_path):
     props = {p.key: p.value for p in onnx.load(str(run_dir / meta["path"] / "model.onnx")).metadata_props}
     pre = json.loads(props["compress.preprocessing"])
     assert pre["resize"] == "letterbox" and pre["pad_value"] == 114 and pre["classes"] == ["square", "disc"]
+
+
+@pytest.mark.slow  # trains, prunes, quantizes and benches a detector: 2 min
+def test_a_detection_release_carries_map_with_its_bootstrap_interval_and_the_nms(shapes_run, tmp_path):
+    from compress.errors import ConfigError
+    from compress.pipeline.compare import load_runs
+
+    bundle = tmp_path / "bundle"
+    assert main(["release", str(shapes_run), "--to", str(bundle), "--anyway"]) == 0
+    card = json.loads((bundle / "model_card.json").read_text())
+    acc = card["accuracy"]
+    assert acc["metric"] == "map" and acc["interval"] == "bootstrap" and acc["nms"]["iou_threshold"] == 0.5
+    assert acc["map_ci"][0] <= acc["map"] <= acc["map_ci"][1]
+    text = (bundle / "MODEL_CARD.md").read_text()
+    assert "bootstrap percentile interval" in text and "N×A×(4+C)" in text and "Wilson" not in text
+    assert main(["verify", str(bundle)]) == 0
+    assert main(["verify", str(bundle), str(tmp_path)]) == 2  # mAP is not reproduced from a class-per-folder set
+    with pytest.raises(ConfigError, match="a detection run cannot be compared yet"):
+        load_runs([shapes_run], None)

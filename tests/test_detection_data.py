@@ -115,3 +115,18 @@ def test_task_data_and_metric_must_agree(change, match):
             "red_line": {"metric": "map"}, "stages": [{"name": "t", "kind": "train"}]}
     with pytest.raises(ValueError, match=match):
         PipelineConfig.model_validate({**base, **change})
+
+
+def test_a_detection_pipeline_is_refused_by_search_with_the_reason(tmp_path):
+    import yaml
+
+    from compress.errors import ConfigError
+    from compress.search.settings import load_search
+
+    (tmp_path / "detection.yaml").write_text(yaml.safe_dump(
+        {"name": "d", "task": "detection", "data": {"name": "shapes"}, "model": {"name": "tiny_fcos"},
+         "red_line": {"metric": "map"}, "stages": [{"name": "train", "kind": "train"}]}))
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(
+        {"name": "s", "pipeline": "detection.yaml", "space": {"stages.train.epochs": [1, 2]}}))
+    with pytest.raises(ConfigError, match="task: detection cannot be searched yet"):
+        load_search(tmp_path / "s.yaml")

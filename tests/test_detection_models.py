@@ -69,6 +69,7 @@ def test_torchvisions_ssdlite_trains_with_its_own_loss_and_decodes_to_the_contra
     assert torch.all(out[..., 4:].sum(-1) <= 1 + 1e-5)  # softmax without the background column
 
 
+@pytest.mark.slow  # torch.export of MobileNetV3: 30 s
 def test_ssdlite_exports_and_its_decode_tail_is_found_from_the_graph(ssdlite, tmp_path):
     import onnxruntime as ort
 
@@ -124,3 +125,54 @@ def test_the_soft_terms_measure_disagreement():
     f = torch.randn(2, 8, 4, 4)
     assert float(attention_transfer(f, f * 3)) == pytest.approx(0, abs=1e-9)  # attention is scale-free
     assert float(attention_transfer(f[:, :3], torch.randn(2, 16, 4, 4))) > 0  # any channel counts
+
+
+class UserDetector(torch.nn.Module):
+    """A detector of a user's own, following the contract with the project's DecodeTail: raw maps in training,
+    decoded boxes and scores in eval, ``stride`` and ``head_convs``."""
+
+    stride = 4
+    head_convs = ("cls", "box")
+
+    def __init__(self, num_classes: int, in_channels: int = 3) -> None:
+        super().__init__()
+        from train.detection.model import DecodeTail, conv_bn
+
+        self.body = torch.nn.Sequential(conv_bn(in_channels, 8, 2), conv_bn(8, 16, 2))
+        self.cls, self.box = torch.nn.Conv2d(16, num_classes, 1), torch.nn.Conv2d(16, 4, 1)
+        self.decode = DecodeTail(self.stride)
+
+    def forward(self, x):
+        f = self.body(x)
+        maps = (self.cls(f), self.box(f))
+        return maps if self.training else self.decode(*maps)
+
+
+def user_detector(num_classes: int, in_channels: int = 3) -> UserDetector:
+    return UserDetector(num_classes, in_channels)
+
+
+def test_a_users_detector_by_module_callable_trains_with_the_fcos_loss_and_decodes():
+    from train.detection.training import loss_hook
+    from train.models import build_model
+
+    model = build_model("tests.test_detection_models:user_detector", 3, 3)
+    targets = _targets(2, 32)
+
+    class Bundle:
+        def boxes_of(self, rows):
+            return [targets[int(r)] for r in rows]
+
+    loss = loss_hook(Bundle(), model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    x = torch.randn(2, 3, 32, 32)
+    values = []
+    for _ in range(8):
+        terms = loss(x, model.train()(x), torch.arange(2))
+        opt.zero_grad()
+        terms["loss"].backward()
+        opt.step()
+        values.append(float(terms["loss"]))
+    assert values[-1] < values[0]
+    with torch.no_grad():
+        assert model.eval()(x).shape == (2, 64, 7)

@@ -89,6 +89,7 @@ def _rank_pid(rank: int, spec_hint: str) -> int | None:
 
 
 @pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="finds the rank's process through /proc")
+@pytest.mark.slow  # two torchrun launches
 def test_a_killed_rank_fails_the_stage_naming_it_and_the_rerun_resumes(write_pipeline, tmp_path):
     config = _config(16, 2, epochs=12, checkpoint_every=10)
     pipeline = write_pipeline(config)
@@ -162,6 +163,7 @@ def test_the_quickstart_prune_stage_runs_on_two_machines_joined_by_rendezvous(wr
     assert not (run_dir / "prune" / "surgery").exists()  # the hand-over folder is gone once every rank read it
 
 
+@pytest.mark.slow  # a torchrun launch
 def test_distill_runs_on_two_processes_with_the_teacher_on_each(write_pipeline, tmp_path):
     config = _config(64, 1, epochs=8)
     config["stages"].append({"name": "distill", "kind": "distill", "epochs": 8, "batch_size": 32, "lr": 3e-3,

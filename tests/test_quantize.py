@@ -160,6 +160,7 @@ def test_calibration_never_touches_the_test_split(ptq_run, calibration_seen):
         assert rows <= calib and not rows & test
 
 
+@pytest.mark.slow  # every rung, QAT included
 def test_the_ladder_climbs_past_ptq_and_fallback_and_qat_recovers(tmp_path):
     # One calibration image and its 60th percentile as every activation range: PTQ clips nearly
     # everything and collapses (val drops of 81 and 87 points measured with AVX-512 and with

@@ -3,8 +3,9 @@
 loss = (1 − α) · detection loss + α · (T² · KD on the class maps + box term) + β · feature term
 
 - **Class maps**: each cell and class is a Bernoulli (sigmoid) prediction, so the soft term is the
-  Bernoulli KL between teacher and student at temperature T, summed over classes and averaged over
-  cells (T² keeps its gradients on the hard term's scale, as for classifiers).
+  Bernoulli KL between teacher and student at temperature T, summed over every cell and class and
+  divided by the cells the teacher finds something in (as the focal loss is divided by the positive
+  cells; T² keeps its gradients on the hard term's scale, as for classifiers).
 - **Boxes**: where the teacher is confident (its best score ≥ ``box_threshold``), the student's decoded
   box in that cell is pulled to the teacher's by GIoU: the locations the teacher found, not only the
   labelled ones.
@@ -30,13 +31,15 @@ from compress.distillation.loss import DistillationMismatch
 from train.detection.loss import cell_centres, detection_loss
 
 
-def bernoulli_kd(student_logits: torch.Tensor, teacher_logits: torch.Tensor, temperature: float) -> torch.Tensor:
-    """KL(teacher ‖ student) of per-cell, per-class sigmoids at ``temperature``, × T²; 0 when they agree."""
+def bernoulli_kd(student_logits: torch.Tensor, teacher_logits: torch.Tensor, temperature: float,
+                 per: float | None = None) -> torch.Tensor:
+    """KL(teacher ‖ student) of per-cell, per-class sigmoids at ``temperature``, × T², summed and divided by
+    ``per`` (default: every cell); 0 when they agree."""
     s, t = student_logits.float() / temperature, teacher_logits.float() / temperature
     p = torch.sigmoid(t)
     kl = p * (F.logsigmoid(t) - F.logsigmoid(s)) + (1 - p) * (F.logsigmoid(-t) - F.logsigmoid(-s))
     n, c, h, w = kl.shape
-    return kl.sum() / (n * h * w) * temperature ** 2
+    return kl.sum() / (per if per is not None else n * h * w) * temperature ** 2
 
 
 def attention(features: torch.Tensor) -> torch.Tensor:
@@ -93,8 +96,10 @@ class DetectionDistillation:
         if not self.checked:
             self._check(outputs, teacher)
         hard = detection_loss(outputs[0], outputs[1], self.targets_of(rows.cpu()), self.stride)
-        kd_cls = bernoulli_kd(outputs[0], teacher[0], self.temperature)
         confident = torch.sigmoid(teacher[0].float()).amax(dim=1).flatten(1) >= self.box_threshold  # N×A
+        # per cell the teacher finds something in, as the hard loss is per positive cell: averaged over every cell,
+        # the soft term would weigh (cells / objects) times less than alpha says
+        kd_cls = bernoulli_kd(outputs[0], teacher[0], self.temperature, per=max(1.0, float(confident.sum())))
         if confident.any():
             kd_box = generalized_box_iou_loss(_boxes(outputs[1], self.stride)[confident],
                                               _boxes(teacher[1], self.stride)[confident], reduction="mean")

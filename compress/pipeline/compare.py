@@ -94,6 +94,9 @@ def load_runs(run_dirs: list[Path], artifact: str | None, picks: list[str | None
                               "give the folder `compress run` wrote")
         report = load_report(run_dir)[0] if find_report(run_dir).is_file() else None
         pipeline = load_pipeline(resolved)
+        if pipeline.config.task == "detection":
+            raise ConfigError(f"{run_dir}: a detection run cannot be compared yet (compare pairs top-k accuracy image "
+                              "by image); its own bench report holds the paired mAP drops of its files")
         wanted = labels[i] if labels else run_dir.resolve().name
         label, n = wanted, 2
         while label in used:

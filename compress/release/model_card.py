@@ -20,7 +20,11 @@ def build_card(*, report: dict, entry: dict, released: dict, input_spec: dict, c
     gate, data, metric = report["gate"], report.get("data") or {}, report["metric"]
     accuracy = {"metric": metric, "data": data.get("name"), "split": "test", "test_images": data.get("test_images"),
                 "test_digest": data.get("test_digest"), "meaningful": data.get("meaningful_accuracy", True),
-                **{k: v for k, v in entry["accuracy"].items() if k.startswith("top")},
+                **{k: v for k, v in entry["accuracy"].items() if k.startswith(("top", "map"))},
+                # a detector's intervals are bootstrap percentiles over test images, a classifier's Wilson
+                "interval": ("bootstrap" if (entry.get("accuracy_paired") or {}).get("method") == "paired-bootstrap"
+                             else "wilson"),
+                **({"nms": (report.get("settings") or {}).get("nms")} if metric in ("map", "map50") else {}),
                 **{f"{k}_ci": v for k, v in (entry.get("accuracy_ci") or {}).items()},
                 "baseline": report["baseline"], "drop": entry.get("accuracy_drop"),
                 "drop_ci": (entry.get("accuracy_paired") or {}).get("drop_ci"),
@@ -101,6 +105,23 @@ def _interval(ci) -> str:
     return f" [{ci[0]:g}, {ci[1]:g}]" if ci else ""
 
 
+def _interval_name(acc: dict) -> str:
+    return ("95% bootstrap percentile interval over the test images" if acc.get("interval") == "bootstrap"
+            else "95% Wilson interval")
+
+
+def _output_line(card: dict, acc: dict) -> str:
+    names = ", ".join(f"{i} `{c}`" for i, c in enumerate(card["classes"][:50])) + (" …" if len(card["classes"]) > 50
+                                                                                   else "")
+    if acc["metric"].startswith("map"):
+        nms = acc.get("nms") or {}
+        how = ", ".join(f"{k} {v}" for k, v in nms.items()) or "not recorded"
+        return (f"- output: N×A×(4+C): per cell or anchor, a box (x1, y1, x2, y2 in the input's pixels) then "
+                f"{len(card['classes'])} class scores in 0..1 ({names}); no NMS inside: the figures below are after "
+                f"NMS with {how}")
+    return f"- output: one score per class, {len(card['classes'])} classes: {names}"
+
+
 def render_markdown(card: dict, environment_line: str) -> str:
     acc, lat, gate, rel, spec = card["accuracy"], card["latency"], card["gate"], card["released"], card["input"]
     metric = acc["metric"]
@@ -139,11 +160,10 @@ def render_markdown(card: dict, environment_line: str) -> str:
               f"({spec['color']}), any batch size",
               f"- resize: {spec['resize']}",
               f"- {spec['formula']}; pixel_divisor {spec['pixel_divisor']}, mean {spec['mean']}, std {spec['std']}",
-              f"- output: one score per class, {len(card['classes'])} classes: "
-              + ", ".join(f"{i} `{c}`" for i, c in enumerate(card["classes"][:50]))
-              + (" …" if len(card["classes"]) > 50 else ""), "",
+              _output_line(card, acc), "",
               "## Accuracy", "",
-              f"- {metric} **{acc[metric]}%**{_interval(acc.get(f'{metric}_ci'))} (95% Wilson interval) on the "
+              f"- {metric} **{acc[metric]}{'' if metric.startswith('map') else '%'}**"
+              f"{_interval(acc.get(f'{metric}_ci'))} ({_interval_name(acc)}) on the "
               f"{acc['test_images']} images of the `{acc['split']}` split of `{acc['data']}` "
               f"(digest `{(acc['test_digest'] or '?')[:16]}…`), judged on this very file",
               f"- drop vs `{acc['baseline']}`: {acc['drop']} points{_interval(acc.get('drop_ci'))} (paired, 95%)"]

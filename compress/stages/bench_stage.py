@@ -129,7 +129,8 @@ class BenchStage(Stage):
         gate["notes"] += [n for n in (runtime_choice_note(result.entries, gate["release"]),) if n]
         report = {"pipeline": pipeline.name, "baseline": baseline, "metric": metric, "artifacts": result.entries,
                   "gate": gate, "flags": flags, "environment": env, "traffic": result.traffic,
-                  "settings": {**cfg.model_dump(mode="json"), "batch_size": batch},
+                  "settings": {**cfg.model_dump(mode="json"), "batch_size": batch,
+                               **({"nms": pipeline.nms.model_dump(mode="json")} if is_detection(data) else {})},
                   "data": {**test_set_facts(data.name, test, data.meaningful_accuracy),
                            "test_independence": independence}}
         with ctx.atomic_output_dir("report") as folder:

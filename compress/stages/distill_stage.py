@@ -72,8 +72,8 @@ class DistillStage(Stage):
                    "params": count_params(student), "macs": count_macs(student, data.input_shape),
                    "temperature": cfg.temperature, "alpha": cfg.alpha, "teacher": teacher_name,
                    "loss_parts": [{k: round(v, 5) for k, v in r.items() if k.startswith("train_") or k == "epoch"}
-                                  for r in run.result.history],
-                   "summary": f"student {headline(metrics)} (T={cfg.temperature:g}, α={cfg.alpha:g})"}
+                                  for r in run.result.history]}
+        metrics["summary"] = f"student {headline(metrics)} (T={cfg.temperature:g}, α={cfg.alpha:g})"
         ctx.log(f"student {headline(metrics)}")
         description["training"] = {"stage": ctx.name, **{k: metrics[k] for k in ("test_top1", "test_map") if k in metrics},
                                    "distilled_from": teacher_name}

@@ -50,6 +50,7 @@ def measured(tmp_path_factory):
     return path, folder / "run"
 
 
+@pytest.mark.slow  # two benches, one beside a CPU burner
 def test_a_busy_neighbour_is_measured_and_flagged(measured):
     path, run_dir = measured
     quiet = _bench(path, run_dir, busy=False)

@@ -47,12 +47,14 @@ class SSDLite(nn.Module):
 
     def anchors(self, x: torch.Tensor, features: list[torch.Tensor]) -> torch.Tensor:
         key = (tuple(x.shape[-2:]), tuple(tuple(f.shape[-2:]) for f in features), x.device)
+        # made in float32 whatever the autocast: bf16 features would round the anchors by up to half a pixel at
+        # 320 px, and the file exported later makes them in float32
         if key not in self._anchors:
             from torchvision.models.detection.image_list import ImageList
 
             with torch.no_grad():
-                images = ImageList(x[:1], [tuple(x.shape[-2:])])
-                self._anchors[key] = self.ssd.anchor_generator(images, [f[:1] for f in features])[0].detach()
+                images = ImageList(x[:1].float(), [tuple(x.shape[-2:])])
+                self._anchors[key] = self.ssd.anchor_generator(images, [f[:1].float() for f in features])[0].detach()
         return self._anchors[key]
 
     def maps(self, x: torch.Tensor):
