@@ -34,7 +34,7 @@ def scene(rng, n_images: int, jitter: float, n_classes: int = 3):
 def test_the_point_figure_is_pycocotools_own():
     targets, dets = scene(np.random.default_rng(0), 60, jitter=3.0)
     ours = mean_ap(match(targets, dets, 3))
-    gt = _coco_objects(targets, None, 3)
+    gt = _coco_objects(targets, 3)
     rows = [[i + 1, *b[:2], b[2] - b[0], b[3] - b[1], s, c + 1] for i, d in enumerate(dets)
             for b, s, c in zip(d["boxes"], d["scores"], d["classes"])]
     with contextlib.redirect_stdout(io.StringIO()):

@@ -28,7 +28,7 @@ from torch.nn import functional as F
 from torchvision.ops import generalized_box_iou_loss
 
 from compress.distillation.loss import DistillationMismatch
-from train.detection.loss import cell_centres, detection_loss
+from train.detection.loss import detection_loss, distance_boxes
 
 
 def bernoulli_kd(student_logits: torch.Tensor, teacher_logits: torch.Tensor, temperature: float,
@@ -49,14 +49,6 @@ def attention(features: torch.Tensor) -> torch.Tensor:
 
 def attention_transfer(student_features: torch.Tensor, teacher_features: torch.Tensor) -> torch.Tensor:
     return (attention(student_features) - attention(teacher_features)).pow(2).sum(dim=1).mean()
-
-
-def _boxes(distances: torch.Tensor, stride: int) -> torch.Tensor:
-    n, _, h, w = distances.shape
-    centres = cell_centres(h, w, stride, distances.device)
-    d = F.softplus(distances.float()).permute(0, 2, 3, 1).reshape(n, h * w, 4) * stride
-    return torch.stack([centres[:, 0] - d[..., 0], centres[:, 1] - d[..., 1],
-                        centres[:, 0] + d[..., 2], centres[:, 1] + d[..., 3]], dim=-1)
 
 
 class DetectionDistillation:
@@ -101,8 +93,8 @@ class DetectionDistillation:
         # the soft term would weigh (cells / objects) times less than alpha says
         kd_cls = bernoulli_kd(outputs[0], teacher[0], self.temperature, per=max(1.0, float(confident.sum())))
         if confident.any():
-            kd_box = generalized_box_iou_loss(_boxes(outputs[1], self.stride)[confident],
-                                              _boxes(teacher[1], self.stride)[confident], reduction="mean")
+            kd_box = generalized_box_iou_loss(distance_boxes(outputs[1], self.stride)[confident],
+                                              distance_boxes(teacher[1], self.stride)[confident], reduction="mean")
         else:
             kd_box = outputs[1].sum() * 0.0
         feature = attention_transfer(outputs[2], teacher[2])

@@ -32,7 +32,7 @@ class MatchTable:
     gt_per_image: list[np.ndarray]  # per category, n_images (non-ignored ground truths)
 
 
-def _coco_objects(targets: list[dict], dets: list[dict] | None, num_classes: int):
+def _coco_objects(targets: list[dict], num_classes: int):
     from pycocotools.coco import COCO
 
     gt = {"images": [{"id": i + 1} for i in range(len(targets))],
@@ -56,12 +56,12 @@ def match(targets: list[dict], dets: list[dict], num_classes: int) -> MatchTable
 
     if len(targets) != len(dets):
         raise ValueError(f"{len(dets)} images of detections for {len(targets)} images of ground truth")
-    coco_gt = _coco_objects(targets, None, num_classes)
+    coco_gt = _coco_objects(targets, num_classes)
     rows = [[i + 1, *box[:2], box[2] - box[0], box[3] - box[1], float(s), int(c) + 1]
             for i, d in enumerate(dets) for box, s, c in zip(np.asarray(d["boxes"], dtype=float), d["scores"],
                                                              d["classes"])]
     with contextlib.redirect_stdout(io.StringIO()):
-        coco_dt = coco_gt.loadRes(np.array(rows, dtype=float).reshape(-1, 7)) if rows else COCO_empty(coco_gt)
+        coco_dt = coco_gt.loadRes(np.array(rows, dtype=float).reshape(-1, 7)) if rows else _no_detections(coco_gt)
         ev = COCOeval(coco_gt, coco_dt, iouType="bbox")
         ev.params.imgIds = list(range(1, len(targets) + 1))
         ev.params.areaRng, ev.params.areaRngLbl = [[0, 1e10]], ["all"]
@@ -91,7 +91,7 @@ def match(targets: list[dict], dets: list[dict], num_classes: int) -> MatchTable
     return table
 
 
-def COCO_empty(coco_gt):
+def _no_detections(coco_gt):
     """loadRes refuses an empty list: a copy of the ground truth without annotations is the same result."""
     from pycocotools.coco import COCO
 

@@ -19,6 +19,14 @@ def cell_centres(h: int, w: int, stride: int, device: torch.device) -> torch.Ten
     return torch.stack([cx.reshape(-1), cy.reshape(-1)], dim=1)  # A×2
 
 
+def distance_boxes(box_distances: torch.Tensor, stride: int) -> torch.Tensor:
+    """N×4×H×W raw distances → N×A×4 boxes (x1, y1, x2, y2) around the cell centres, as the decode makes them."""
+    n, _, h, w = box_distances.shape
+    centres = cell_centres(h, w, stride, box_distances.device)
+    d = F.softplus(box_distances.float()).permute(0, 2, 3, 1).reshape(n, h * w, 4) * stride
+    return torch.cat([centres - d[..., :2], centres + d[..., 2:]], dim=-1)
+
+
 def assign(targets: dict, centres: torch.Tensor, stride: int, radius: float = 1.5) -> tuple[torch.Tensor, torch.Tensor]:
     """Per cell: the index of its box (-1: background) and that box (A×4)."""
     keep = ~targets["crowd"]
@@ -46,7 +54,7 @@ def detection_loss(class_logits: torch.Tensor, box_distances: torch.Tensor, targ
     n, c, h, w = class_logits.shape
     centres = cell_centres(h, w, stride, class_logits.device)
     logits = class_logits.float().permute(0, 2, 3, 1).reshape(n, h * w, c)
-    dist = F.softplus(box_distances.float()).permute(0, 2, 3, 1).reshape(n, h * w, 4) * stride
+    decoded = distance_boxes(box_distances, stride)
     cls_target = torch.zeros_like(logits)
     pred_boxes, true_boxes = [], []
     for i, t in enumerate(targets):
@@ -55,10 +63,7 @@ def detection_loss(class_logits: torch.Tensor, box_distances: torch.Tensor, targ
         if pos.any():
             classes = t["classes"].to(logits.device)[index[pos]]
             cls_target[i, pos.nonzero().squeeze(1), classes] = 1.0
-            ctr = centres[pos]
-            d = dist[i, pos]
-            pred_boxes.append(torch.stack([ctr[:, 0] - d[:, 0], ctr[:, 1] - d[:, 1],
-                                           ctr[:, 0] + d[:, 2], ctr[:, 1] + d[:, 3]], dim=1))
+            pred_boxes.append(decoded[i, pos])
             true_boxes.append(boxes[pos])
     positives = max(1, sum(len(b) for b in true_boxes))
     cls_loss = sigmoid_focal_loss(logits, cls_target, reduction="sum") / positives
