@@ -38,7 +38,9 @@ def server(qps: float, seconds: float, budget_ms: float | None = 50.0, **model) 
 # --- real LoadGen runs of a simulated model -------------------------------------------------------------------
 
 def test_p99_rises_with_load_and_the_queue_is_where_it_goes():
-    runs = [server(qps, 1.5, service_ms=2.0) for qps in (50, 250, 400)]  # ρ ≈ 0.1, 0.55, 0.9 (service ≈ 2.2 ms)
+    # ρ ≈ 0.1, 0.33, 0.66 (service ≈ 2.2 ms). Not 0.9: a queue that busy takes most of a 1.5-s run to settle
+    # from empty, and its last quarter read as "climbing" (not sustainable) in 1 of 3 runs on a quiet AVX2 EPYC.
+    runs = [server(qps, 1.5, service_ms=2.0) for qps in (50, 150, 300)]
     p99 = [r["latency_ms"]["p99"] for r in runs]
     assert p99[0] < p99[1] < p99[2] and p99[2] > 2 * p99[0], p99
     queue = [r["queue_ms"]["mean"] for r in runs]
