@@ -1,20 +1,24 @@
 """Does a busy neighbour move the interleaved latency ratio of two files? A benchmark of the machine, not a test.
 
-    python -m serve_bench.neighbour_check REFERENCE.onnx CANDIDATE.onnx [--phases 4] [--threads 1] [--json OUT]
+    python -m serve_bench.neighbour_check REFERENCE.onnx CANDIDATE.onnx [--phases 8] [--threads 1] [--json OUT]
 
-Quiet and busy phases alternate in one run (quiet, busy, quiet, busy, ...). In a busy phase another
-process keeps ``--burners`` cores busy with a Python loop. Every phase is one interleaved measurement
-of both files by the bench's own harness and workers, and gives the paired p50 and p99 ratios
-(candidate over reference) with their block-paired intervals, each file's p50, and the share of all
-cores other processes used.
+Quiet and busy phases come in the order quiet, busy, busy, quiet (repeated), so both kinds sit at the
+same mean position in the run and a slow drift of the machine does not read as the neighbour's doing.
+In a busy phase another process keeps ``--burners`` cores busy with a Python loop. Every phase is one
+interleaved measurement of both files by the bench's own harness and workers, and gives the paired
+p50 and p99 ratios (candidate over reference) with their block-paired intervals, each file's p50, and
+the share of all cores other processes used.
 
-Why a benchmark and not a test: interleaving makes a neighbour that comes and goes hit both files
-alike (a simulation with a known answer tests that), but a neighbour that is there the whole time
-can change the ratio itself: where two virtual cores are one physical core's two hardware threads,
-the neighbour competes for the very execution units, and not equally for integer and float kernels.
-A CI runner measured an INT8/fp32 p50 ratio 12% higher beside one; a 2-core EPYC with one thread per
-core moved it under 1%. That is what a service would see beside such a neighbour, so it is reported,
-with the quiet phases' own spread beside it to say how much of the shift is run-to-run noise.
+The shift is judged across phases, not within one: each busy phase is paired with the quiet phase
+beside it, and the mean of the log ratios of those pairs gets a t interval. A phase's own interval
+rests on its rounds alone and says nothing of how much the ratio moves from one measurement to the
+next, which on a shared machine can be far more (a quiet AVX2 EPYC: 14% between quiet phases).
+
+Why a benchmark and not a test: interleaving makes a neighbour that slows the machine slow both
+files alike (a simulation with a known answer tests that), but a neighbour that is there the whole
+time may change the ratio itself, by how it competes for the core: a CI runner measured an INT8/fp32
+p50 ratio 1.63 [1.55, 1.71] in one run and 1.83 [1.69, 1.96] beside a neighbour in the next (one
+pair, so that is not told apart from run-to-run noise); why it moved there was not measured.
 """
 from __future__ import annotations
 
@@ -27,6 +31,7 @@ from contextlib import ExitStack
 from pathlib import Path
 
 import numpy as np
+from scipy import stats
 
 from serve_bench.harness import HarnessSettings, measure_interleaved
 from serve_bench.latency_intervals import paired_ratio
@@ -48,10 +53,26 @@ def input_pool(path: str | Path, count: int = 64, seed: int = 0) -> np.ndarray:
 
 
 def phase_kinds(phases: int) -> list[str]:
-    """quiet, busy, quiet, busy, ...: alternating, so a slow drift of the machine does not line up with one kind."""
+    """quiet, busy, busy, quiet, ...: in every whole group of four both kinds have the same mean position, so
+    a drift that is linear in time cancels from the comparison."""
     if phases < 2:
         raise ValueError("--phases must be at least 2: one quiet and one busy phase")
-    return ["quiet" if i % 2 == 0 else "busy" for i in range(phases)]
+    return ["quiet" if i % 4 in (0, 3) else "busy" for i in range(phases)]
+
+
+def adjacent_pairs(kinds: list[str]) -> list[tuple[int, int]]:
+    """(busy, quiet) phase indices: each busy phase with the quiet phase beside it (the one after it when the
+    one before is busy too, else the one before), so a pair is measured minutes apart at most."""
+    pairs = []
+    for i, kind in enumerate(kinds):
+        if kind != "busy":
+            continue
+        before, after = i - 1, i + 1
+        if before >= 0 and kinds[before] == "quiet":
+            pairs.append((i, before))
+        elif after < len(kinds) and kinds[after] == "quiet":
+            pairs.append((i, after))
+    return pairs
 
 
 def _burners(count: int) -> list[subprocess.Popen]:
@@ -95,15 +116,29 @@ def _geomean(values: list[float]) -> float:
     return math.exp(sum(math.log(v) for v in values) / len(values))
 
 
+def shift_interval(phases: list[dict], level: float = 0.95) -> dict:
+    """The busy phases' p50 ratio over their adjacent quiet phases': the geometric mean over the pairs, with a
+    t interval on the mean log ratio (none from a single pair: one pair has no spread to judge it by)."""
+    kinds = [p["kind"] for p in phases]
+    logs = np.array([math.log(phases[b]["ratio_p50"]["ratio"] / phases[q]["ratio_p50"]["ratio"])
+                     for b, q in adjacent_pairs(kinds)])
+    out = {"pairs": len(logs), "shift": round(math.expm1(float(logs.mean())), 4), "ci": None}
+    if len(logs) >= 2:
+        half = stats.t.ppf(0.5 + level / 2, len(logs) - 1) * float(logs.std(ddof=1)) / math.sqrt(len(logs))
+        out["ci"] = [round(math.expm1(float(logs.mean()) - half), 4), round(math.expm1(float(logs.mean()) + half), 4)]
+        out["level"] = level
+    return out
+
+
 def summarize(phases: list[dict]) -> dict:
-    """How far the busy phases moved each file's p50 and the p50 ratio from the quiet phases (geometric means
-    over the phases of each kind), and the quiet phases' own spread of the ratio: the run-to-run noise."""
+    """The shift of the p50 ratio (paired busy-quiet phases, with its interval), how far the busy phases moved
+    each file's own p50 (geometric means over the phases of each kind), and the quiet phases' spread."""
     by_kind = {kind: [p for p in phases if p["kind"] == kind] for kind in ("quiet", "busy")}
-    ratio = {kind: _geomean([p["ratio_p50"]["ratio"] for p in group]) for kind, group in by_kind.items()}
     quiet_ratios = [p["ratio_p50"]["ratio"] for p in by_kind["quiet"]]
     return {
-        "ratio_p50": {kind: round(value, 4) for kind, value in ratio.items()},
-        "ratio_shift": round(ratio["busy"] / ratio["quiet"] - 1, 4),
+        "ratio_p50": {kind: round(_geomean([p["ratio_p50"]["ratio"] for p in group]), 4)
+                      for kind, group in by_kind.items()},
+        "ratio_shift": shift_interval(phases),
         "p50_shift": {name: round(_geomean([p["p50_ms"][name] for p in by_kind["busy"]])
                                   / _geomean([p["p50_ms"][name] for p in by_kind["quiet"]]) - 1, 4)
                       for name in ("reference", "candidate")},
@@ -130,7 +165,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("reference", help="the file the ratio divides by (the fp32 file)")
     parser.add_argument("candidate", help="the file measured against it (the INT8 file)")
-    parser.add_argument("--phases", type=int, default=4, help="alternating quiet and busy phases (at least 2)")
+    parser.add_argument("--phases", type=int, default=8, help="quiet and busy phases, quiet-busy-busy-quiet "
+                        "repeated (at least 2; a multiple of 4 balances them)")
     parser.add_argument("--burners", type=int, default=1, help="cores the neighbour keeps busy in a busy phase")
     parser.add_argument("--threads", type=int, default=1, help="runtime threads per file")
     parser.add_argument("--min-duration", type=float, default=3.0, help="measured seconds per file per phase")
@@ -150,8 +186,12 @@ def main(argv: list[str] | None = None) -> int:
     phases = measure_phases(args.reference, args.candidate, kinds, settings, args.threads, args.burners,
                             progress=lambda phase: print(_line(phase), flush=True))
     summary = summarize(phases)
-    print(f"busy vs quiet: p50 ratio {summary['ratio_p50']['quiet']:.4f} -> {summary['ratio_p50']['busy']:.4f} "
-          f"({100 * summary['ratio_shift']:+.1f}%); p50 reference {100 * summary['p50_shift']['reference']:+.1f}%, "
+    shift = summary["ratio_shift"]
+    print(f"busy vs quiet: p50 ratio {summary['ratio_p50']['quiet']:.4f} -> {summary['ratio_p50']['busy']:.4f}; "
+          f"shift over {shift['pairs']} adjacent pair(s) {100 * shift['shift']:+.1f}%"
+          + (" (one pair: no interval; use --phases 8)" if shift["ci"] is None
+             else f" [{100 * shift['ci'][0]:+.1f}%, {100 * shift['ci'][1]:+.1f}%]")
+          + f"; p50 reference {100 * summary['p50_shift']['reference']:+.1f}%, "
           f"candidate {100 * summary['p50_shift']['candidate']:+.1f}%"
           + ("" if summary["quiet_ratio_spread"] is None
              else f"; the quiet phases' ratios spread {100 * summary['quiet_ratio_spread']:.1f}%"))

@@ -78,8 +78,8 @@ def test_a_busy_neighbour_is_measured_and_flagged(measured):
 
 class _GrowingNeighbour:
     """Fake time, and a neighbour whose load grows with it: every request takes (1 + now / ramp_s) times its
-    own time, times a seeded jitter of a few percent. Both files are slowed alike, so the true ratio of any
-    percentile is the ratio of their own times whatever the neighbour does."""
+    own time, times a seeded jitter of a few percent. It slows both files by the same factor at any moment,
+    so a measurement that gives both the same moments finds the ratio of their own times."""
 
     def __init__(self, ramp_s: float) -> None:
         self.now, self.ramp_s = 0.0, ramp_s
@@ -114,12 +114,47 @@ def test_interleaving_keeps_the_true_ratio_while_a_neighbour_slows_the_machine_a
         ratio = paired_ratio(measured["candidate"].blocked, measured["reference"].blocked, q)
         assert ratio.ci[0] <= true_ratio <= ratio.ci[1], (q, ratio)
         assert abs(ratio.ratio / true_ratio - 1) < 0.03, (q, ratio)
+    # the figure the README quotes (the simulation is seeded and its clock is fake, so it is exact)
+    assert round(paired_ratio(measured["candidate"].blocked, measured["reference"].blocked, 50).ratio, 3) == 1.599
     # The same files measured one after the other on the same slowing machine: the candidate, measured
     # later, pays for the neighbour's growth, and its p50 ratio is far from the truth.
     neighbour = _GrowingNeighbour(ramp_s=8.0)
     one = measure_interleaved({"reference": _FakeWorker(1.0, neighbour)}, settings)["reference"]
     two = measure_interleaved({"candidate": _FakeWorker(true_ratio, neighbour)}, settings)["candidate"]
-    assert percentile(two.latencies_ms, 50) / percentile(one.latencies_ms, 50) > 1.25 * true_ratio
+    sequential = percentile(two.latencies_ms, 50) / percentile(one.latencies_ms, 50)
+    assert sequential > 1.25 * true_ratio and round(sequential, 2) == 2.27
+
+
+def test_the_phases_balance_quiet_and_busy_in_time_and_pair_each_busy_phase_with_its_quiet_neighbour():
+    kinds = neighbour_check.phase_kinds(8)
+    assert kinds == ["quiet", "busy", "busy", "quiet"] * 2
+    positions = {k: np.mean([i for i, kind in enumerate(kinds) if kind == k]) for k in ("quiet", "busy")}
+    assert positions["quiet"] == positions["busy"]
+    assert neighbour_check.adjacent_pairs(kinds) == [(1, 0), (2, 3), (5, 4), (6, 7)]
+    assert neighbour_check.adjacent_pairs(neighbour_check.phase_kinds(2)) == [(1, 0)]
+
+
+def _phases(ratios: list[float]) -> list[dict]:
+    kinds = neighbour_check.phase_kinds(len(ratios))
+    return [{"kind": kind, "ratio_p50": {"ratio": r}} for kind, r in zip(kinds, ratios)]
+
+
+def test_the_shift_interval_cancels_a_linear_drift_and_covers_a_known_shift_at_its_level():
+    # no noise, a drift of 3% per phase and a neighbour that raises the ratio by 10%: exactly 10%, every pair
+    drift = [1.03 ** i for i in range(8)]
+    ratios = [d * (1.10 if kind == "busy" else 1.0) for d, kind in zip(drift, neighbour_check.phase_kinds(8))]
+    shift = neighbour_check.shift_interval(_phases(ratios))
+    assert shift["pairs"] == 4 and shift["shift"] == pytest.approx(0.10, abs=1e-4)
+    # with noise (5% per phase) and that drift, the 95% interval covers the true 10% in about 95% of runs
+    rng = np.random.default_rng(0)
+    runs, covered = 2000, 0
+    for _ in range(runs):
+        noisy = [r * float(np.exp(rng.normal(0.0, 0.05))) for r in ratios]
+        low, high = neighbour_check.shift_interval(_phases(noisy))["ci"]
+        covered += low <= 0.10 <= high
+    assert 0.93 <= covered / runs <= 0.97, covered / runs
+    # one pair gives a point and no interval
+    assert neighbour_check.shift_interval(_phases([1.0, 1.1]))["ci"] is None
 
 
 @pytest.fixture(scope="module")
@@ -150,17 +185,22 @@ def test_the_neighbour_benchmark_alternates_quiet_and_busy_phases_and_reports_th
     assert neighbour_check.main([str(onnx_pair / "fp32.onnx"), str(onnx_pair / "int8.onnx"), "--phases", "2",
                                  "--min-duration", "0.6", "--min-iters", "50", "--json", str(out)]) == 0
     result = json.loads(out.read_text())
-    assert [p["kind"] for p in result["phases"]] == ["quiet", "busy"]
-    for phase in result["phases"]:
+    phases = result["phases"]
+    assert [p["kind"] for p in phases] == ["quiet", "busy"]
+    for phase in phases:
         ratio = phase["ratio_p50"]
-        assert ratio["rounds"] >= 2 and ratio["ci"][0] <= ratio["ratio"] <= ratio["ci"][1]
-        # the ratio is the two files' own p50s over the shared rounds
-        assert phase["p50_ms"]["reference"] > 0 and phase["p50_ms"]["candidate"] > 0
+        assert ratio["rounds"] >= 2
+        # every round is shared, so the paired p50 ratio is the two files' own p50s over the phase
+        assert ratio["ratio"] == pytest.approx(phase["p50_ms"]["candidate"] / phase["p50_ms"]["reference"], rel=2e-3)
+    # the busy phase was busy: the burner's core shows in the other processes' share (one core of the machine's)
+    shares = [p["machine_load"]["other_share_mean"] for p in phases]
+    assert shares[1] - shares[0] > 0.5 / os.cpu_count(), shares
     summary = result["summary"]
-    quiet, busy = (result["phases"][i]["ratio_p50"]["ratio"] for i in (0, 1))
-    assert summary["ratio_shift"] == pytest.approx(busy / quiet - 1, abs=1e-3)
+    assert summary["ratio_shift"]["pairs"] == 1 and summary["ratio_shift"]["ci"] is None
+    assert summary["ratio_shift"]["shift"] == pytest.approx(phases[1]["ratio_p50"]["ratio"]
+                                                            / phases[0]["ratio_p50"]["ratio"] - 1, abs=1e-3)
     assert summary["quiet_ratio_spread"] is None  # one quiet phase has no spread
-    assert "busy vs quiet: p50 ratio" in capsys.readouterr().out
+    assert "one pair: no interval" in capsys.readouterr().out
 
 
 def test_the_neighbour_benchmark_refuses_a_missing_file_and_a_single_phase(onnx_pair, capsys):
