@@ -12,7 +12,10 @@ the share of all cores other processes used.
 The shift is judged across phases, not within one: each busy phase is paired with the quiet phase
 beside it, and the mean of the log ratios of those pairs gets a t interval. A phase's own interval
 rests on its rounds alone and says nothing of how much the ratio moves from one measurement to the
-next, which on a shared machine can be far more (a quiet AVX2 EPYC: 14% between quiet phases).
+next, which on a shared machine can be far more (a quiet AVX2 EPYC: 12% between quiet phases). The
+t interval covers the spread between phases of this one run, with the same two worker processes
+throughout; another run (other processes, another placement on the machine) may differ by more, so
+repeat the command to see that. With 8 phases it rests on 4 pairs (3 degrees of freedom).
 
 Why a benchmark and not a test: interleaving makes a neighbour that slows the machine slow both
 files alike (a simulation with a known answer tests that), but a neighbour that is there the whole
@@ -53,10 +56,12 @@ def input_pool(path: str | Path, count: int = 64, seed: int = 0) -> np.ndarray:
 
 
 def phase_kinds(phases: int) -> list[str]:
-    """quiet, busy, busy, quiet, ...: in every whole group of four both kinds have the same mean position, so
-    a drift that is linear in time cancels from the comparison."""
-    if phases < 2:
-        raise ValueError("--phases must be at least 2: one quiet and one busy phase")
+    """quiet, busy, busy, quiet, repeated: in every group of four both kinds have the same mean position, so a
+    drift that is linear in time cancels from the comparison. Other counts would leave a phase unpaired or
+    the pairs' offsets unbalanced (2 phases: the whole drift of a phase reads as the neighbour's), so they are
+    refused."""
+    if phases < 4 or phases % 4:
+        raise ValueError(f"--phases must be a multiple of 4 (quiet, busy, busy, quiet, repeated), got {phases}")
     return ["quiet" if i % 4 in (0, 3) else "busy" for i in range(phases)]
 
 
@@ -138,7 +143,7 @@ def summarize(phases: list[dict]) -> dict:
     return {
         "ratio_p50": {kind: round(_geomean([p["ratio_p50"]["ratio"] for p in group]), 4)
                       for kind, group in by_kind.items()},
-        "ratio_shift": shift_interval(phases),
+        "ratio_shift": shift_interval(phases),  # the figure to read: paired, with its interval
         "p50_shift": {name: round(_geomean([p["p50_ms"][name] for p in by_kind["busy"]])
                                   / _geomean([p["p50_ms"][name] for p in by_kind["quiet"]]) - 1, 4)
                       for name in ("reference", "candidate")},
@@ -166,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("reference", help="the file the ratio divides by (the fp32 file)")
     parser.add_argument("candidate", help="the file measured against it (the INT8 file)")
     parser.add_argument("--phases", type=int, default=8, help="quiet and busy phases, quiet-busy-busy-quiet "
-                        "repeated (at least 2; a multiple of 4 balances them)")
+                        "repeated (a multiple of 4)")
     parser.add_argument("--burners", type=int, default=1, help="cores the neighbour keeps busy in a busy phase")
     parser.add_argument("--threads", type=int, default=1, help="runtime threads per file")
     parser.add_argument("--min-duration", type=float, default=3.0, help="measured seconds per file per phase")
@@ -189,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     shift = summary["ratio_shift"]
     print(f"busy vs quiet: p50 ratio {summary['ratio_p50']['quiet']:.4f} -> {summary['ratio_p50']['busy']:.4f}; "
           f"shift over {shift['pairs']} adjacent pair(s) {100 * shift['shift']:+.1f}%"
-          + (" (one pair: no interval; use --phases 8)" if shift["ci"] is None
+          + (" (one pair: no interval)" if shift["ci"] is None
              else f" [{100 * shift['ci'][0]:+.1f}%, {100 * shift['ci'][1]:+.1f}%]")
           + f"; p50 reference {100 * summary['p50_shift']['reference']:+.1f}%, "
           f"candidate {100 * summary['p50_shift']['candidate']:+.1f}%"
