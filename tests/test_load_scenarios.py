@@ -71,12 +71,14 @@ def test_a_stall_once_a_second_shows_in_the_server_p99_and_hides_in_the_closed_l
     closed = serve(ScenarioSettings(scenario="single-stream", duration_s=3.0, min_queries=100,
                                     expected_latency_ms=0.6), **model)
     opened = server(500, 3.0, **model)
-    # about 3 stalls among ~4,000 closed-loop requests: under 0.1% of them, so the closed-loop p99 is the service time
-    assert closed["latency_ms"]["p99"] < 5.0, closed["latency_ms"]
+    # about 3 stalls among ~4,000 closed-loop requests: under 0.1% of them, so the closed-loop p99 is the service
+    # time and the machine's wake-up delays, far below the 50-ms stall (a noisy virtual machine measured it at
+    # 5.6 ms once, p90 2.1 ms, for a 0.5-ms service; quiet, under 1 ms)
+    assert closed["latency_ms"]["p99"] < 0.2 * model["stall_ms"], closed["latency_ms"]
     assert closed["loadgen"]["max_ms"] > 45.0  # the stalls happened; a closed loop just counts them once each
     # under Poisson arrivals at 500/s each stall holds ~25 arrivals back: ~5% of the queries wait up to 50 ms
-    assert opened["latency_ms"]["p99"] > 20.0, opened["latency_ms"]
-    assert opened["latency_ms"]["p99"] > 5 * closed["latency_ms"]["p99"]
+    assert opened["latency_ms"]["p99"] > 0.4 * model["stall_ms"], opened["latency_ms"]
+    assert opened["latency_ms"]["p99"] > 2 * closed["latency_ms"]["p99"]
 
 
 def test_a_run_too_short_for_a_p99_claim_is_refused_under_confident_and_said():
