@@ -34,7 +34,7 @@ from serve_bench.predictions import Predictions, digest_of_test_split
 from serve_bench.runtime_parity import runtime_parity, same_file_pairs
 from serve_bench.stats import PERCENTILES, bootstrap_ci, summarize
 from serve_bench.detection_accuracy import detection_entries
-from serve_bench.worker import BenchWorker, WorkerError
+from serve_bench.worker import BenchWorker, WorkerError, all_ready
 from train.detection.postprocess import NmsSettings
 
 
@@ -220,7 +220,8 @@ def run_benchmark(specs: list[ArtifactSpec], baseline: str, test: TestSet, setti
                        **spec.options, **({"postprocess": settings.nms} if settings.nms is not None else {})}
             workers[spec.name] = stack.enter_context(BenchWorker(
                 spec.name, spec.backend, spec.path, options, _pool(tests[spec.name], settings.batch_size),
-                settings.batch_size, settings.device_only))
+                settings.batch_size, settings.device_only, wait=False))
+        all_ready(workers)
         measured, per_repeat = _measure(workers, settings, progress)
         logits, eval_batches = {}, {spec.name: eval_batch_of(spec, settings) for spec in specs}
         for spec in specs:

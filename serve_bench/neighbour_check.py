@@ -40,7 +40,7 @@ from serve_bench.harness import HarnessSettings, measure_interleaved
 from serve_bench.latency_intervals import paired_ratio
 from serve_bench.machine_load import load_summary
 from serve_bench.stats import percentile
-from serve_bench.worker import BenchWorker
+from serve_bench.worker import BenchWorker, all_ready
 from train.atomic_io import atomic_write_text
 
 BURNER = "while True: pass"
@@ -96,8 +96,9 @@ def measure_phases(reference: str, candidate: str, kinds: list[str], settings: H
     pool = input_pool(reference)
     phases = []
     with ExitStack() as stack:
-        workers = {name: stack.enter_context(BenchWorker(name, "onnxruntime", path, {"threads": threads}, pool, 1))
-                   for name, path in (("reference", reference), ("candidate", candidate))}
+        workers = all_ready({name: stack.enter_context(BenchWorker(name, "onnxruntime", path, {"threads": threads}, pool,
+                                                                   1, wait=False))
+                             for name, path in (("reference", reference), ("candidate", candidate))})
         first_round = 0
         for index, kind in enumerate(kinds):
             running = _burners(burners) if kind == "busy" else []

@@ -220,14 +220,25 @@ class BenchWorker:
     """Parent-side handle of a worker process; every call waits for its answer."""
 
     def __init__(self, name: str, backend: str, path: str, options: dict, pool: np.ndarray, batch_size: int,
-                 device_only: bool = False, timeout_s: float = 600.0) -> None:
+                 device_only: bool = False, timeout_s: float = 600.0, wait: bool = True) -> None:
+        """``wait=False`` returns once the process is started; :meth:`ready` then waits for it to load its artifact,
+        so several workers start side by side (each one's interpreter, runtime import and model load is seconds
+        of one core, and a bench starts one per candidate)."""
         ctx = mp.get_context("spawn")
         self.name, self.timeout_s = name, timeout_s
         self._conn, child = ctx.Pipe()
         self.process = ctx.Process(target=worker_main, daemon=True,
                                    args=(child, backend, str(path), options, pool, batch_size, device_only))
         self.process.start()
-        self.info = self._answer()
+        self.info: Any = None
+        if wait:
+            self.ready()
+
+    def ready(self) -> "BenchWorker":
+        """Wait for the worker's artifact to load (once); its description is then :attr:`info`."""
+        if self.info is None:
+            self.info = self._answer()
+        return self
 
     def _answer(self) -> Any:
         if not self._conn.poll(self.timeout_s):
@@ -257,3 +268,10 @@ class BenchWorker:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def all_ready(workers: dict[str, BenchWorker]) -> dict[str, BenchWorker]:
+    """Wait for workers started with ``wait=False`` (side by side) to load their artifacts; none is timed yet."""
+    for worker in workers.values():
+        worker.ready()
+    return workers

@@ -12,6 +12,17 @@ import pytest
 import yaml
 
 
+def pytest_configure(config):
+    """Under pytest-xdist every worker is one of several processes on the machine's cores: each computes on one
+    thread (torch, and through OMP_NUM_THREADS the subprocesses it starts), so two workers on two cores share them
+    instead of four spinning OpenMP threads fighting over two. Set before any test imports torch's kernels."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
+        import torch
+
+        torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+
+
 @pytest.fixture(autouse=True)
 def onnx_files_on_onnxruntime_alone(request, monkeypatch):
     """Stages run in the test process measure ONNX files on onnxruntime alone unless the test is marked

@@ -1,5 +1,6 @@
-"""Latency under traffic with known answers: a simulated model of known service time behind the serving loop,
-driven by MLPerf LoadGen; the capacity rules, the gate's server-scenario rule, the pipeline's latency section."""
+"""Latency under traffic: a simulated model behind the serving loop, driven by MLPerf LoadGen (the plumbing, and
+verdicts a busy machine cannot overturn); the capacity rules, the gate's server-scenario rule, the pipeline's
+latency section. Timing claims with known answers are tested on a fake clock (tests/test_queue_simulation.py)."""
 from __future__ import annotations
 
 import copy
@@ -37,48 +38,36 @@ def server(qps: float, seconds: float, budget_ms: float | None = 50.0, **model) 
 
 # --- real LoadGen runs of a simulated model -------------------------------------------------------------------
 
-def test_p99_rises_with_load_and_the_queue_is_where_it_goes():
-    # ρ ≈ 0.1, 0.45, 0.66 (service ≈ 2.2 ms; up to 2.6 ms when the machine is busy, ρ 0.78). Not 0.9: a queue
-    # that busy takes about 0.8 s to settle from empty, and in a 1.5-s run its last quarter read as "climbing"
-    # (not sustainable) in 1 of 3 runs on a quiet AVX2 EPYC: near saturation a short run's verdict leans to
-    # "not sustainable", the safe side for a capacity search.
-    runs = [server(qps, 1.5, service_ms=2.0) for qps in (50, 200, 300)]
-    # The p99 of 75 queries at the lowest load is nearly their maximum, so one slow wake-up moves it: the
-    # p99 is compared between the farthest loads only, the queue means (steadier) all in order.
-    p99 = [r["latency_ms"]["p99"] for r in runs]
-    assert p99[2] > 1.5 * p99[0], p99
-    queue = [r["queue_ms"]["mean"] for r in runs]
-    assert queue[0] < queue[1] < queue[2] and queue[2] > 5 * queue[0], queue  # the wait in the queue is what grows
-    compute = [r["compute_ms"]["mean"] for r in runs]
-    assert max(compute) < 1.5 * min(compute), compute
-    for run in runs:  # LoadGen's figures and ours come from the same queries (its percentile rule differs slightly)
-        assert run["latency_ms"]["mean"] == pytest.approx(run["loadgen"]["mean_ms"], rel=1e-4)
-        assert run["latency_ms"]["p50"] == pytest.approx(run["loadgen"]["latency_ms"]["p50"], rel=0.05)
-        assert run["p99_ci"][0] <= run["latency_ms"]["p99"] <= run["p99_ci"][1]
-        assert run["sustainable"]
+def test_a_short_loadgen_run_reaches_the_serving_loop_and_back():
+    """The plumbing, with assertions no busy neighbour can break: every query LoadGen scheduled was served once
+    and answered, one at a time, our mean latency is LoadGen's own (the same queries, from its trace), and the
+    run records what it was asked. Timing claims (the p99 against load, a stall, batching) are tested on the fake
+    clock in tests/test_queue_simulation.py and measured on real time by python -m serve_bench.load.traffic_check."""
+    loop = ServingLoop([make_runner("simulated", "-", service_ms=1.0).load().infer], POOL, ServingSettings(),
+                       done=lambda tags: None)
+    stop, served = loop.stop, []
+    loop.stop = lambda: served.append(stop()) or served[-1]
+    run = run_scenario(loop, len(POOL), ScenarioSettings(scenario="server", target_qps=100, duration_s=0.5,
+                                                         min_queries=50, target_latency_ms=50.0), keep_raw=True)
+    assert run["scenario"] == "server" and run["offered_qps"] == 100 and run["loadgen"]["target_latency_ms"] == 50.0
+    assert run["queries"] >= 50 and len(run["latencies_ms"]) == len(run["schedule_s"]) == run["queries"]
+    assert len(served[0].queue_ns) == run["queries"] and not run["errors"]  # each scheduled query served once
+    assert set(served[0].batch.tolist()) == {1} and run["mean_batch"] == 1.0
+    assert run["latency_ms"]["mean"] == pytest.approx(run["loadgen"]["mean_ms"], rel=1e-4)
+    assert np.all(run["latencies_ms"] > 0) and np.all(np.diff(run["schedule_s"]) >= 0)
 
 
 def test_saturation_is_reported_as_not_sustainable():
-    run = server(800, 1.0, service_ms=2.0)  # ρ ≈ 1.7: the queue grows for as long as arrivals last
+    """ρ ≈ 1.7: the queue grows for as long as arrivals last. The margin holds on a machine 2× slower, or slower
+    still: a sleep only overshoots, so a slower machine raises ρ, and a queue growing from empty climbs linearly
+    whatever its slope (its last quarter's median about 7× its first's, against the 2× the rule asks); the
+    completed rate is at most 500/800 of the scheduled one (a 2 ms sleep serves 500/s at most), and less the
+    slower the service."""
+    run = server(800, 1.0, service_ms=2.0)
     assert not run["sustainable"] and run["sustainable_reason"].startswith("not sustainable")
     assert run["completed_qps"] < 0.8 * run["scheduled_qps"]
     cap = capacity([{**run, "within_budget": None}], budget_ms=50.0)
     assert cap["qps"] is None and cap["status"] == "not_sustainable" and "not sustainable" in cap["reason"]
-
-
-def test_a_stall_once_a_second_shows_in_the_server_p99_and_hides_in_the_closed_loop():
-    model = {"service_ms": 0.5, "stall_every_s": 1.0, "stall_ms": 50.0}
-    closed = serve(ScenarioSettings(scenario="single-stream", duration_s=3.0, min_queries=100,
-                                    expected_latency_ms=0.6), **model)
-    opened = server(500, 3.0, **model)
-    # about 3 stalls among ~4,000 closed-loop requests: under 0.1% of them, so the closed-loop p99 is the service
-    # time and the machine's wake-up delays, far below the 50-ms stall (a noisy virtual machine measured it at
-    # 5.6 ms once, p90 2.1 ms, for a 0.5-ms service; quiet, under 1 ms)
-    assert closed["latency_ms"]["p99"] < 0.2 * model["stall_ms"], closed["latency_ms"]
-    assert closed["loadgen"]["max_ms"] > 45.0  # the stalls happened; a closed loop just counts them once each
-    # under Poisson arrivals at 500/s each stall holds ~25 arrivals back: ~5% of the queries wait up to 50 ms
-    assert opened["latency_ms"]["p99"] > 0.4 * model["stall_ms"], opened["latency_ms"]
-    assert opened["latency_ms"]["p99"] > 2 * closed["latency_ms"]["p99"]
 
 
 def test_a_run_too_short_for_a_p99_claim_is_refused_under_confident_and_said():
@@ -92,16 +81,6 @@ def test_a_run_too_short_for_a_p99_claim_is_refused_under_confident_and_said():
     assert point["passed"] and point["release"] == "a"
     assert not sure["passed"] and "INVALID" in sure["reasons"][-1] and "queries" in sure["reasons"][-1]
     assert "server scenario at 100.0 queries/s" in sure["latency_basis"]
-
-
-def test_dynamic_batching_serves_more_when_a_batch_costs_less_than_its_items():
-    model = {"service_ms": 2.0, "per_item_ms": 0.2}
-    one = serve(ScenarioSettings(scenario="offline", target_qps=500, duration_s=1.0, min_queries=200), **model)
-    eight = serve(ScenarioSettings(scenario="offline", target_qps=2000, duration_s=1.0, min_queries=200),
-                  ServingSettings(max_batch=8, max_queue_delay_us=2000), **model)
-    assert one["mean_batch"] == 1.0 and eight["mean_batch"] > 6
-    # a batch of 8 costs 2 + 7 × 0.2 = 3.4 ms against 8 × 2 ms one by one: about 4.7× the throughput
-    assert eight["completed_qps"] > 2.5 * one["completed_qps"], (one["completed_qps"], eight["completed_qps"])  # 4.7× ideal; sleeps overshoot on a busy machine
 
 
 # --- the rules on known curves ---------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ from serve_bench.accuracy import accuracy
 from serve_bench.harness import HarnessSettings, measure_interleaved
 from serve_bench.runners import make_runner, predict
 from serve_bench.stats import percentile
-from serve_bench.worker import BenchWorker
+from serve_bench.worker import BenchWorker, all_ready
 
 
 def logits(path: Path, images: np.ndarray, batch_size: int = 64, threads: int | None = None,
@@ -47,8 +47,9 @@ def quick_latency(paths: dict[str, Path], pool: np.ndarray, min_iters: int = 300
     settings = HarnessSettings(warmup_iters=20, warmup_s=0.1, min_iters=min_iters, min_duration_s=0.3,
                                block_iters=50, block_s=0.05, settle_s=0.05)
     with contextlib.ExitStack() as stack:
-        workers = {name: stack.enter_context(BenchWorker(name, "onnxruntime", str(path), {"device": "cpu"}, pool, 1))
-                   for name, path in paths.items()}
+        workers = all_ready({name: stack.enter_context(BenchWorker(name, "onnxruntime", str(path), {"device": "cpu"},
+                                                                   pool, 1, wait=False))
+                             for name, path in paths.items()})
         measured = measure_interleaved(workers, settings)
     return {name: {"p50_ms": round(percentile(m.latencies_ms, 50), 4), "p99_ms": round(percentile(m.latencies_ms, 99), 4),
                    "n": len(m.latencies_ms)} for name, m in measured.items()}
