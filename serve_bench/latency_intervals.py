@@ -39,7 +39,6 @@ log = logging.getLogger(__name__)
 
 RESAMPLES, LEVEL = 2000, 0.95
 MIN_BLOCKS = 10  # below this a bootstrap over blocks has too few distinct resamples to trust its ends
-_CHUNK = 200  # resamples per vectorised step: memory stays at _CHUNK × samples
 
 
 @dataclass
@@ -67,17 +66,44 @@ class BlockedSamples:
 
 
 def _resampled_percentiles(groups: list[np.ndarray], qs: list[float], draws: np.ndarray) -> np.ndarray:
-    """Percentiles ``qs`` of the concatenation of ``groups[draws[i]]`` for each row i: shape (rows, len(qs))."""
-    lengths = {len(g) for g in groups}
+    """Percentiles ``qs`` of the concatenation of ``groups[draws[i]]`` for each row i: shape (rows, len(qs)).
+
+    Exactly numpy's (linear) percentile of each pooled resample, without pooling it: a resample is a count per
+    group, so its t-th smallest value is found by a binary search over the groups' values sorted once, where the
+    number of resampled values at or below a sorted position is the counts times each group's prefix counts.
+    That is O(rows × groups × log values) instead of partitioning rows × values numbers (seconds per bench)."""
+    draws = np.atleast_2d(np.asarray(draws, dtype=np.intp))
+    k = len(groups)
+    values = np.concatenate(groups)
+    order = np.argsort(values, kind="stable")
+    ordered = values[order]
+    owner = np.repeat(np.arange(k), [len(g) for g in groups])[order]
+    # prefix[j, i]: how many of group j's values sit among the first i sorted ones
+    prefix = np.zeros((k, len(ordered) + 1), dtype=np.int64)
+    np.add.at(prefix, (owner, np.arange(1, len(ordered) + 1)), 1)
+    prefix = np.cumsum(prefix, axis=1)
+    counts = np.zeros((len(draws), k), dtype=np.int64)
+    np.add.at(counts, (np.repeat(np.arange(len(draws)), draws.shape[1]), draws.ravel()), 1)
+    total = counts @ prefix[:, -1]
+
+    def order_statistic(t: np.ndarray) -> np.ndarray:
+        """The t-th smallest (0-based) pooled value of each row: the first sorted position whose prefix holds > t."""
+        low, high = np.zeros(len(t), dtype=np.intp), np.full(len(t), len(ordered), dtype=np.intp)
+        while np.any(low < high):
+            mid = (low + high) // 2
+            held = np.einsum("rk,kr->r", counts, prefix[:, mid + 1])
+            above = held > t
+            high = np.where(above, mid, high)
+            low = np.where(above, low, mid + 1)
+        return ordered[np.minimum(low, len(ordered) - 1)]
+
     out = np.empty((len(draws), len(qs)))
-    if len(lengths) == 1:  # the usual case: every block has the same request count
-        stacked = np.stack(groups)
-        for start in range(0, len(draws), _CHUNK):
-            chosen = stacked[draws[start:start + _CHUNK]].reshape(len(draws[start:start + _CHUNK]), -1)
-            out[start:start + _CHUNK] = np.percentile(chosen, qs, axis=1).T
-    else:
-        for i, row in enumerate(draws):
-            out[i] = np.percentile(np.concatenate([groups[j] for j in row]), qs)
+    for column, q in enumerate(qs):
+        h = (total - 1) * (q / 100.0)
+        below = np.floor(h).astype(np.int64)
+        first = order_statistic(below)
+        second = order_statistic(np.minimum(below + 1, total - 1))
+        out[:, column] = first + (h - below) * (second - first)
     return out
 
 

@@ -17,6 +17,10 @@ def pytest_configure(config):
     thread (torch, and through OMP_NUM_THREADS the subprocesses it starts), so two workers on two cores share them
     instead of four spinning OpenMP threads fighting over two. Set before any test imports torch's kernels."""
     if os.environ.get("PYTEST_XDIST_WORKER"):
+        # xdist hands its workers COLUMNS=80: the console would then wrap table cells that a serial run (no
+        # terminal, no COLUMNS: a log's width) prints on one line, and tests reading those lines would differ
+        for name in ("COLUMNS", "LINES"):
+            os.environ.pop(name, None)
         os.environ.setdefault("OMP_NUM_THREADS", "1")
         import torch
 

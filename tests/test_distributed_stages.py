@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 import torch.distributed as dist
 import yaml
 
@@ -44,6 +45,26 @@ def _test_top1_of_saved_model(run_dir: Path) -> float:
     return evaluate(model, stream)["top1"]
 
 
+def test_two_processes_split_the_global_batch_rank_0_alone_writes_and_accuracy_is_reduced(write_pipeline, tmp_path):
+    """What DDP changes in the bookkeeping, on a short run: the global batch and its optimizer steps, one writer,
+    the test accuracy of the whole split. Whether the weights it reaches match one process's is the slow
+    ``test_two_processes_train_like_one_with_the_same_global_batch`` (ten epochs each way)."""
+    two = run_cli("run", str(write_pipeline(_config(32, 2, epochs=2), "two.yaml")), "--run-dir", str(tmp_path / "two"))
+    assert two.returncode == 0, two.stderr[-3000:]
+    m2 = _manifest(tmp_path / "two")["stages"]["train"]["metrics"]
+    assert m2["processes"] == 2 and m2["effective_batch"] == 64
+    assert m2["steps"] == 2 * (1294 // 64)  # the one-process run's steps: 2 epochs of 64-image global batches
+
+    # Written once: rank 0 alone speaks and writes; rank 1's copies went to scratch folders that are gone.
+    assert two.stderr.count("test top1") == 1
+    assert sorted(p.name for p in (tmp_path / "two" / "train").iterdir()) == ["history", "launch", "model"]
+    assert not list((tmp_path / "two" / "train" / "launch").glob("ranks/*"))  # no rank failed
+
+    # Reduced across ranks: the recorded test accuracy is that of the whole split, not of rank 0's half.
+    assert m2["test_top1"] == pytest.approx(_test_top1_of_saved_model(tmp_path / "two"), abs=1e-3)
+
+
+@pytest.mark.slow  # two ten-epoch runs
 def test_two_processes_train_like_one_with_the_same_global_batch(write_pipeline, tmp_path):
     two = run_cli("run", str(write_pipeline(_config(32, 2, epochs=10), "two.yaml")), "--run-dir", str(tmp_path / "two"))
     assert two.returncode == 0, two.stderr[-3000:]
@@ -54,14 +75,6 @@ def test_two_processes_train_like_one_with_the_same_global_batch(write_pipeline,
     m1 = _manifest(tmp_path / "one")["stages"]["train"]["metrics"]
     assert m2["processes"] == 2 and m2["effective_batch"] == m1["effective_batch"] == 64
     assert m2["steps"] == m1["steps"]  # the same optimizer steps over the same global batches
-
-    # Written once: rank 0 alone speaks and writes; rank 1's copies went to scratch folders that are gone.
-    assert two.stderr.count("test top1") == 1
-    assert sorted(p.name for p in (tmp_path / "two" / "train").iterdir()) == ["history", "launch", "model"]
-    assert not list((tmp_path / "two" / "train" / "launch").glob("ranks/*"))  # no rank failed
-
-    # Reduced across ranks: the recorded test accuracy is that of the whole split, not of rank 0's half.
-    assert m2["test_top1"] == pytest.approx(_test_top1_of_saved_model(tmp_path / "two"), abs=1e-3)
 
     # Same accuracy within a tolerance: the global batches and their augmentation are identical
     # (tests/test_sharding.py), so the runs differ only in BatchNorm statistics (2 × 32 images
@@ -117,12 +130,26 @@ def test_a_killed_rank_fails_the_stage_naming_it_and_the_rerun_resumes(write_pip
     assert metrics["resumed_from_step"] >= 10 and metrics["steps"] == 12 * (1294 // 32)
 
 
-def test_sync_batchnorm_on_cpu_is_refused_with_the_fix(write_pipeline, tmp_path):
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU machine SyncBatchNorm is allowed")
+def test_sync_batchnorm_on_cpu_is_refused_with_the_fix_before_any_process_starts(write_pipeline, tmp_path):
     config = _config(32, 2, epochs=1)
     config["stages"][0]["distributed"]["sync_batchnorm"] = True
     result = run_cli("run", str(write_pipeline(config)), "--run-dir", str(tmp_path / "run"))
     assert result.returncode == 2, result.stderr[-2000:]
-    assert re.search(r"rank [01] of 2", result.stderr) and "sync_batchnorm: true needs GPUs" in result.stderr
+    assert "stages.train.distributed.sync_batchnorm: true needs GPUs" in result.stderr
+    assert "set it false or leave it unset" in result.stderr
+    assert not re.search(r"rank [01] of 2", result.stderr) and not (tmp_path / "run" / "train").exists()
+
+
+def test_a_rank_on_cpu_still_refuses_sync_batchnorm_itself():
+    """The rank's own check stays (a stage run alone, or a device the preflight could not foresee)."""
+    from compress.config import DistributedSettings
+    from compress.errors import ConfigError
+    from compress.stages.training_run import _sync_batchnorm
+
+    with pytest.raises(ConfigError, match="stages.train: distributed.sync_batchnorm: true needs GPUs"):
+        _sync_batchnorm(DistributedSettings(nproc_per_node=2, sync_batchnorm=True), torch.device("cpu"), "stages.train")
+    assert _sync_batchnorm(DistributedSettings(nproc_per_node=2), torch.device("cpu"), "stages.train") is False
 
 
 def _free_port() -> int:

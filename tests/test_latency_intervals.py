@@ -122,3 +122,21 @@ def test_the_expanded_tail_is_wider_for_fewer_groups_and_tends_to_the_plain_one(
 
     assert expanded_tail(8) < expanded_tail(12) < expanded_tail(100) < 0.025
     assert expanded_tail(10_000) == pytest.approx(0.025, abs=1e-4)
+
+
+def test_the_resampled_percentiles_equal_numpys_percentile_of_each_pooled_resample():
+    """The bootstrap finds each resample's percentile by counting, not by pooling; it must give numpy's
+    linear percentile of the pooled values exactly: equal and unequal block sizes, ties, one block, the ends."""
+    from serve_bench.latency_intervals import _resampled_percentiles
+
+    rng = np.random.default_rng(7)
+    qs = [0.0, 37.3, 50.0, 99.0, 100.0]
+    for case in range(40):
+        k = int(rng.integers(1, 25))
+        sizes = [50] * k if case % 2 else [int(n) for n in rng.integers(1, 80, size=k)]
+        groups = [rng.exponential(1.0, size=n) for n in sizes]
+        if case % 3 == 0:
+            groups = [np.round(g, 1) for g in groups]  # many ties
+        draws = rng.integers(0, k, size=(int(rng.integers(1, 60)), k))
+        pooled = np.array([np.percentile(np.concatenate([groups[j] for j in row]), qs) for row in draws])
+        assert np.allclose(_resampled_percentiles(groups, qs, draws), pooled, rtol=1e-12, atol=1e-12), case

@@ -76,7 +76,30 @@ def preflight(pipeline: Pipeline) -> None:
                 problems.append((_path((*loc, "weights")), message.removeprefix("model.weights: ")))
             else:
                 problems.append((_path((*loc, "name")), message.removeprefix("model.name ")))
+    problems += _sync_batchnorm_without_gpus(pipeline)
     if problems:
         noun = "problem" if len(problems) == 1 else "problems"
         raise ConfigError(f"{pipeline.source}: {len(problems)} {noun} in what the pipeline names:\n"
                           + "\n".join(f"  {pipeline.source}: {where}: {message}" for where, message in problems))
+
+
+def _sync_batchnorm_without_gpus(pipeline: Pipeline) -> list[tuple[str, str]]:
+    """SyncBatchNorm asked for where torch sees no CUDA device: every rank would refuse it after torchrun had
+    started them all, so say it before anything is launched (the ranks still check their own device)."""
+    import torch
+
+    from compress.stages import registry
+
+    if torch.cuda.is_available():
+        return []
+    problems = []
+    for stage in pipeline.stages:
+        if not getattr(registry.get(stage.kind), "distributable", False):
+            continue
+        spread = getattr(stage, "distributed", None) or pipeline.config.distributed
+        if spread.processes > 1 and spread.sync_batchnorm:
+            where = "distributed" if getattr(stage, "distributed", None) is None else f"stages.{stage.name}.distributed"
+            problems.append((f"{where}.sync_batchnorm", "true needs GPUs (torch's SyncBatchNorm runs only on CUDA) "
+                             "and torch sees none here; set it false or leave it unset (then each CPU process "
+                             "normalises over its batch)"))
+    return problems

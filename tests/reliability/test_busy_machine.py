@@ -184,10 +184,29 @@ def onnx_pair(tmp_path_factory):
     return folder
 
 
-def test_the_neighbour_benchmark_alternates_quiet_and_busy_phases_and_reports_the_shift(onnx_pair, capsys):
+def test_the_neighbour_benchmark_alternates_quiet_and_busy_phases_and_reports_the_shift(onnx_pair, capsys,
+                                                                                        monkeypatch):
+    """The benchmark's bookkeeping: burners live exactly through the busy phases, each phase's ratio and the shift
+    are computed from its own rounds. Whether a busy phase *shows* in the machine's load is a statement about real
+    time that another test process beside this one (pytest-xdist, a neighbour) would break: the slow
+    ``test_a_busy_neighbour_is_measured_and_flagged`` and the benchmark's own output make it."""
+    started, stopped = [], []
+    real_burners, real_stop = neighbour_check._burners, neighbour_check._stop
+
+    def burners(count):
+        running = real_burners(count)
+        started.append([b.pid for b in running])
+        return running
+
+    def stop(running):
+        real_stop(running)
+        stopped.append([b.pid for b in running if b.returncode is not None])
+
+    monkeypatch.setattr(neighbour_check, "_burners", burners)
+    monkeypatch.setattr(neighbour_check, "_stop", stop)
     out = onnx_pair / "neighbour.json"
     assert neighbour_check.main([str(onnx_pair / "fp32.onnx"), str(onnx_pair / "int8.onnx"), "--phases", "4",
-                                 "--min-duration", "0.6", "--min-iters", "50", "--json", str(out)]) == 0
+                                 "--min-duration", "0.3", "--min-iters", "50", "--json", str(out)]) == 0
     result = json.loads(out.read_text())
     phases = result["phases"]
     assert [p["kind"] for p in phases] == ["quiet", "busy", "busy", "quiet"]
@@ -196,9 +215,9 @@ def test_the_neighbour_benchmark_alternates_quiet_and_busy_phases_and_reports_th
         assert ratio["rounds"] >= 2
         # every round is shared, so the paired p50 ratio is the two files' own p50s over the phase
         assert ratio["ratio"] == pytest.approx(phase["p50_ms"]["candidate"] / phase["p50_ms"]["reference"], rel=2e-3)
-    # the busy phase was busy: the burner's core shows in the other processes' share (one core of the machine's)
-    shares = [p["machine_load"]["other_share_mean"] for p in phases]
-    assert min(shares[1], shares[2]) - max(shares[0], shares[3]) > 0.5 / os.cpu_count(), shares
+    # one burner started for each busy phase and ended with it; none in a quiet phase
+    assert [len(pids) for pids in started] == [1, 1] and stopped == [[], started[0], started[1], []], (started, stopped)
+    assert all(0.0 <= p["machine_load"]["other_share_mean"] <= 1.0 for p in phases)
     summary = result["summary"]
     ratios = [p["ratio_p50"]["ratio"] for p in phases]
     shift = summary["ratio_shift"]  # busy phase 1 with quiet phase 0, busy 2 with quiet 3
