@@ -27,6 +27,17 @@ def pytest_configure(config):
         torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 
+def pytest_collection_modifyitems(config, items):
+    """A ``serial`` test times real work and asserts on it: beside another test process (an xdist worker) its
+    quiet measurement is not quiet, so there it is skipped with the command that runs it alone."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    alone = pytest.mark.skip(reason="times real work beside no other test process: run `pytest -m serial -p no:xdist`")
+    for item in items:
+        if item.get_closest_marker("serial") is not None:
+            item.add_marker(alone)
+
+
 @pytest.fixture(autouse=True)
 def onnx_files_on_onnxruntime_alone(request, monkeypatch):
     """Stages run in the test process measure ONNX files on onnxruntime alone unless the test is marked

@@ -11,7 +11,7 @@ from serve_bench.load.serving_loop import ServingSettings
 from serve_bench.load.traffic import TrafficSettings, measure_traffic
 from serve_bench.worker import BenchWorker
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.serial]  # real traffic timed: alone on the machine
 POOL = np.zeros((32, 1, 2, 2), dtype=np.float32)
 
 

@@ -419,7 +419,13 @@ def test_a_release_on_openvino_names_its_runtime_verifies_in_it_and_serves_with_
     assert not candidate.get("refused") and candidate["runner"]["inference_precision"] == "f32"
     parity = candidate["runtime_parity"]  # the same bytes in two runtimes, paired image by image
     assert parity["reference"] == "quantize.onnx_cpu" and parity["n"] == candidate["accuracy"]["n"]
-    assert parity["top1_differs_pct"] <= 2.0, parity  # INT8 rounding may move a few images, not many
+    # INT8 rounding in two runtimes moves the answers the tiny model is unsure of, not many: with f32 pinned, 1-2% of
+    # the 359 images on a 2-core AVX2 EPYC and 2.8-3.3% on an AMX Xeon (oneDNN's AMX INT8 kernels round their
+    # requantization otherwise); a real fault (wrong scales, a swapped layout) moves most answers. The bound is
+    # about twice the worst seen; the accuracies stay within 2 points because flips go both ways.
+    assert parity["top1_differs_pct"] <= 6.0, parity
+    assert abs(candidate["accuracy"]["top1"] - next(a for a in report["artifacts"] if a["name"] ==
+                                                    "quantize.onnx_cpu")["accuracy"]["top1"]) <= 2.0
     bundle = tmp_path / "bundle"
     chosen = report["gate"]["release"] == candidate["name"] and report["gate"]["passed"]
     args = [] if chosen else ["--artifact", candidate["name"], "--anyway"]

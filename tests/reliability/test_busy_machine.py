@@ -63,6 +63,7 @@ def measured(tmp_path_factory):
 
 
 @pytest.mark.slow  # two benches, one beside a CPU burner
+@pytest.mark.serial  # its quiet bench must be quiet: no other test process beside it
 def test_a_busy_neighbour_is_measured_and_flagged(measured):
     path, run_dir = measured
     quiet = _bench(path, run_dir, busy=False)
