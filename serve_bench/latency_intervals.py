@@ -68,20 +68,25 @@ class BlockedSamples:
 def _resampled_percentiles(groups: list[np.ndarray], qs: list[float], draws: np.ndarray) -> np.ndarray:
     """Percentiles ``qs`` of the concatenation of ``groups[draws[i]]`` for each row i: shape (rows, len(qs)).
 
-    Exactly numpy's (linear) percentile of each pooled resample, without pooling it: a resample is a count per
-    group, so its t-th smallest value is found by a binary search over the groups' values sorted once, where the
-    number of resampled values at or below a sorted position is the counts times each group's prefix counts.
+    Numpy's (linear) percentile of each pooled resample (to the last bit, or one unit in it), without pooling
+    it: a resample is a count per group, so its t-th smallest value is found by a binary search over the
+    groups' values sorted once, where the number of resampled values at or below a sorted position is the
+    counts times each group's prefix counts (groups × values int32 numbers: 80 MB at 200 blocks of 100,000).
     That is O(rows × groups × log values) instead of partitioning rows × values numbers (seconds per bench)."""
     draws = np.atleast_2d(np.asarray(draws, dtype=np.intp))
+    if any(not 0.0 <= q <= 100.0 for q in qs):
+        raise ValueError(f"percentiles must lie in [0, 100], got {qs}")
     k = len(groups)
     values = np.concatenate(groups)
+    if np.isnan(values).any():
+        raise ValueError("a latency block holds NaN: the percentiles would be meaningless")
     order = np.argsort(values, kind="stable")
     ordered = values[order]
     owner = np.repeat(np.arange(k), [len(g) for g in groups])[order]
     # prefix[j, i]: how many of group j's values sit among the first i sorted ones
-    prefix = np.zeros((k, len(ordered) + 1), dtype=np.int64)
-    np.add.at(prefix, (owner, np.arange(1, len(ordered) + 1)), 1)
-    prefix = np.cumsum(prefix, axis=1)
+    prefix = np.zeros((k, len(ordered) + 1), dtype=np.int32)
+    prefix[owner, np.arange(1, len(ordered) + 1)] = 1
+    np.cumsum(prefix, axis=1, out=prefix)
     counts = np.zeros((len(draws), k), dtype=np.int64)
     np.add.at(counts, (np.repeat(np.arange(len(draws)), draws.shape[1]), draws.ravel()), 1)
     total = counts @ prefix[:, -1]

@@ -32,7 +32,7 @@ def pytest_collection_modifyitems(config, items):
     quiet measurement is not quiet, so there it is skipped with the command that runs it alone."""
     if not os.environ.get("PYTEST_XDIST_WORKER"):
         return
-    alone = pytest.mark.skip(reason="times real work beside no other test process: run `pytest -m serial -p no:xdist`")
+    alone = pytest.mark.skip(reason="times real work beside no other test process: run `pytest -m serial -n 0`")
     for item in items:
         if item.get_closest_marker("serial") is not None:
             item.add_marker(alone)

@@ -341,3 +341,24 @@ def test_a_runtime_asked_for_but_unusable_is_refused_by_name(monkeypatch):
     assert runtime_choice.onnx_runtimes(["onnxruntime", "onnxruntime"], "cpu", "f") == ["onnxruntime"]
     monkeypatch.setattr(runtime_choice, "usable_onnx_runtimes", lambda device: ["onnxruntime"])
     assert runtime_choice.onnx_runtimes(None, "cpu", "f") == ["onnxruntime"]
+
+
+def test_leave_out_takes_a_name_from_the_default_set_and_refuses_one_no_stage_makes(tmp_path):
+    from compress.errors import ConfigError
+    from compress.pipeline.input_wiring import input_refs
+    from compress.pipeline.pipeline_file import load_pipeline
+
+    config = copy.deepcopy(TINY)
+    config["stages"] += [{"name": "prune", "kind": "prune", "target": {"macs": 0.7}},
+                         {"name": "export", "kind": "export"}, dict(FAST_BENCH, leave_out=["prune.model"])]
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml.safe_dump(config))
+    measured = set(input_refs(load_pipeline(path))["bench"].values())
+    assert {"train.model", "export.onnx"} <= measured and "prune.model" not in measured
+    config["stages"][-1]["leave_out"] = ["prune.modle"]
+    path.write_text(yaml.safe_dump(config))
+    with pytest.raises(ConfigError, match=r"stages.bench.leave_out: prune.modle is not made by an earlier stage"):
+        input_refs(load_pipeline(path))
+    config["stages"][-1].update(leave_out=["prune.model"], artifacts=["export.onnx"])
+    path.write_text(yaml.safe_dump(config))
+    assert main(["validate", str(path)]) == 2  # a list and a leave-out together: one of them is not what was meant

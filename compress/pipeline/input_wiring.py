@@ -5,6 +5,7 @@ without running anything.
 """
 from __future__ import annotations
 
+from compress.errors import ConfigError
 from compress.pipeline.pipeline_file import Pipeline
 from compress.stages import registry
 
@@ -55,8 +56,13 @@ def input_refs(pipeline: Pipeline) -> dict[str, dict[str, str]]:
                 if makers:
                     chosen[role] = f"{makers[-1]}.{latest[role]}"
         if cls.collects_deployable:
-            names = getattr(stage, "artifacts", None) or [
-                f"{n}.{role}" for n, c in earlier for role in c.deployable if role in made[n]]
+            left_out = list(getattr(stage, "leave_out", None) or ())
+            deployable = [f"{n}.{role}" for n, c in earlier for role in c.deployable if role in made[n]]
+            unknown = [name for name in left_out if name not in deployable]
+            if unknown:
+                raise ConfigError(f"stages.{stage.name}.leave_out: {', '.join(unknown)} is not made by an earlier "
+                                  f"stage; the deployable artifacts are {', '.join(deployable) or 'none'}")
+            names = getattr(stage, "artifacts", None) or [name for name in deployable if name not in left_out]
             # The baseline is always measured in the same run, listed or not.
             baseline = getattr(stage, "baseline", None) or _first_train_model(earlier)
             if baseline and baseline not in names:

@@ -34,6 +34,9 @@ BACKENDS = {"torch-model": "torch", "onnx": "onnxruntime", "trt-engine": "tensor
 class BenchConfig(StageConfig, HarnessSettings):
     kind: Literal["bench"] = "bench"
     artifacts: list[str] | None = Field(None, description="artifact names; default: every earlier deployable one")
+    leave_out: list[str] = Field(default_factory=list, description="artifact names left out of the default set "
+                                 "(every earlier deployable one), e.g. an intermediate torch model; the baseline "
+                                 "is measured all the same")
     baseline: str | None = Field(None, description="default: the first train stage's model, else the brought "
                                                    "model (model.model)")
     batch_size: int | None = Field(None, ge=1, description="default: the pipeline's latency.batch_size")
@@ -61,6 +64,9 @@ class BenchConfig(StageConfig, HarnessSettings):
 
     @model_validator(mode="after")
     def _floor(self) -> "BenchConfig":
+        if self.artifacts is not None and self.leave_out:
+            raise ValueError("give artifacts (the list measured) or leave_out (names taken from the default set), "
+                             "not both")
         if self.min_iters < self.min_samples:
             raise ValueError(f"min_iters {self.min_iters} is below min_samples {self.min_samples}: "
                              "the p99 would be refused; raise min_iters")
