@@ -65,6 +65,48 @@ TINY = {
 }
 
 
+# The trained digits model the quantize tests start from (ResNet-20 at width 8, 20 epochs: ~93% test top-1).
+TRAINED_DIGITS = {"name": "train", "kind": "train", "epochs": 20, "batch_size": 64, "lr": 3e-3, "schedule": "wsd",
+                  "amp": "off", "checkpoint_every": 0}
+
+
+def trained_digits_config() -> dict:
+    """TINY at width 8 with TRAINED_DIGITS as its train stage: a pipeline made of it and later stages reuses the
+    shared trained run's train stage (the same settings, seed, data and model: the cache key holds)."""
+    config = copy.deepcopy(TINY)
+    config["model"] = {"name": "resnet20", "args": {"width": 8}}
+    config["stages"] = [dict(TRAINED_DIGITS)]
+    return config
+
+
+@pytest.fixture(scope="session")
+def trained_digits_run(tmp_path_factory) -> Path:
+    """One run folder whose train stage is TRAINED_DIGITS, trained once for the whole session: once in all, where
+    test processes (pytest-xdist workers) share one base folder, the first to arrive training it under a lock."""
+    import fcntl
+
+    from compress.cli import main
+
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    run_dir = shared / "trained-digits"
+    with open(shared / "trained-digits.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (run_dir / "manifest.json").is_file():
+            pipeline = shared / "trained-digits.yaml"
+            pipeline.write_text(yaml.safe_dump(trained_digits_config(), sort_keys=False))
+            assert main(["run", str(pipeline), "--run-dir", str(run_dir)]) == 0
+    return run_dir
+
+
+def start_from(trained: Path, run_dir: Path) -> Path:
+    """A copy of the shared trained run as ``run_dir``: a pipeline beginning with its train stage skips it."""
+    import shutil
+
+    shutil.copytree(trained, run_dir, ignore=shutil.ignore_patterns("pipeline.resolved.yaml", "configs"))
+    return run_dir
+
+
 @pytest.fixture
 def tiny_config() -> dict:
     return copy.deepcopy(TINY)

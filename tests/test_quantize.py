@@ -23,18 +23,15 @@ from compress.stages.int8_records import split_arrays
 from serve_bench.gate import evaluate, quantized_not_faster
 from export.onnx_export import export_onnx
 from tests.report_invariants import points_outside_intervals
-from tests.conftest import TINY
+from tests.conftest import TINY, start_from, trained_digits_config
 from train.data import DataSpec, load_data
 
-TRAINED = {"name": "train", "kind": "train", "epochs": 20, "batch_size": 64, "lr": 3e-3, "schedule": "wsd",
-           "amp": "off", "checkpoint_every": 0}
-
-
 def _pipeline(folder, quantize: dict, max_drop: float) -> str:
-    config = copy.deepcopy(TINY)
-    config["model"] = {"name": "resnet20", "args": {"width": 8}}
+    """The shared trained digits model (tests/conftest.py) then a quantize stage: a run started from
+    ``start_from(trained_digits_run, …)`` skips the training."""
+    config = trained_digits_config()
     config["red_line"] = {"metric": "top1", "max_drop": max_drop}
-    config["stages"] = [dict(TRAINED), {"name": "quantize", "kind": "quantize", **quantize}]
+    config["stages"].append({"name": "quantize", "kind": "quantize", **quantize})
     path = folder / "pipeline.yaml"
     path.write_text(yaml.safe_dump(config))
     return str(path)
@@ -56,10 +53,10 @@ def calibration_seen():
 
 
 @pytest.fixture(scope="module")
-def ptq_run(tmp_path_factory, calibration_seen):
+def ptq_run(tmp_path_factory, calibration_seen, trained_digits_run):
     folder = tmp_path_factory.mktemp("ptq")
     path = _pipeline(folder, {"calibration": {"method": "minmax", "samples": 64}}, max_drop=100.0)
-    run_dir = folder / "run"
+    run_dir = start_from(trained_digits_run, folder / "run")
     assert main(["run", path, "--run-dir", str(run_dir)]) == 0
     return run_dir
 
@@ -161,7 +158,7 @@ def test_calibration_never_touches_the_test_split(ptq_run, calibration_seen):
 
 
 @pytest.mark.slow  # every rung, QAT included
-def test_the_ladder_climbs_past_ptq_and_fallback_and_qat_recovers(tmp_path):
+def test_the_ladder_climbs_past_ptq_and_fallback_and_qat_recovers(tmp_path, trained_digits_run):
     # One calibration image and its 60th percentile as every activation range: PTQ clips nearly
     # everything and collapses (val drops of 81 and 87 points measured with AVX-512 and with
     # emulated AVX2 kernels), far past a 10-point red line; QAT learns the ranges back (val drops
@@ -171,7 +168,7 @@ def test_the_ladder_climbs_past_ptq_and_fallback_and_qat_recovers(tmp_path):
                                 "fallback": {"max_float_layers": 1, "sensitivity_samples": 32},
                                 "qat": {"epochs": 2, "batch_size": 64, "lr": 1e-4, "checkpoint_every": 0}},
                      max_drop=10.0)
-    assert main(["run", path, "--run-dir", str(tmp_path / "run")]) == 0
+    assert main(["run", path, "--run-dir", str(start_from(trained_digits_run, tmp_path / "run"))]) == 0
     metrics = json.loads((tmp_path / "run" / "manifest.json").read_text())["stages"]["quantize"]["metrics"]
     assert [r["rung"] for r in metrics["rungs"]] == ["ptq", "fallback", "qat"]
     ptq, fallback, qat = metrics["rungs"]
@@ -189,9 +186,9 @@ def test_the_ladder_climbs_past_ptq_and_fallback_and_qat_recovers(tmp_path):
     assert max(int(np.abs(w.astype(int)).max()) for w in _weights(cpu_file)) <= WEIGHT_7BIT_MAX
 
 
-def test_more_calibration_samples_than_images_is_a_config_error(tmp_path, capsys):
+def test_more_calibration_samples_than_images_is_a_config_error(tmp_path, capsys, trained_digits_run):
     path = _pipeline(tmp_path, {"calibration": {"samples": 100000}}, max_drop=1.0)
-    assert main(["run", path, "--run-dir", str(tmp_path / "run")]) == 2
+    assert main(["run", path, "--run-dir", str(start_from(trained_digits_run, tmp_path / "run"))]) == 2
     assert "stages.quantize.calibration.samples" in capsys.readouterr().err
 
 
