@@ -112,6 +112,27 @@ def test_a_rank_killed_by_a_signal_is_named_with_the_signal(tmp_path):
     assert _root_cause(tail, tmp_path, 2) == ("rank 1 of 2 died (Signal 9 (SIGKILL) received by PID 4242)", False)
 
 
+def test_a_rank_that_only_lost_its_killed_peer_is_not_named_the_cause(tmp_path):
+    """On a busy machine gloo reads the reset connection in rank 0 before torchrun sees rank 1's SIGKILL: torchrun
+    then names rank 0 first, but the cause is the rank the signal killed."""
+    _rank_error(tmp_path, 0, 2.0, "[gloo/transport/tcp/pair.cc:545] Read error [127.0.0.1]:36241: Connection reset by "
+                                  "peer. This is typically caused by a remote worker hanging")
+    tail = ("""
+Failures:
+[1]:
+  time      : 2026-11-30_19:00:01
+  host      : n1
+  rank      : 1 (local_rank: 1)
+  exitcode  : -9 (pid: 4243)
+  error_file: <N/A>
+  traceback : Signal 9 (SIGKILL) received by PID 4243
+""" + _TORCHRUN_SUMMARY.format(code=1, traceback="see error file").replace("rank      : 1", "rank      : 0")).splitlines()
+    assert _root_cause(tail, tmp_path, 2) == ("rank 1 of 2 died (Signal 9 (SIGKILL) received by PID 4243)", False)
+    # a rank that failed on its own (not a lost peer) stays the cause even where another was killed after it
+    _rank_error(tmp_path, 0, 2.0, "data.path unreadable", exit_code=2)
+    assert _root_cause(tail, tmp_path, 2) == ("rank 0 of 2 on n1: StageError: data.path unreadable", True)
+
+
 def test_without_torchrun_summary_the_earliest_rank_error_is_the_cause(tmp_path):
     _rank_error(tmp_path, 0, 2.0, "later")
     _rank_error(tmp_path, 3, 1.0, "first")

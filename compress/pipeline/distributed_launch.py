@@ -76,6 +76,22 @@ def _run_torchrun(cmd: list[str]) -> tuple[int, list[str]]:
     return code, list(tail)
 
 
+# what a rank raises when another rank of its group vanished (gloo's TCP transport, NCCL, the c10d store)
+PEER_LOST = re.compile(r"connection (reset|closed) by peer|remote process exited|broken pipe|socket closed",
+                       re.IGNORECASE)
+
+
+def _killed_ranks(text: str) -> dict[int, str]:
+    """Ranks of torchrun's failure summary that a signal ended: rank → how (its traceback line)."""
+    killed = {}
+    for block in re.split(r"\n\s*\[\d+\]:\s*\n", text)[1:]:
+        rank, code = re.search(r"rank\s*:\s*(\d+)", block), re.search(r"exitcode\s*:\s*(-?\d+)", block)
+        how = re.search(r"traceback\s*:\s*(Signal.*)", block)
+        if rank and (how or (code and int(code.group(1)) < 0)):
+            killed[int(rank.group(1))] = how.group(1).strip() if how else f"killed by signal {-int(code.group(1))}"
+    return killed
+
+
 def _root_cause(tail: list[str], launch_dir: Path, world: int) -> tuple[str, bool]:
     """(what failed, whether it was bad input): torchrun's first observed failure, with that rank's message."""
     errors = {}
@@ -89,6 +105,12 @@ def _root_cause(tail: list[str], launch_dir: Path, world: int) -> tuple[str, boo
     cause = text[text.rfind("Root Cause"):] if "Root Cause" in text else ""
     rank_match = re.search(r"rank\s*:\s*(\d+)", cause)
     rank = int(rank_match.group(1)) if rank_match else (min(errors, key=lambda r: errors[r]["time"]) if errors else None)
+    killed = _killed_ranks(text)
+    if rank in errors and PEER_LOST.search(errors[rank]["message"]) and set(killed) - {rank}:
+        # the rank torchrun saw fail first only lost its peer (gloo read a reset connection before torchrun
+        # noticed the peer's death, as on a busy machine): the rank a signal killed is the cause
+        rank = min(set(killed) - {rank})
+        return f"rank {rank} of {world} died ({killed[rank]})", False
     if rank is None:
         last = next((line for line in reversed(tail) if line.strip()), "no output")
         return f"torchrun failed before any rank reported ({last.strip()})", False
