@@ -60,8 +60,13 @@ def test_two_processes_split_the_global_batch_rank_0_alone_writes_and_accuracy_i
     assert sorted(p.name for p in (tmp_path / "two" / "train").iterdir()) == ["history", "launch", "model"]
     assert not list((tmp_path / "two" / "train" / "launch").glob("ranks/*"))  # no rank failed
 
-    # Reduced across ranks: the recorded test accuracy is that of the whole split, not of rank 0's half.
-    assert m2["test_top1"] == pytest.approx(_test_top1_of_saved_model(tmp_path / "two"), abs=1e-3)
+    # Reduced across ranks: the recorded test accuracy is that of the whole split, not of rank 0's half. It counts
+    # hits out of all 359 images (rank 0's 180 would give other fractions), and it agrees with one process's
+    # evaluation of the saved model within 2 images: the ranks evaluate other batch shapes, and float summation
+    # order can flip an image this 2-epoch model is unsure of (1 image did with AVX2 kernels on an AMX Xeon).
+    hits = m2["test_top1"] * 359 / 100
+    assert abs(hits - round(hits)) < 0.003, m2["test_top1"]  # the record keeps 3 decimals: ±0.0018 images
+    assert m2["test_top1"] == pytest.approx(_test_top1_of_saved_model(tmp_path / "two"), abs=2 * 100 / 359)
 
 
 @pytest.mark.slow  # two ten-epoch runs
