@@ -5,7 +5,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -143,8 +142,12 @@ POLL_S = 0.02
 
 def wait_for_file(path: Path, proc: subprocess.Popen, timeout: float = 120) -> None:
     """Until ``path`` exists (a first checkpoint, say), the run ends, or ``timeout`` passes."""
-    # a bounded number of polls, not a deadline read off the clock: nothing here measures time, it only waits
+    # a bounded number of waits on the process itself: nothing here measures time, it only waits
     for _ in range(int(timeout / POLL_S)):
-        if path.exists() or proc.poll() is not None:
+        if path.exists():
             return
-        time.sleep(POLL_S)
+        try:
+            proc.wait(timeout=POLL_S)
+            return  # the run ended
+        except subprocess.TimeoutExpired:
+            continue

@@ -105,12 +105,12 @@ def _root_cause(tail: list[str], launch_dir: Path, world: int) -> tuple[str, boo
     cause = text[text.rfind("Root Cause"):] if "Root Cause" in text else ""
     rank_match = re.search(r"rank\s*:\s*(\d+)", cause)
     rank = int(rank_match.group(1)) if rank_match else (min(errors, key=lambda r: errors[r]["time"]) if errors else None)
-    killed = _killed_ranks(text)
-    if rank in errors and PEER_LOST.search(errors[rank]["message"]) and set(killed) - {rank}:
+    others_killed = {r: how for r, how in _killed_ranks(text).items() if r != rank}
+    if rank in errors and PEER_LOST.search(errors[rank]["message"]) and others_killed:
         # the rank torchrun saw fail first only lost its peer (gloo read a reset connection before torchrun
         # noticed the peer's death, as on a busy machine): the rank a signal killed is the cause
-        rank = min(set(killed) - {rank})
-        return f"rank {rank} of {world} died ({killed[rank]})", False
+        killed = min(others_killed)
+        return f"rank {killed} of {world} died ({others_killed[killed]})", False
     if rank is None:
         last = next((line for line in reversed(tail) if line.strip()), "no output")
         return f"torchrun failed before any rank reported ({last.strip()})", False

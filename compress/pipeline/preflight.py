@@ -96,9 +96,10 @@ def _sync_batchnorm_without_gpus(pipeline: Pipeline) -> list[tuple[str, str]]:
     for stage in pipeline.stages:
         if not getattr(registry.get(stage.kind), "distributable", False):
             continue
-        spread = getattr(stage, "distributed", None) or pipeline.config.distributed
+        own = getattr(stage, "distributed", None)
+        spread = own or pipeline.config.distributed
         if spread.processes > 1 and spread.sync_batchnorm:
-            where = "distributed" if getattr(stage, "distributed", None) is None else f"stages.{stage.name}.distributed"
+            where = f"stages.{stage.name}.distributed" if own else "distributed"
             problems.append((f"{where}.sync_batchnorm", "true needs GPUs (torch's SyncBatchNorm runs only on CUDA) "
                              "and torch sees none here; set it false or leave it unset (then each CPU process "
                              "normalises over its batch)"))
