@@ -10,7 +10,7 @@ an artifact within the red line, with the test-set size that would.
 """
 from __future__ import annotations
 
-from serve_bench.load.capacity import capacity, loadgen_valid_for
+from serve_bench.load.capacity import capacity, interval_trusted, loadgen_valid_for, passes
 from train.detection.coco_map import needed_for_bootstrap
 from serve_bench.paired import (LEVEL, POWER, PairedCounts, counts_of, drop_interval, needed_test_images,
                                smallest_certifiable_drop)
@@ -164,18 +164,47 @@ def _server_problems(art: dict, run: dict, budget: float | None, decision: str) 
             said = "; ".join(loadgen["invalid_reasons"] + loadgen["early_stopping"]) or "no reason given"
             return [f"p99 {p99:.3f} ms at {rate}, but LoadGen found the run INVALID for a p99 claim against "
                     f"{budget:g} ms ({said})"]
+        steady = run.get("steady_state") or {}
+        if not interval_trusted(run):
+            return [f"p99 {p99:.3f} ms at {rate}, but its interval is not precise ({steady.get('reason')}; "
+                    f"{steady.get('queries')} queries{', the cap' if steady.get('capped') else ''}): not shown within "
+                    f"the {budget:g} ms budget"]
         upper = (run.get("p99_ci") or [None, None])[1]
+        level = f"{steady['level']:.0%}" if steady.get("level") else "95%"
+        how = "steady state, Woodruff over busy periods" if steady else "block bootstrap over the schedule"
         if upper is None or upper > budget:
-            return [f"p99 {p99:.3f} ms at {rate}, 95% upper bound "
-                    f"{'unknown' if upper is None else f'{upper:.3f} ms'} (block bootstrap over the schedule) "
-                    f"> budget {budget:g} ms"]
+            return [f"p99 {p99:.3f} ms at {rate}, {level} upper bound "
+                    f"{'unknown' if upper is None else f'{upper:.3f} ms'} ({how}) > budget {budget:g} ms"]
     return []
+
+
+def capacity_disagreement(art: dict, run: dict, budget: float | None, decision: str = "point") -> str | None:
+    """Words for a refusal at the pipeline's rate that the same report's capacity table contradicts: a
+    configuration of the same serving settings, judged by the same rule and budget, carried at least that rate.
+    The at-target run is the one gated; the report says the two disagree instead of leaving the reader to find it."""
+    rule = "confident" if decision == "confident" else "point"
+    rate = run.get("offered_qps")
+    sweep = (art.get("traffic") or {}).get("sweep") or {}
+    for config in sweep.get("configs") or []:
+        cap = config.get("capacity") or {}
+        same = all(config.get("serving", {}).get(k) == (run.get("serving") or {}).get(k)
+                   for k in ("max_batch", "max_queue_delay_us", "instances", "threads"))
+        if (same and rate and cap.get("qps") and cap["qps"] >= rate and cap.get("budget_ms") == budget
+                and cap.get("rule", "point") == rule):
+            how = "confirmed by a full-length run" if cap.get("confirmed") else "from its probes"
+            return (f"the same bench's capacity table has {cap['qps']:,.1f}/s within the budget for "
+                    f"{config.get('label')} ({how}): the at-target run and the sweep disagree (a disturbed run, "
+                    "or a p99 too close to the budget to tell); the at-target run is the one gated")
+    return None
 
 
 def _latency_problems(art: dict, budget: float | None, decision: str) -> list[str]:
     run = server_run(art)
     if run is not None:
-        return _server_problems(art, run, budget, decision)
+        problems = _server_problems(art, run, budget, decision)
+        about_p99 = bool(problems) and problems[0].startswith("p99 ")  # not a failed model or an unknown queue
+        why = capacity_disagreement(art, run, budget, decision) if about_p99 else None
+        return [f"{problems[0]}; {why}", *problems[1:]] if why else problems
     if (art.get("traffic") or {}).get("scenario") == "server":
         return ["no run at the pipeline's traffic (latency.scenario server) in the report: re-run the bench stage"]
     p99 = (art.get("latency_ms") or {}).get("p99")
@@ -211,6 +240,18 @@ def _test_set_note(artifacts: list[dict], max_drop: float) -> str | None:
             + (f"that takes ≥ {needed:,} test images" if needed else "no test set can show a red line this tight"))
 
 
+def rejudged(config: dict, budget_ms: float | None, rule: str) -> dict:
+    """A configuration's capacity judged again under another budget or rule: from its probes, then checked by its
+    confirmation run where that ran at or below the new capacity (a rate a full-length run refuted stays refuted)."""
+    found = capacity(config["curve"], budget_ms, rule)
+    check = (config.get("capacity") or {}).get("confirmation")
+    if found["qps"] and check and check.get("offered_qps") and check["offered_qps"] <= found["qps"]:
+        if not passes(check, budget_ms, rule):
+            below = [r for r in config["curve"] if r["offered_qps"] < check["offered_qps"]]
+            return capacity(below, budget_ms, rule)
+    return found
+
+
 def carried_load(art: dict, budget_ms: float | None = None, decision: str | None = None) -> float | None:
     """The most traffic the artifact carries within the budget (its best serving configuration), if swept.
     Given a rule (``decision``) and budget other than the ones the sweep was judged by (a report re-gated),
@@ -224,7 +265,7 @@ def carried_load(art: dict, budget_ms: float | None = None, decision: str | None
     stored = (best or {}).get("capacity") or {}
     if best and stored.get("budget_ms") == budget_ms and stored.get("rule") == rule:
         return stored["qps"]
-    loads = [capacity(c["curve"], budget_ms, rule)["qps"] for c in sweep.get("configs") or []]
+    loads = [rejudged(c, budget_ms, rule)["qps"] for c in sweep.get("configs") or []]
     loads = [q for q in loads if q is not None]
     return max(loads) if loads else None
 

@@ -118,7 +118,7 @@ def _draw_config(ax, config: dict, color, best: bool) -> None:
         ax.plot(*zip(*p50), color=color, linewidth=1, linestyle=":", alpha=0.9, zorder=2)
     for run, xi, yi in zip(runs, x, p99):
         yerr = _error(yi, run.get("p99_ci"))
-        if run.get("sustainable") is not False:
+        if run.get("sustainable") is True:
             ax.errorbar(xi, yi, yerr=yerr, fmt="o", color=color, markersize=4, capsize=2, zorder=3)
         else:
             ax.errorbar(xi, yi, yerr=yerr, fmt="o", color="red", mfc="none", markersize=7, capsize=2, zorder=3)

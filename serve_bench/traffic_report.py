@@ -48,8 +48,10 @@ def verdict(run: dict) -> str:
 
 
 def _sustainable(run: dict) -> str:
-    if "sustainable" not in run or run["sustainable"] is None:
+    if "sustainable" not in run:
         return "—"  # single-stream and offline runs: the question does not arise
+    if run["sustainable"] is None:
+        return run.get("sustainable_reason") or "unknown"
     if run["sustainable"]:
         return "yes"
     reason = run.get("sustainable_reason") or ""
@@ -62,8 +64,20 @@ def _within(run: dict) -> str:
     if point is None and confident is None:
         return "—"
     if confident:
-        return "yes (95% sure)"
+        level = (run.get("steady_state") or {}).get("level")
+        return f"yes ({level:.0%} interval)" if level else "yes (95% sure)"
     return "yes (point only)" if point else "no"
+
+
+def steady_text(steady: dict | None) -> str:
+    """How the p99 of a server run was reached: its level, queries, what was left out, and whether it is precise."""
+    if not steady:
+        return "—"
+    said = (f"{steady['level']:.0%} CI; {steady['queries']:,} queries, {steady['discarded']:,} in open busy periods "
+            f"left out; {steady['tail_cycles']} busy periods reach the p99")
+    if steady.get("precise"):
+        return f"precise ({said})"
+    return f"NOT precise{' (stopped at the cap)' if steady.get('capped') else ''}: {steady.get('reason')} ({said})"
 
 
 def _mean(part) -> float | None:
@@ -73,7 +87,7 @@ def _mean(part) -> float | None:
 def traffic_table(report: dict) -> Table | None:
     """One row per LoadGen test of an artifact at a given rate (the target, then the fixed ``loads``, so rows of
     one rate compare artifacts at the same traffic); None when there is none."""
-    head = ["artifact", "scenario", "serving", "offered /s", "completed /s", "p50 ms", "p99 ms [95% CI]",
+    head = ["artifact", "scenario", "serving", "offered /s", "completed /s", "p50 ms", "p99 ms [CI]", "steady state",
             "LoadGen verdict", "queue mean ms", "model mean ms", "mean batch", "within p99 budget", "sustainable"]
     rows = []
     for art, run in _runs_at_rates(report):
@@ -81,7 +95,7 @@ def traffic_table(report: dict) -> Table | None:
         p99 = _num(lat.get("p99")) + (_bounds(run.get("p99_ci")) if lat.get("p99") is not None else "")
         rows.append([art["name"], run.get("scenario") or "—", serving_text(run.get("serving")),
                      _num(run.get("offered_qps"), 1), _num(run.get("completed_qps"), 1), _num(lat.get("p50")), p99,
-                     verdict(run), _num(_mean(run.get("queue_ms"))), _num(_mean(run.get("compute_ms"))),
+                     steady_text(run.get("steady_state")), verdict(run), _num(_mean(run.get("queue_ms"))), _num(_mean(run.get("compute_ms"))),
                      _num(run.get("mean_batch"), 2), _within(run), _sustainable(run)])
     return (head, rows) if rows else None
 
@@ -102,7 +116,7 @@ def capacity_text(cap: dict | None) -> str:
         return _num(cap["qps"], 1) + _bounds(cap.get("ci"), 1)
     words = {"model_failed": "model failed", "not_sustainable": "not sustainable",
              "none_within_budget": "none within budget", "not_confident": "not shown within at 95%",
-             "no_rate_probed": "no rate probed"}
+             "no_rate_probed": "no rate probed", "not_confirmed": "not confirmed by a full-length run"}
     return words.get(cap.get("status"), "none within budget")
 
 
@@ -118,9 +132,17 @@ def _note(cap: dict | None) -> str:
         return "no capacity recorded"
     if cap.get("qps") is None:
         return cap.get("reason") or ""
+    if cap.get("confirmed") is False:
+        return cap.get("reason") or "not confirmed by a full-length run"
+    said = []
+    if cap.get("confirmed"):
+        run = cap.get("confirmation") or {}
+        p99 = (run.get("latency_ms") or {}).get("p99")
+        said.append("confirmed by a full-length run" + (f" (p99 {p99:.3f} ms{_bounds(run.get('p99_ci'))})"
+                                                         if p99 is not None else ""))
     if cap.get("censored", (cap.get("bracket") or [None, None])[1] is None):
-        return "every probed rate passed: the capacity may be higher"
-    return ""
+        said.append("every probed rate passed: the capacity may be higher")
+    return "; ".join(said)
 
 
 def gain_text(gain: dict | None) -> str:

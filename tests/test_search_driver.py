@@ -176,3 +176,25 @@ def test_the_final_tables_accuracy_column_is_the_red_lines_metric():
     assert row[2] == "90.25 [89.00, 91.50]" and row[-1] == "×0.500 [0.450, 0.550]"
     assert final_table({"entries": [entry]}, "top1")[0][2] == "71.50 [70.00, 73.00]"
 
+
+
+def test_an_edited_target_rate_is_measured_again_and_does_not_continue_a_search(tmp_path):
+    """The traffic a bench ran at is part of what its figures mean: a cached split bench and a stored study
+    stand for their ``latency`` section (scenario, arrival rate) and ``nms`` too, not only the limits."""
+    from compress.search.split_bench import _key
+
+    at_300 = {**copy.deepcopy(FULL), "latency": {"p99_budget_ms": 10.0, "scenario": "server", "target_qps": 300}}
+    at_500 = {**copy.deepcopy(FULL), "latency": {"p99_budget_ms": 10.0, "scenario": "server", "target_qps": 500}}
+    search = _search(tmp_path, SPACE, at_300)
+    search._study(optuna)
+    with pytest.raises(ConfigError, match="target_qps"):
+        _search(tmp_path, SPACE, at_500)._study(optuna)
+
+    def key(pipeline: dict) -> str:
+        plan = load_search(_write(tmp_path, SPACE, pipeline))
+        cfg = SimpleNamespace(model_dump=lambda **_: {"kind": "bench"}, batch_size=None)
+        contender = SimpleNamespace(as_dict=lambda: {"run": "r", "artifact": "a"})
+        return _key([SimpleNamespace(sha256="0" * 64)], [contender], cfg, SimpleNamespace(digest="d"),
+                    Limits.of(plan.base), plan.base)
+
+    assert key(at_300) == key(copy.deepcopy(at_300)) and key(at_300) != key(at_500)

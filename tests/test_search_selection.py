@@ -149,3 +149,27 @@ def test_the_final_choice_follows_the_objective():
     assert judge_finalists([fast, accurate], limits)["release"] == fast["name"]
     decided = judge_finalists([fast, accurate], limits, objective="most_accurate_within_budget")
     assert decided["release"] == accurate["name"] and decided["ranked_on"].startswith("accuracy drop")
+
+
+def test_the_p99_at_the_pipelines_traffic_is_judged_at_the_corrected_level_too():
+    """Under the server scenario a finalist's p99 interval is read again from its stored steady-state tail at the
+    Bonferroni level (99% → 1 − 0.01/F two-sided): a p99 whose 99% upper end is just within the budget is
+    refused among four finalists, where its corrected upper end is past it."""
+    from serve_bench.load.queue_simulation import single_server_fifo
+    from serve_bench.load.steady_state import steady_p99, upper_at
+
+    rng = np.random.default_rng(0)
+    n = 30_000
+    run = single_server_fifo(np.cumsum(rng.standard_exponential(n)) * 0.002 / 0.6, np.full(n, 0.002))
+    steady = steady_p99([(run.arrival_s, run.latency_ms)]).as_dict()
+    budget = (upper_at(steady, 0.99) + upper_at(steady, 1 - 0.01 / 4)) / 2
+    entry = {**_entry(1, (0, 0), 1000, 1.0), "traffic": {"scenario": "server", "at_target": {
+        "scenario": "server", "offered_qps": 300.0, "latency_ms": {"p99": steady["point"]}, "p99_ci": steady["ci"],
+        "steady_state": steady, "sustainable": True, "sustainable_reason": "sustainable", "errors": [],
+        "loadgen": {"valid": True, "invalid_reasons": [], "early_stopping": [], "target_latency_ms": budget}}}}
+    limits = Limits(metric="top1", max_drop=MAX_DROP, p99_budget_ms=budget, decision="confident")
+    alone = judge_finalists([entry], limits, meaningful=False)
+    assert alone["passed"], alone["reasons"]
+    others = [{**entry, "name": f"other{i}"} for i in range(3)]
+    among_four = judge_finalists([entry, *others], limits, meaningful=False)
+    assert not among_four["passed"] and "finalists) > budget" in among_four["reasons"][-1]

@@ -90,7 +90,7 @@ def test_traffic_table_shows_each_run_at_the_target_rate(report):
     cells = {row[0]: dict(zip(head, row)) for row in rows}
     assert list(cells) == ["fp32", "int8"]  # the artifact without traffic has no row
     fp32, int8 = cells["fp32"], cells["int8"]
-    assert fp32["p99 ms [95% CI]"] == "12.500 [11.000, 14.250]"
+    assert fp32["p99 ms [CI]"] == "12.500 [11.000, 14.250]" and fp32["steady state"] == "—"
     assert fp32["LoadGen verdict"] == "INVALID: Reduce target QPS to improve latency"
     assert fp32["sustainable"] == NOT_KEPT_UP and fp32["sustainable"].startswith("not sustainable")
     assert (fp32["queue mean ms"], fp32["model mean ms"]) == ("9.500", "0.750")
@@ -214,6 +214,6 @@ def test_partial_runs_render_with_dashes():
                                                                  "curve": [], "capacity": None}],
                                                     "best": None, "batching_gain": None}}
     head, rows = traffic_table(partial)
-    assert rows == [["fp32", "single-stream"] + ["—"] * 11]
+    assert rows == [["fp32", "single-stream"] + ["—"] * 12]
     assert capacity_table(partial)[1] == [["fp32", "b1", "—", "—", "—", "—", "—", "", "no capacity recorded"]]
     assert "## " + TRAFFIC_TITLE in render_markdown(partial)

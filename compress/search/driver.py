@@ -88,6 +88,8 @@ def _space_record(plan: SearchPlan) -> str:
     return json.dumps({"pipeline": str(plan.base_path), "space": plan.settings.space_dict(),
                        "objective": plan.settings.objective, "sampler": plan.settings.sampler,
                        "threads": plan.settings.threads(), "limits": Limits.of(plan.base).as_dict(),
+                       "latency": plan.base.config.latency.model_dump(mode="json"),
+                       "nms": plan.base.config.nms.model_dump(mode="json"),
                        "scored_on": SCORED_ON}, sort_keys=True)
 
 

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from compress.search.contenders import Limits
 from serve_bench.gate import carried_load, evaluate, server_run
 from serve_bench.latency_intervals import BlockedSamples, block_bootstrap_ci
+from serve_bench.load.steady_state import LEVEL as STEADY_LEVEL
+from serve_bench.load.steady_state import upper_at
 from serve_bench.paired import LEVEL, counts_of, drop_interval
 
 BONFERRONI, NO_CORRECTION = "bonferroni", "none"
@@ -80,9 +82,17 @@ def _corrected_problems(entry: dict, limits: Limits, correction: Correction, mea
             problems.append(f"accuracy drop {entry.get('accuracy_drop'):.2f} points, {100 * correction.level:.2f}% "
                             f"upper bound {upper:.2f} ({correction.method} over {correction.finalists} finalists) > "
                             f"red line {limits.max_drop:g}")
-    if limits.p99_budget_ms is not None and blocked is not None and server_run(entry) is None:
-        # closed loop only: under the server scenario the gate reads the p99 at the pipeline's traffic, whose
-        # per-query samples are not kept, so it is judged at 95% (see the note judge_finalists adds)
+    run = server_run(entry)
+    if limits.p99_budget_ms is not None and run is not None and run.get("steady_state"):
+        # the p99 at the pipeline's traffic: its interval is at the steady-state level (99%), corrected the same way
+        level = 1 - (1 - STEADY_LEVEL) / correction.finalists
+        upper = upper_at(run["steady_state"], level)
+        if upper is None or upper > limits.p99_budget_ms:
+            said = "unknown" if upper is None else f"{upper:.3f} ms"
+            problems.append(f"p99 at {run['offered_qps']:,.1f}/s: {100 * level:.2f}% upper bound {said} "
+                            f"({correction.method} over {correction.finalists} finalists) > budget "
+                            f"{limits.p99_budget_ms:g} ms")
+    elif limits.p99_budget_ms is not None and blocked is not None and run is None:
         upper = block_bootstrap_ci(blocked, 99.0, level=correction.level)[1]
         if upper > limits.p99_budget_ms:
             problems.append(f"p99 {100 * correction.level:.2f}% upper bound {upper:.3f} ms ({correction.method} over "
@@ -108,9 +118,10 @@ def judge_finalists(finalists: list[dict], limits: Limits, meaningful: bool = Tr
         if verdict["passed"] and correction.method == BONFERRONI:
             problems += _corrected_problems(entry, limits, correction, meaningful, (blocked or {}).get(entry["name"]))
         notes += [n for n in verdict["notes"] if n not in notes]
-        if correction.method == BONFERRONI and server_run(entry) is not None:
+        if correction.method == BONFERRONI and server_run(entry) is not None \
+                and not server_run(entry).get("steady_state"):
             note = ("the p99 at the pipeline's traffic (server scenario) is judged at 95%, not at the corrected "
-                    "level: its per-query samples are not kept for a corrected interval")
+                    "level: this report predates the steady-state record a corrected interval is read from")
             notes += [note] if note not in notes else []
         verdicts[entry["name"]] = {"passed": not problems, "problems": problems}
         if problems:

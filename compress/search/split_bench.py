@@ -94,11 +94,15 @@ def _input(contender: Contender) -> InputArtifact:
 
 
 def _key(inputs: list[InputArtifact], contenders: list[Contender], cfg: BenchConfig, split: TestSet,
-         limits: Limits, batch_size: int) -> str:
-    """What a cached split bench stands for: the same files, protocol (the bench stage's settings and the batch
-    size they may leave to the pipeline's ``latency.batch_size``), images, limits and machine."""
+         limits: Limits, pipeline: Pipeline) -> str:
+    """What a cached split bench stands for: the same files, protocol (the bench stage's settings and the
+    pipeline's ``latency`` section: the batch size they may leave to it, the scenario and its arrival rate), the
+    detector's ``nms``, images, limits and machine. A report measured at another target rate does not stand."""
+    config = pipeline.config
     material = {"contenders": [[c.as_dict(), a.sha256] for c, a in zip(contenders, inputs)],
-                "settings": cfg.model_dump(mode="json", exclude={"name"}), "batch_size": batch_size,
+                "settings": cfg.model_dump(mode="json", exclude={"name"}),
+                "batch_size": cfg.batch_size or config.latency.batch_size,
+                "latency": config.latency.model_dump(mode="json"), "nms": config.nms.model_dump(mode="json"),
                 "split": split.digest,
                 "limits": limits.as_dict(), "environment": environment_key(environment()), "format": FORMAT}
     return hashlib.sha256(json.dumps(material, sort_keys=True, default=str).encode()).hexdigest()
@@ -124,7 +128,7 @@ def _prepare(contenders: list[Contender], pipeline: Pipeline, limits: Limits, sp
     for contender, artifact in zip(contenders, inputs):
         check_same_data(artifact, data, source=f"the search's {SPLITS[split]} bench ({contender.label})",
                         independent=pipeline.config.data.independent_test)
-    key = _key(inputs, contenders, cfg, images, limits, cfg.batch_size or pipeline.config.latency.batch_size)
+    key = _key(inputs, contenders, cfg, images, limits, pipeline)
     return data, images, cfg, inputs, key
 
 

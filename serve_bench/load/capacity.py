@@ -2,7 +2,8 @@
 
 Rules of a probed rate (one LoadGen server run):
 - ``point``: its p99 is within the budget and its queue stayed bounded;
-- ``confident``: the upper end of the p99's block-bootstrap interval is within the budget, and the
+- ``confident``: the upper end of the p99's steady-state interval (serve_bench.load.steady_state) is within
+  the budget, the run was measured until that interval was precise (not stopped at its cap), and the
   queue stayed bounded. LoadGen's VALID verdict is not asked of a probe: its early stopping needs
   about 700 queries with none past the budget, and a sweep's probes are short (``sweep_min_queries``);
   the gate asks it of the run at the pipeline's traffic, which is not;
@@ -46,9 +47,17 @@ def passes(run: dict, budget_ms: float | None, rule: str) -> bool:
     p99, ci = run["latency_ms"]["p99"], run.get("p99_ci")
     if rule == "point":
         return p99 <= budget_ms
-    if ci is None:
+    if ci is None or not interval_trusted(run):
         return False
     return ci[1] <= budget_ms if rule == "confident" else ci[0] <= budget_ms
+
+
+def interval_trusted(run: dict) -> bool:
+    """Whether a server run's p99 interval may back a confident claim: not where the run stopped at its query cap
+    before its steady-state p99 was precise (serve_bench.load.steady_state: such intervals cover the true p99
+    less often than they claim). Runs without a steady-state record (older reports) are taken as they are."""
+    steady = run.get("steady_state")
+    return steady is None or bool(steady.get("precise"))
 
 
 def within_budget(run: dict, budget_ms: float | None) -> dict:
@@ -120,3 +129,25 @@ def next_rates(curve: list[dict], budget_ms: float | None, steps: int, decision:
         return []
     lower = point if point is not None else fail / 4
     return [round((lower * fail) ** 0.5, 3)]
+
+
+def confirmed(found: dict, run: dict, curve: list[dict], decision: str = "point") -> dict:
+    """The capacity after its confirmation run: a server test at the capacity with the at-target test's length
+    (warmed, measured until precise). Probes are short, so one that read low near load credits a rate the server
+    cannot hold; the confirmation's p99 and interval are the figures the report states. Where it fails the rule,
+    the capacity is judged again from the probes below the refuted rate (their range, bracket and status too),
+    and ``reason`` says so."""
+    rule = "confident" if decision == "confident" else "point"
+    budget, rate = found["budget_ms"], found["qps"]
+    record = {k: run.get(k) for k in ("offered_qps", "latency_ms", "p99_ci", "sustainable", "sustainable_reason",
+                                      "queries", "steady_state", "errors", "loadgen")}
+    if passes(run, budget, rule):
+        return {**found, "confirmation": record, "confirmed": True}
+    below = capacity([r for r in curve if r["offered_qps"] < rate], budget, decision)
+    p99 = (run.get("latency_ms") or {}).get("p99")
+    said = f"p99 {p99:.3f} ms" if p99 is not None else (run.get("sustainable_reason") or "no p99")
+    fallback = (f"{below['qps']:,.1f}/s, the highest probed rate below it that passed, is stated" if below["qps"]
+                else "no lower probed rate passed")
+    return {**below, "bracket": [below["qps"], rate], "censored": False, "confirmation": record, "confirmed": False,
+            "status": below["status"] if below["qps"] else "not_confirmed",
+            "reason": f"the probe at {rate:,.1f}/s passed, but a full-length run there did not ({said}): {fallback}"}

@@ -9,9 +9,10 @@ This module is the system under test (SUT) LoadGen calls: it hands queries to a
 
 What comes back is LoadGen's own: its percentiles, its early-stopping verdict and its validity
 ("too few queries to claim a p99" is LoadGen saying the run is INVALID, kept as it said it),
-plus each query's latency from LoadGen's trace, in schedule order, from which the p99 and its
-block-bootstrap interval are computed (consecutive stretches of the schedule as blocks: latencies
-under a queue are correlated in time, so single queries are not independent draws).
+plus each query's latency from LoadGen's trace, in schedule order. In the server scenario the p99 and
+its interval come from steady state (serve_bench.load.steady_state: complete busy periods as independent
+blocks), measured again with more queries until precise or a cap, after traffic at the target rate that
+is not counted (the first test of a worker ran slow, and one 2-second test decided a release).
 """
 from __future__ import annotations
 
@@ -20,21 +21,21 @@ import logging
 import re
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from serve_bench.latency_intervals import BlockedSamples, block_bootstrap_ci
 from serve_bench.load.serving_loop import ServedRecords, ServingLoop
+from serve_bench.latency_intervals import BlockedSamples, block_bootstrap_ci
+from serve_bench.load.steady_state import MIN_QUERIES, Segment, bounded, complete_cycles, queries_wanted, steady_p99
 
 log = logging.getLogger(__name__)
 
 Scenario = Literal["single-stream", "server", "offline"]
 PERCENTILE_KEYS = {"p50": 50.0, "p90": 90.0, "p95": 95.0, "p99": 99.0, "p999": 99.9}
-BLOCKS = 20  # stretches of the schedule the p99's interval resamples
-GROWTH = 2.0  # a queue that grows: the last quarter's median latency over the first quarter's (see keeps_up)
 
 
 class ScenarioSettings(BaseModel):
@@ -51,6 +52,17 @@ class ScenarioSettings(BaseModel):
                                                                     "judge against (the budget)")
     expected_latency_ms: float = Field(1.0, gt=0, description="single-stream: LoadGen's query-count estimate")
     seed: int = Field(0, ge=0, description="LoadGen's schedule, sample-index and sample-set seeds")
+    warmup_s: float = Field(0.0, ge=0, description="server: traffic at the target rate for this long before the "
+                                                   "measured test, not counted (thread pools, caches and the "
+                                                   "batcher reach their working state)")
+    max_queries: int | None = Field(None, ge=1, description="server: measure again, with more queries, until the "
+                                                            "steady-state p99 is precise or the queries of all "
+                                                            "tests reach this cap; none: one test")
+    min_tail_cycles: int = Field(20, ge=0, description="server: busy periods reaching the p99 a precise figure "
+                                                       "rests on at least")
+    precision: float = Field(0.25, gt=0, description="server: the upper end of the p99's interval within this "
+                                                     "fraction of the point (or the interval wholly on one side "
+                                                     "of the budget)")
 
 
 def _mllog(detail: Path) -> dict:
@@ -105,48 +117,59 @@ def early_stopping_estimates(lines: list[str]) -> dict[str, float]:
     return out
 
 
-def _schedule_blocks(latencies: np.ndarray) -> BlockedSamples:
-    size = max(1, len(latencies) // BLOCKS)
-    blocks = [latencies[i:i + size] for i in range(0, len(latencies), size)]
-    if len(blocks) > 1 and len(blocks[-1]) < size:  # the short tail joins the block before it
-        tail = blocks.pop()
-        blocks[-1] = np.concatenate([blocks[-1], tail])
-    return BlockedSamples(blocks, list(range(len(blocks))))
+@dataclass
+class LoadGenTest:
+    """What one LoadGen test left: its detail-log values and summary, each query's scheduled time (s) and latency
+    (ms) in schedule order, the serving loop's records, the wall time and the model's errors."""
 
+    results: dict
+    summary: str
+    schedule_s: np.ndarray
+    latencies_ms: np.ndarray
+    served: ServedRecords
+    wall_s: float
+    errors: list[str]
 
-def keeps_up(schedule_s: np.ndarray, latencies_ms: np.ndarray) -> tuple[bool, str]:
-    """Whether the queue stayed bounded, from each query's scheduled time and latency (LoadGen's trace).
-
-    Two signs of a queue that grows without bound: latency climbs through the schedule (the median of
-    its last quarter over twice its first quarter's, and by more than 1 ms), or when the last query is
-    scheduled far more queries are still in the system than Little's law allows a stable queue
-    (arrival rate × the mean latency of the schedule's first half, ×3, and at least 20). LoadGen's own
-    completed-per-second rate is not used: it divides by the time the *last* query finished, so one
-    slow final query reads as a server that did not keep up.
-    """
-    n = len(latencies_ms)
-    quarter = n // 4
-    if quarter >= 25:
-        early, late = np.median(latencies_ms[:quarter]), np.median(latencies_ms[-quarter:])
-        if late > GROWTH * early and late - early > 1.0:
-            return False, (f"not sustainable: median latency climbed from {early:.3f} ms in the first quarter of "
-                           f"the schedule to {late:.3f} ms in the last (the queue grows without bound)")
-    if n >= 50 and schedule_s[-1] > schedule_s[0]:
-        end = schedule_s[-1]
-        waiting = int(np.sum(schedule_s + latencies_ms / 1e3 > end))
-        rate = (n - 1) / (end - schedule_s[0])
-        stable = 3 * rate * float(np.mean(latencies_ms[: n // 2])) / 1e3
-        if waiting > max(20.0, stable):
-            return False, (f"not sustainable: {waiting} queries were still in the system when the last one was "
-                           f"scheduled, where a stable queue holds about {stable / 3:.1f} (the queue grows "
-                           "without bound)")
-    return True, "sustainable"
+    @property
+    def segment(self) -> Segment:
+        return self.schedule_s, self.latencies_ms
 
 
 def run_scenario(loop: ServingLoop, sample_count: int, settings: ScenarioSettings, keep_raw: bool = False) -> dict:
-    """One LoadGen test of ``loop`` (its pool holds ``sample_count`` inputs); LoadGen's figures and the SUT's.
-    ``keep_raw`` adds every query's scheduled time and latency (``schedule_s``, ``latencies_ms``: arrays, not for
-    the report), in schedule order."""
+    """The test ``settings`` describe of ``loop`` (its pool holds ``sample_count`` inputs): LoadGen's figures and
+    the SUT's. In the server scenario: ``warmup_s`` of traffic at the target rate first (not counted), then tests
+    until the steady-state p99 is precise or ``max_queries`` is reached, each asking for as many queries as
+    :func:`~serve_bench.load.steady_state.queries_wanted` says. ``keep_raw`` adds every query's scheduled time and
+    latency (``schedule_s``, ``latencies_ms``: arrays of the last test, not for the report)."""
+    if settings.scenario == "server" and settings.warmup_s > 0:
+        warm_up(loop, sample_count, settings)
+    tests = [one_test(loop, sample_count, settings)]
+    while settings.scenario == "server" and settings.max_queries is not None:
+        done = sum(len(t.latencies_ms) for t in tests)
+        estimate = steady_p99([t.segment for t in tests], budget_ms=settings.target_latency_ms,
+                              min_tail_cycles=settings.min_tail_cycles, precision=settings.precision)
+        if estimate.precise or done >= settings.max_queries or bounded(*tests[-1].segment)[0] is False:
+            break
+        if settings.max_queries - done < MIN_QUERIES:  # a test too short for a verdict on its queue
+            break
+        more = max(min(queries_wanted(estimate, settings.min_tail_cycles), settings.max_queries - done), MIN_QUERIES)
+        log.info("server at %g/s: %s; measuring %d more queries", settings.target_qps, estimate.reason, more)
+        tests.append(one_test(loop, sample_count, settings.model_copy(update={"min_queries": more, "seed": settings.seed + len(tests)})))
+    result = scenario_result(settings, tests)
+    if keep_raw:
+        result["schedule_s"], result["latencies_ms"] = tests[-1].schedule_s, tests[-1].latencies_ms
+    return result
+
+
+def warm_up(loop: ServingLoop, sample_count: int, settings: ScenarioSettings) -> None:
+    """Poisson traffic at the target rate for ``warmup_s`` through the same loop, answers discarded."""
+    from serve_bench.load.open_loop import run_open_loop
+
+    run_open_loop(loop, sample_count, settings.target_qps, settings.warmup_s, seed=settings.seed + 7919)
+
+
+def one_test(loop: ServingLoop, sample_count: int, settings: ScenarioSettings) -> LoadGenTest:
+    """One LoadGen test of ``loop``."""
     import mlperf_loadgen as lg
 
     def issue(samples) -> None:
@@ -197,45 +220,95 @@ def run_scenario(loop: ServingLoop, sample_count: int, settings: ScenarioSetting
         results = _mllog(out / "mlperf_log_detail.txt")
         summary = (out / "mlperf_log_summary.txt").read_text(errors="replace")
         scheduled_s, latencies = _trace_latencies(out / "mlperf_log_trace.json")
-    result = scenario_result(settings, results, summary, scheduled_s, latencies, served, wall, loop.errors)
-    if keep_raw:
-        result["schedule_s"], result["latencies_ms"] = scheduled_s, latencies
-    return result
+    return LoadGenTest(results, summary, scheduled_s, latencies, served, wall, list(loop.errors))
 
 
-def scenario_result(settings: ScenarioSettings, results: dict, summary: str, schedule_s: np.ndarray,
-                    latencies: np.ndarray, served: ServedRecords, wall_s: float, errors: list[str]) -> dict:
-    """The report's record of one LoadGen test (plain values)."""
+def _loadgen_record(settings: ScenarioSettings, test: LoadGenTest) -> dict:
+    """LoadGen's own verdict and figures of one test, as it said them."""
+    results = test.results
+
     def ns_to_ms(key: str):
         value = results.get(key)
         return None if value is None else round(float(value) / 1e6, 6)
 
-    scheduled = results.get("result_scheduled_samples_per_sec")
-    completed = results.get("result_completed_samples_per_sec", results.get("result_samples_per_second"))
-    valid = str(results.get("result_validity", "")).upper() == "VALID"
     reasons = [r.strip() for r in str(results.get("result_invalid_reason") or "").split(".") if r.strip()]
+    said = _early_stopping(test.summary)
+    return {"valid": str(results.get("result_validity", "")).upper() == "VALID", "invalid_reasons": reasons,
+            "early_stopping": said, "early_stopping_ms": early_stopping_estimates(said),
+            "early_stopping_met": results.get("early_stopping_met"),
+            "min_queries_met": results.get("result_min_queries_met"),
+            "min_duration_met": results.get("result_min_duration_met"),
+            "perf_constraints_met": results.get("result_perf_constraints_met"),
+            "latency_ms": {k: ns_to_ms(f"result_{q:.2f}_percentile_latency_ns") for k, q in PERCENTILE_KEYS.items()},
+            "mean_ms": ns_to_ms("result_mean_latency_ns"), "max_ms": ns_to_ms("result_max_latency_ns"),
+            "target_latency_ms": settings.target_latency_ms, "queries": int(len(test.latencies_ms))}
+
+
+def _rate(tests: list[LoadGenTest], key: str) -> float | None:
+    """A LoadGen rate over several tests: their queries over their summed durations (each test's own rate × its
+    queries gives its duration)."""
+    pairs = [(len(t.latencies_ms), t.results.get(key)) for t in tests]
+    if any(v is None or float(v) <= 0 for _, v in pairs):
+        return None if len(tests) > 1 or pairs[0][1] is None else round(float(pairs[0][1]), 3)
+    queries = sum(n for n, _ in pairs)
+    return round(queries / sum(n / float(v) for n, v in pairs), 3) if queries else None
+
+
+def pooled_verdict(tests: list[LoadGenTest]) -> tuple[bool | None, str]:
+    """Whether the queue stayed bounded over several tests of one configuration: not where any test saw it grow;
+    unknown where the tests without a verdict held more queries than those with one; else bounded."""
+    verdicts = [(bounded(*t.segment), len(t.latencies_ms)) for t in tests]
+    failed = next((v for v, _ in verdicts if v[0] is False), None)
+    if failed:
+        return failed
+    unknown = [(v, n) for v, n in verdicts if v[0] is None]
+    if sum(n for _, n in unknown) > sum(n for v, n in verdicts if v[0] is True):
+        return unknown[0][0]
+    return True, "sustainable"
+
+
+def closed_loop_ci(latencies: np.ndarray, blocks: int = 20) -> list[float] | None:
+    """A single-stream or offline test's p99 interval: 20 stretches of the schedule resampled (no queue forms,
+    so stretches of consecutive queries are far longer than what correlates them)."""
+    size = max(1, len(latencies) // blocks)
+    parts = [latencies[i:i + size] for i in range(0, len(latencies), size)]
+    if len(parts) > 1 and len(parts[-1]) < size:  # the short tail joins the block before it
+        parts[-2] = np.concatenate([parts[-2], parts.pop()])
+    if len(parts) < 2:
+        return None
+    return [round(v, 6) for v in block_bootstrap_ci(BlockedSamples(parts, list(range(len(parts)))), 99.0)]
+
+
+def scenario_result(settings: ScenarioSettings, tests: list[LoadGenTest]) -> dict:
+    """The report's record of one measurement (one LoadGen test, or several of one server configuration pooled):
+    plain values. LoadGen's own verdict is the first test's (the one sized by the settings); the percentiles are
+    of every query, or in the server scenario of the complete busy periods of every test (steady state)."""
+    served = ServedRecords(*(np.concatenate([getattr(t.served, f) for t in tests]) for f in
+                             ("queue_ns", "compute_ns", "batch", "busy_ns")))
+    completed_key = ("result_completed_samples_per_sec" if "result_completed_samples_per_sec" in tests[0].results
+                     else "result_samples_per_second")
+    queries = sum(len(t.latencies_ms) for t in tests)
     out = {"scenario": settings.scenario, "offered_qps": settings.target_qps if settings.scenario == "server" else None,
-           "scheduled_qps": None if scheduled is None else round(float(scheduled), 3),
-           "completed_qps": None if completed is None else round(float(completed), 3),
-           "queries": int(len(latencies)), "wall_s": round(wall_s, 3),
-           "loadgen": {"valid": valid, "invalid_reasons": reasons, "early_stopping": _early_stopping(summary),
-                       "early_stopping_ms": early_stopping_estimates(_early_stopping(summary)),
-                       "early_stopping_met": results.get("early_stopping_met"),
-                       "min_queries_met": results.get("result_min_queries_met"),
-                       "min_duration_met": results.get("result_min_duration_met"),
-                       "perf_constraints_met": results.get("result_perf_constraints_met"),
-                       "latency_ms": {k: ns_to_ms(f"result_{q:.2f}_percentile_latency_ns")
-                                      for k, q in PERCENTILE_KEYS.items()},
-                       "mean_ms": ns_to_ms("result_mean_latency_ns"), "max_ms": ns_to_ms("result_max_latency_ns"),
-                       "target_latency_ms": settings.target_latency_ms},
-           **served.summary(), "errors": errors[:3]}
+           "scheduled_qps": _rate(tests, "result_scheduled_samples_per_sec"),
+           "completed_qps": _rate(tests, completed_key),
+           "queries": int(queries), "tests": len(tests), "wall_s": round(sum(t.wall_s for t in tests), 3),
+           "loadgen": _loadgen_record(settings, tests[0]),
+           **served.summary(), "errors": [e for t in tests for e in t.errors][:3]}
+    if settings.scenario == "server":
+        steady = steady_p99([t.segment for t in tests], budget_ms=settings.target_latency_ms,
+                            min_tail_cycles=settings.min_tail_cycles, precision=settings.precision)
+        out["steady_state"] = {**steady.as_dict(), "warmup_s": settings.warmup_s, "max_queries": settings.max_queries,
+                               "capped": not steady.precise and settings.max_queries is not None
+                               and queries >= settings.max_queries}
+        out["sustainable"], out["sustainable_reason"] = pooled_verdict(tests)
+        latencies = np.concatenate([c for t in tests for c in complete_cycles(*t.segment)[0]] or [np.zeros(0)])
+        out["p99_ci"] = None if steady.ci is None else [round(v, 6) for v in steady.ci]
+    else:
+        latencies = np.concatenate([t.latencies_ms for t in tests])
+        out["p99_ci"] = closed_loop_ci(latencies)
     if len(latencies):
         out["latency_ms"] = {k: round(float(np.percentile(latencies, q)), 6) for k, q in PERCENTILE_KEYS.items()}
         out["latency_ms"]["mean"] = round(float(latencies.mean()), 6)
-        blocked = _schedule_blocks(latencies)
-        out["p99_ci"] = [round(v, 6) for v in block_bootstrap_ci(blocked, 99.0)] if len(blocked.blocks) > 1 else None
     else:
         out["latency_ms"], out["p99_ci"] = None, None
-    if settings.scenario == "server":
-        out["sustainable"], out["sustainable_reason"] = keeps_up(schedule_s, latencies)
     return out

@@ -29,6 +29,9 @@ def run_open_loop(loop: ServingLoop, sample_count: int, qps: float, duration_s: 
     """Latency percentiles (ms, from the scheduled send time) of ``loop`` under its own Poisson schedule;
     ``keep_raw`` adds each query's latency (``latencies_ms``, in schedule order)."""
     schedule = poisson_schedule(qps, duration_s, seed)
+    if not len(schedule):  # else it would wait its whole timeout for answers to no query
+        raise ValueError(f"an open-loop check at {qps:g}/s over {duration_s:g} s schedules no query: raise the rate "
+                         "or the duration")
     done_at = np.zeros(len(schedule), dtype=np.int64)
     finished = threading.Event()
     remaining = [len(schedule)]

@@ -27,8 +27,9 @@ from typing import Callable
 
 import numpy as np
 
-from serve_bench.load.loadgen_scenarios import PERCENTILE_KEYS, keeps_up
+from serve_bench.load.loadgen_scenarios import PERCENTILE_KEYS
 from serve_bench.load.serving_loop import ServedRecords, ServingSettings
+from serve_bench.load.steady_state import bounded
 
 log = logging.getLogger(__name__)
 
@@ -78,9 +79,9 @@ class SimulatedRun:
         out["completed_qps"] = round(len(latency) / span, 3) if span > 0 else None
         return out
 
-    def keeps_up(self) -> tuple[bool, str]:
+    def keeps_up(self) -> tuple[bool | None, str]:
         """The LoadGen runs' verdict on whether the queue stayed bounded, from the same kind of schedule."""
-        return keeps_up(self.arrival_s, self.latency_ms)
+        return bounded(self.arrival_s, self.latency_ms)
 
 
 def simulate(arrivals_s: np.ndarray, service: ServiceTime, settings: ServingSettings) -> SimulatedRun:
@@ -191,3 +192,22 @@ def runner_service(service_ms: float = 0.0, per_item_ms: float = 0.0, stall_ever
         return pause
 
     return service
+
+
+def single_server_fifo(arrivals_s: np.ndarray, services_s: np.ndarray) -> SimulatedRun:
+    """One instance, batches of one: :func:`simulate` by Lindley's recursion in closed form, vectorised.
+
+    Why: a known-answer check of a p99 estimator needs hundreds of runs of tens of thousands of requests;
+    the event loop takes about a microsecond per request in Python, this a few nanoseconds. Each request starts
+    at ``max(arrival, previous completion)``, so with ``d_i = completion_i − arrival_i`` the waiting time is
+    ``W_i = C_i − min_{j≤i} C_j`` for the partial sums ``C`` of ``service_{i−1} − gap_i`` (C_0 = 0)."""
+    arrivals = np.asarray(arrivals_s, dtype=np.float64)
+    services = np.asarray(services_s, dtype=np.float64)
+    if arrivals.shape != services.shape or arrivals.ndim != 1:
+        raise ValueError("one service time per arrival, as 1-d arrays")
+    steps = services[:-1] - np.diff(arrivals)
+    partial = np.concatenate([[0.0], np.cumsum(steps)])
+    wait = partial - np.minimum.accumulate(partial)
+    start = arrivals + wait
+    n = len(arrivals)
+    return SimulatedRun(arrivals, start, start + services, np.ones(n, dtype=np.int64), services.copy())

@@ -62,7 +62,16 @@ class ServedRecords:
         return {"queue_ms": ms(self.queue_ns), "compute_ms": ms(self.compute_ns),
                 "service_ms": {**ms(busy), "mean_square": round(float(np.mean((busy / 1e6) ** 2)), 6)
                                if len(busy) else None},
-                "mean_batch": round(float(self.batch.mean()), 4) if len(self.batch) else None}
+                "mean_batch": mean_batch(self.batch)}
+
+
+def mean_batch(batch_of_request: np.ndarray) -> float | None:
+    """The mean size of a batch, each batch counted once: requests over batches. ``batch_of_request`` holds each
+    request's batch size, so a batch of b is b entries of b and counts 1/b per entry (a batch of 1 and one of 7
+    are 2 batches of mean 4; the per-request mean would read 6.25)."""
+    if not len(batch_of_request):
+        return None
+    return round(float(len(batch_of_request) / np.sum(1.0 / batch_of_request)), 4)
 
 
 class ServingLoop:

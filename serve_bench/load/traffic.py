@@ -20,7 +20,7 @@ from typing import Callable
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from serve_bench.load.capacity import best_config, capacity, next_rates, within_budget
+from serve_bench.load.capacity import best_config, capacity, confirmed, next_rates, within_budget
 from serve_bench.load.loadgen_scenarios import Scenario
 from serve_bench.load.serving_loop import ServingSettings
 from serve_bench.machine_load import LoadSampler, load_summary
@@ -61,6 +61,18 @@ class TrafficSettings(BaseModel):
                                                "the serving configuration above: a latency-at-load table whose "
                                                "rows compare at the same traffic")
     overhead: bool = Field(True, description="measure the harness on a model that does nothing, for the report")
+    warmup_s: float = Field(1.0, ge=0, description="traffic at the test's rate for this long before each server "
+                                                   "test, not counted: the first test of a worker read a p99 4× "
+                                                   "its later ones at the same rate")
+    max_queries: int = Field(20000, ge=1, description="the at-target, `loads` and confirmation tests measure again "
+                                                      "with more queries until their steady-state p99 is precise, "
+                                                      "up to this many queries in all (then the report says so)")
+    sweep_max_queries: int = Field(5000, ge=1, description="the same cap for each probe of the sweep")
+    min_tail_cycles: int = Field(20, ge=0, description="busy periods reaching the p99 a precise figure rests on")
+    precision: float = Field(0.25, gt=0, description="a precise p99's interval: its upper end within this fraction "
+                                                     "of the point, or wholly on one side of the budget")
+    confirm: bool = Field(True, description="after the sweep, measure each configuration at its capacity with the "
+                                            "at-target test's length: the capacity's p99 and interval are that run's")
     seed: int = Field(0, ge=0, description="LoadGen's schedule seed")
 
 
@@ -85,16 +97,20 @@ class _Turns:
 
 def _scenario(kind: Scenario, settings: TrafficSettings, budget_ms: float | None, qps: float | None = None,
               expected_ms: float = 1.0, probe: bool = False) -> dict:
-    return {"scenario": kind, "target_qps": qps, "duration_s": settings.duration_s,
-            "min_queries": settings.sweep_min_queries if probe else settings.min_queries,
-            "target_latency_ms": budget_ms, "seed": settings.seed, "expected_latency_ms": max(expected_ms, 0.001)}
+    out = {"scenario": kind, "target_qps": qps, "duration_s": settings.duration_s,
+           "min_queries": settings.sweep_min_queries if probe else settings.min_queries,
+           "target_latency_ms": budget_ms, "seed": settings.seed, "expected_latency_ms": max(expected_ms, 0.001)}
+    if kind == "server":
+        out.update(warmup_s=settings.warmup_s, min_tail_cycles=settings.min_tail_cycles, precision=settings.precision,
+                   max_queries=settings.sweep_max_queries if probe else settings.max_queries)
+    return out
 
 
 def _words(name: str, run: dict) -> str:
     lat = run.get("latency_ms") or {}
     rate = f" at {run['offered_qps']:,.0f}/s" if run.get("offered_qps") else ""
     verdict = "valid" if run["loadgen"]["valid"] else "INVALID"
-    extra = "" if run.get("sustainable", True) else ", not sustainable"
+    extra = {True: "", False: ", not sustainable", None: ", sustainability unknown"}[run.get("sustainable", True)]
     return (f"{name}: {run['scenario']}{rate} [{ServingSettings(**run['serving']).label()}]: p50 "
             f"{lat.get('p50', float('nan')):.3f} ms, p99 {lat.get('p99', float('nan')):.3f} ms ({verdict}{extra})")
 
@@ -142,9 +158,13 @@ def _sweep(turns: _Turns, names: list[str], settings: TrafficSettings, budget_ms
         for name in names:
             curve = sorted(curves[name], key=lambda r: r["offered_qps"])
             resolved = offline[name]["serving"]  # threads filled in by the worker
+            found = capacity(curve, budget_ms, decision)
+            if settings.confirm and found["qps"]:
+                run = _server_test(turns, name, serving, _scenario("server", settings, budget_ms, found["qps"]),
+                                   budget_ms, progress)
+                found = confirmed(found, run, curve, decision)
             out[name]["configs"].append({"label": ServingSettings(**resolved).label(), "serving": resolved,
-                                         "offline": offline[name], "curve": curve,
-                                         "capacity": capacity(curve, budget_ms, decision)})
+                                         "offline": offline[name], "curve": curve, "capacity": found})
     for name in names:
         configs = out[name]["configs"]
         best = best_config(configs)
