@@ -59,3 +59,36 @@ def test_accuracy_from_logits():
     result = accuracy(logits, np.array([1, 6, 5]), per_class=True)
     assert result["top1"] == pytest.approx(100 / 3, abs=1e-3) and result["top5"] == 100.0
     assert result["per_class"] == {1: 100.0, 5: 0.0, 6: 0.0}
+
+
+@pytest.mark.slow  # 4 candidates × 150 picks, each a 30,000-request queue on a fake clock: about a minute
+def test_picking_among_candidates_at_the_budget_releases_one_past_it_at_most_as_often_as_the_stated_bound():
+    """Every candidate's true p99 is exactly the budget (M/D/1 at ρ 0.6, fake clock), so any release is an error.
+    `confident` releases one in at most 1 − 0.975^K of the picks, the bound the gate states; one candidate alone
+    passes far less often (its interval is 99%, so one-sided 0.5%)."""
+    from serve_bench.gate import family_claim
+    from serve_bench.load.queue_simulation import single_server_fifo
+    from serve_bench.load.steady_state import steady_p99
+    from serve_bench.load.steady_state_check import SERVICE_S
+
+    rho, n = 0.6, 30_000
+    rng = np.random.default_rng(1)
+    long = single_server_fifo(np.cumsum(rng.standard_exponential(2_000_000)) * SERVICE_S / rho,
+                              np.full(2_000_000, SERVICE_S))
+    budget = float(np.percentile(long.latency_ms[20_000:], 99))
+
+    def candidate(i: int) -> dict:
+        run = single_server_fifo(np.cumsum(rng.standard_exponential(n)) * SERVICE_S / rho, np.full(n, SERVICE_S))
+        steady = steady_p99([(run.arrival_s, run.latency_ms)], budget_ms=budget).as_dict()
+        at_target = {"scenario": "server", "offered_qps": rho / SERVICE_S, "latency_ms": {"p99": steady["point"]},
+                     "p99_ci": steady["ci"], "steady_state": steady, "sustainable": True, "errors": [],
+                     "loadgen": {"valid": True, "invalid_reasons": [], "early_stopping": [],
+                                 "target_latency_ms": budget}}
+        return {"name": f"c{i}", "traffic": {"scenario": "server", "at_target": at_target}}
+
+    picks = 150
+    released = sum(evaluate([candidate(i) for i in range(4)], budget, 1.0, accuracy_meaningful=False,
+                            decision="confident")["passed"] for _ in range(picks))
+    bound = family_claim(4)["bound"]
+    assert bound == pytest.approx(1 - 0.975 ** 4, abs=1e-4)
+    assert released / picks <= bound
