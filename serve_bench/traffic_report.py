@@ -115,7 +115,7 @@ def capacity_text(cap: dict | None) -> str:
     if cap.get("qps") is not None:
         return _num(cap["qps"], 1) + _bounds(cap.get("ci"), 1)
     words = {"model_failed": "model failed", "not_sustainable": "not sustainable",
-             "none_within_budget": "none within budget", "not_confident": "not shown within at 95%",
+             "none_within_budget": "none within budget", "not_confident": "not shown within the budget", "unknown": "queue unknown",
              "no_rate_probed": "no rate probed", "not_confirmed": "not confirmed by a full-length run"}
     return words.get(cap.get("status"), "none within budget")
 

@@ -162,7 +162,8 @@ def test_the_p99_at_the_pipelines_traffic_is_judged_at_the_corrected_level_too()
     n = 30_000
     run = single_server_fifo(np.cumsum(rng.standard_exponential(n)) * 0.002 / 0.6, np.full(n, 0.002))
     steady = steady_p99([(run.arrival_s, run.latency_ms)]).as_dict()
-    budget = (upper_at(steady, 0.99) + upper_at(steady, 1 - 0.01 / 4)) / 2
+    assert upper_at(steady, 1) == steady["ci"][1]
+    budget = (upper_at(steady, 1) + upper_at(steady, 4)) / 2
     entry = {**_entry(1, (0, 0), 1000, 1.0), "traffic": {"scenario": "server", "at_target": {
         "scenario": "server", "offered_qps": 300.0, "latency_ms": {"p99": steady["point"]}, "p99_ci": steady["ci"],
         "steady_state": steady, "sustainable": True, "sustainable_reason": "sustainable", "errors": [],

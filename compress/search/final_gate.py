@@ -38,9 +38,11 @@ class Correction:
 
     def words(self) -> str:
         if self.method == BONFERRONI:
-            return (f"Bonferroni over {self.finalists} finalists: each finalist's drop and p99 bounds at "
+            return (f"Bonferroni over {self.finalists} finalists: each finalist's drop and closed-loop p99 bounds at "
                     f"{100 * self.level:.2f}% (one-sided {100 * (1 - self.level) / 2:.3f}% each), so the chance that "
-                    f"the released one is past a limit stays at {100 * (1 - LEVEL) / 2:.1f}% or less")
+                    f"the released one is past a limit stays at {100 * (1 - LEVEL) / 2:.1f}% or less; a p99 at the "
+                    f"pipeline's traffic at {100 * (1 - (1 - STEADY_LEVEL) / self.finalists):.2f}% (its steady-state "
+                    "interval's own level, corrected the same way)")
         if self.finalists <= 1:
             return "none needed: one finalist, judged at the usual 95% level"
         return (f"none: the `point` rule compares estimates, with no error rate to correct; an artifact on the red "
@@ -86,7 +88,7 @@ def _corrected_problems(entry: dict, limits: Limits, correction: Correction, mea
     if limits.p99_budget_ms is not None and run is not None and run.get("steady_state"):
         # the p99 at the pipeline's traffic: its interval is at the steady-state level (99%), corrected the same way
         level = 1 - (1 - STEADY_LEVEL) / correction.finalists
-        upper = upper_at(run["steady_state"], level)
+        upper = upper_at(run["steady_state"], correction.finalists)
         if upper is None or upper > limits.p99_budget_ms:
             said = "unknown" if upper is None else f"{upper:.3f} ms"
             problems.append(f"p99 at {run['offered_qps']:,.1f}/s: {100 * level:.2f}% upper bound {said} "

@@ -41,7 +41,7 @@ logger = logging.getLogger(__name__)
 
 SPLITS = {"val": "validation", "test": "test"}
 VALIDATION_BENCH = "validation-bench"  # the folder of a run's validation bench
-FORMAT = "compress-search-bench/1"
+FORMAT = "compress-search-bench/2"  # 2: keyed on the latency section and nms too
 
 
 def bench_config(pipeline: Pipeline) -> BenchConfig:

@@ -101,6 +101,9 @@ def _status(curve: list[dict], budget_ms: float | None, chosen: float | None) ->
     rate = f"{lowest['offered_qps']:,.1f}/s"
     if lowest.get("errors"):
         return "model_failed", f"the model failed while serving at {rate}: {lowest['errors'][0]}"
+    if lowest.get("sustainable") is None and "sustainable" in lowest:
+        return "unknown", (f"whether the queue stayed bounded is unknown even at the lowest probed rate, {rate}: "
+                           f"{lowest.get('sustainable_reason')}")
     if not lowest.get("sustainable", False):
         why = str(lowest.get("sustainable_reason") or "").removeprefix("not sustainable: ")
         return "not_sustainable", f"not sustainable even at the lowest probed rate, {rate}: {why}"
@@ -108,8 +111,9 @@ def _status(curve: list[dict], budget_ms: float | None, chosen: float | None) ->
         return "none_within_budget", (f"none within budget: p99 {lowest['latency_ms']['p99']:.3f} ms > "
                                       f"{budget_ms:g} ms even at the lowest probed rate, {rate}")
     upper = (lowest.get("p99_ci") or [None, None])[1]
-    said = f"its p99's 95% upper bound {upper:.3f} ms" if upper is not None else "no interval of its p99"
-    return "not_confident", f"not shown within the budget at 95% even at the lowest probed rate, {rate} ({said})"
+    level = (lowest.get("steady_state") or {}).get("level", 0.95)
+    said = f"its p99's {level:.0%} upper bound {upper:.3f} ms" if upper is not None else "no interval of its p99"
+    return "not_confident", f"not shown within the budget even at the lowest probed rate, {rate} ({said})"
 
 
 def best_config(configs: Iterable[dict]) -> dict | None:

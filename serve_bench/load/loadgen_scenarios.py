@@ -30,7 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from serve_bench.load.serving_loop import ServedRecords, ServingLoop
 from serve_bench.latency_intervals import BlockedSamples, block_bootstrap_ci
-from serve_bench.load.steady_state import MIN_QUERIES, Segment, bounded, complete_cycles, queries_wanted, steady_p99
+from serve_bench.load.steady_state import MAX_DISCARDED, MIN_QUERIES, Segment, bounded, complete_cycles, queries_wanted, steady_p99
 
 log = logging.getLogger(__name__)
 
@@ -117,6 +117,9 @@ def early_stopping_estimates(lines: list[str]) -> dict[str, float]:
     return out
 
 
+RETEST_SEED = 100_003  # a retest's schedule seed steps by this: no other test of the bench draws the same arrivals
+
+
 @dataclass
 class LoadGenTest:
     """What one LoadGen test left: its detail-log values and summary, each query's scheduled time (s) and latency
@@ -154,7 +157,7 @@ def run_scenario(loop: ServingLoop, sample_count: int, settings: ScenarioSetting
             break
         more = max(min(queries_wanted(estimate, settings.min_tail_cycles), settings.max_queries - done), MIN_QUERIES)
         log.info("server at %g/s: %s; measuring %d more queries", settings.target_qps, estimate.reason, more)
-        tests.append(one_test(loop, sample_count, settings.model_copy(update={"min_queries": more, "seed": settings.seed + len(tests)})))
+        tests.append(one_test(loop, sample_count, settings.model_copy(update={"min_queries": more, "seed": settings.seed + RETEST_SEED * len(tests)})))
     result = scenario_result(settings, tests)
     if keep_raw:
         result["schedule_s"], result["latencies_ms"] = tests[-1].schedule_s, tests[-1].latencies_ms
@@ -165,7 +168,12 @@ def warm_up(loop: ServingLoop, sample_count: int, settings: ScenarioSettings) ->
     """Poisson traffic at the target rate for ``warmup_s`` through the same loop, answers discarded."""
     from serve_bench.load.open_loop import run_open_loop
 
-    run_open_loop(loop, sample_count, settings.target_qps, settings.warmup_s, seed=settings.seed + 7919)
+    if settings.target_qps * settings.warmup_s < 1:  # a slow rate: its warm-up would hold no query
+        return
+    try:
+        run_open_loop(loop, sample_count, settings.target_qps, settings.warmup_s, seed=settings.seed + 7919)
+    except (ValueError, TimeoutError) as exc:  # the measured test that follows says what the server does
+        log.warning("warm-up traffic at %g/s: %s", settings.target_qps, exc)
 
 
 def one_test(loop: ServingLoop, sample_count: int, settings: ScenarioSettings) -> LoadGenTest:
@@ -299,9 +307,14 @@ def scenario_result(settings: ScenarioSettings, tests: list[LoadGenTest]) -> dic
                             min_tail_cycles=settings.min_tail_cycles, precision=settings.precision)
         out["steady_state"] = {**steady.as_dict(), "warmup_s": settings.warmup_s, "max_queries": settings.max_queries,
                                "capped": not steady.precise and settings.max_queries is not None
-                               and queries >= settings.max_queries}
+                               and queries > settings.max_queries - MIN_QUERIES}
         out["sustainable"], out["sustainable_reason"] = pooled_verdict(tests)
         latencies = np.concatenate([c for t in tests for c in complete_cycles(*t.segment)[0]] or [np.zeros(0)])
+        if steady.discarded > MAX_DISCARDED * queries:  # not steady state: every query counts, the slow ones too
+            latencies = np.concatenate([t.latencies_ms for t in tests])
+            out["steady_state"]["percentiles_of"] = "every query (the open busy periods hold too many to leave out)"
+        else:
+            out["steady_state"]["percentiles_of"] = "the complete busy periods"
         out["p99_ci"] = None if steady.ci is None else [round(v, 6) for v in steady.ci]
     else:
         latencies = np.concatenate([t.latencies_ms for t in tests])

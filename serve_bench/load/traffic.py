@@ -77,6 +77,7 @@ class TrafficSettings(BaseModel):
 
 
 Progress = Callable[[str], None]
+CONFIRM_SEED = 1_000_003  # a confirmation run's own arrivals, not the probe's it checks
 
 
 class _Turns:
@@ -160,8 +161,8 @@ def _sweep(turns: _Turns, names: list[str], settings: TrafficSettings, budget_ms
             resolved = offline[name]["serving"]  # threads filled in by the worker
             found = capacity(curve, budget_ms, decision)
             if settings.confirm and found["qps"]:
-                run = _server_test(turns, name, serving, _scenario("server", settings, budget_ms, found["qps"]),
-                                   budget_ms, progress)
+                check = {**_scenario("server", settings, budget_ms, found["qps"]), "seed": settings.seed + CONFIRM_SEED}
+                run = _server_test(turns, name, serving, check, budget_ms, progress)
                 found = confirmed(found, run, curve, decision)
             out[name]["configs"].append({"label": ServingSettings(**resolved).label(), "serving": resolved,
                                          "offline": offline[name], "curve": curve, "capacity": found})

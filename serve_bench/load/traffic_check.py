@@ -80,7 +80,7 @@ def load_claim(seconds: float) -> list[dict]:
         print(f"load   {qps:>4}/s (ρ {row['rho']:.2f}, service {s_ms:.3f} ms): p99 {row['p99_ms']['measured']:.3f} "
               f"ms [{row['p99_ms']['fake_clock']:.3f}], queue mean {row['queue_ms']['measured']:.3f} ms "
               f"[{row['queue_ms']['fake_clock']:.3f}], model mean {row['model_ms']['measured']:.3f} ms "
-              f"[{row['model_ms']['fake_clock']:.3f}]{'' if run['sustainable'] else ', NOT sustainable'}",
+              f"[{row['model_ms']['fake_clock']:.3f}]{'' if run['sustainable'] else (', NOT sustainable' if run['sustainable'] is False else ', sustainability unknown')}",
               flush=True)
     return rows
 
