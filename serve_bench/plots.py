@@ -149,12 +149,12 @@ def latency_load_curve(entries: list[dict], budget_ms: float | None) -> bytes | 
             ax.axhline(budget_ms, color="crimson", linewidth=1.2, label=f"p99 budget {budget_ms:g} ms")
         if traffic.get("target_qps"):
             ax.axvline(traffic["target_qps"], color="grey", linestyle="-.", label=f"target {traffic['target_qps']:g}/s")
-        if any(r.get("sustainable") is False for c in configs for r in _curve_points(c.get("curve"))):
-            ax.plot([], [], "o", color="red", mfc="none", label="saturation (not sustainable)")
+        if any(r.get("sustainable") is not True for c in configs for r in _curve_points(c.get("curve"))):
+            ax.plot([], [], "o", color="red", mfc="none", label="saturation (not sustainable, or unknown)")
         ax.set_yscale("log")
         ax.set_xlabel("offered load (queries/s, Poisson)")
         ax.set_ylabel("latency from scheduled send (ms, log)")
-        ax.set_title(f"{name}: p99 solid (95% CI bars), p50 dotted, capacity dashed", fontsize=9)
+        ax.set_title(f"{name}: p99 solid (CI bars at each run's level), p50 dotted, capacity dashed", fontsize=9)
         ax.legend(fontsize=7)
         ax.grid(alpha=0.3, which="both")
     for ax in list(axes.flat)[len(swept):]:

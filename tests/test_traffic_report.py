@@ -161,7 +161,7 @@ def test_latency_load_curve_draws_one_panel_per_swept_artifact(report, monkeypat
               if line.get_marker() == "o" and line.get_markerfacecolor() == "none" and len(line.get_xdata())]
     assert sorted(hollow) == [(200.0, 5.0), (600.0, 9.0)]  # the saturated points
     labels = axes[0].get_legend_handles_labels()[1]
-    assert "b8 ★ p99" in labels and "saturation (not sustainable)" in labels
+    assert "b8 ★ p99" in labels and "saturation (not sustainable, or unknown)" in labels
 
 
 def test_latency_load_curve_is_none_without_a_curve(report):

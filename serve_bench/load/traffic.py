@@ -62,8 +62,8 @@ class TrafficSettings(BaseModel):
                                                "rows compare at the same traffic")
     overhead: bool = Field(True, description="measure the harness on a model that does nothing, for the report")
     warmup_s: float = Field(1.0, ge=0, description="traffic at the test's rate for this long before each server "
-                                                   "test, not counted: the first test of a worker read a p99 4× "
-                                                   "its later ones at the same rate")
+                                                   "measurement, not counted (a first test of a worker was seen to "
+                                                   "read a p99 4× its later ones at the same rate)")
     max_queries: int = Field(20000, ge=1, description="the at-target, `loads` and confirmation tests measure again "
                                                       "with more queries until their steady-state p99 is precise, "
                                                       "up to this many queries in all (then the report says so)")
