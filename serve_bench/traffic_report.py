@@ -95,7 +95,8 @@ def traffic_table(report: dict) -> Table | None:
         p99 = _num(lat.get("p99")) + (_bounds(run.get("p99_ci")) if lat.get("p99") is not None else "")
         rows.append([art["name"], run.get("scenario") or "—", serving_text(run.get("serving")),
                      _num(run.get("offered_qps"), 1), _num(run.get("completed_qps"), 1), _num(lat.get("p50")), p99,
-                     steady_text(run.get("steady_state")), verdict(run), _num(_mean(run.get("queue_ms"))), _num(_mean(run.get("compute_ms"))),
+                     steady_text(run.get("steady_state")), verdict(run), _num(_mean(run.get("queue_ms"))),
+                     _num(_mean(run.get("compute_ms"))),
                      _num(run.get("mean_batch"), 2), _within(run), _sustainable(run)])
     return (head, rows) if rows else None
 
@@ -115,7 +116,8 @@ def capacity_text(cap: dict | None) -> str:
     if cap.get("qps") is not None:
         return _num(cap["qps"], 1) + _bounds(cap.get("ci"), 1)
     words = {"model_failed": "model failed", "not_sustainable": "not sustainable",
-             "none_within_budget": "none within budget", "not_confident": "not shown within the budget", "unknown": "queue unknown",
+             "none_within_budget": "none within budget", "not_confident": "not shown within the budget",
+             "unknown": "queue unknown",
              "no_rate_probed": "no rate probed", "not_confirmed": "not confirmed by a full-length run"}
     return words.get(cap.get("status"), "none within budget")
 

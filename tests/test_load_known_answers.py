@@ -21,8 +21,8 @@ def test_a_sweep_finds_more_load_within_the_budget_with_dynamic_batching():
     at-target run and the harness overhead. Its timing claims are only those a 2× slowdown cannot overturn: a
     batch of 8 costs 3.4 ms against 16 one by one, an ideal gain of 4.7×, so even a neighbour that slowed only the
     batched runs twice over leaves about 2.3×, and batched > plain holds (the gain's size is the fake clock's to
-    test: tests/test_queue_simulation.py). Three rates, short probes and a short precision loop (400 queries at most) keep it to the structure it
-    checks."""
+    test: tests/test_queue_simulation.py). Three rates, short probes and a short precision loop (400
+    queries at most) keep it to the structure it checks."""
     model = {"service_ms": 2.0, "per_item_ms": 0.2}
     settings = TrafficSettings(duration_s=0.5, min_queries=100, sweep_min_queries=150, sweep=True, refine=1,
                                rates=[0.25, 0.5, 0.85], warmup_s=0.2, max_queries=400, sweep_max_queries=400,

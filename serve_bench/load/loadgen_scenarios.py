@@ -28,9 +28,10 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from serve_bench.load.serving_loop import ServedRecords, ServingLoop
 from serve_bench.latency_intervals import BlockedSamples, block_bootstrap_ci
-from serve_bench.load.steady_state import MAX_DISCARDED, MIN_QUERIES, Segment, bounded, complete_cycles, queries_wanted, steady_p99
+from serve_bench.load.serving_loop import ServedRecords, ServingLoop
+from serve_bench.load.steady_state import (MAX_DISCARDED, MIN_QUERIES, Segment, SteadyP99, bounded, queries_wanted,
+                                           steady_p99)
 
 log = logging.getLogger(__name__)
 
@@ -144,24 +145,31 @@ def run_scenario(loop: ServingLoop, sample_count: int, settings: ScenarioSetting
     until the steady-state p99 is precise or ``max_queries`` is reached, each asking for as many queries as
     :func:`~serve_bench.load.steady_state.queries_wanted` says. ``keep_raw`` adds every query's scheduled time and
     latency (``schedule_s``, ``latencies_ms``: arrays of the last test, not for the report)."""
-    if settings.scenario == "server" and settings.warmup_s > 0:
+    server = settings.scenario == "server"
+    if server and settings.warmup_s > 0:
         warm_up(loop, sample_count, settings)
     tests = [one_test(loop, sample_count, settings)]
-    while settings.scenario == "server" and settings.max_queries is not None:
-        done = sum(len(t.latencies_ms) for t in tests)
-        estimate = steady_p99([t.segment for t in tests], budget_ms=settings.target_latency_ms,
-                              min_tail_cycles=settings.min_tail_cycles, precision=settings.precision)
-        if estimate.precise or done >= settings.max_queries or bounded(*tests[-1].segment)[0] is False:
+    estimate = steady_of(tests, settings) if server else None
+    while server and settings.max_queries is not None:
+        left = settings.max_queries - sum(len(t.latencies_ms) for t in tests)
+        # stop when precise, at the cap, with no room for a test long enough for a verdict, or when the queue grew
+        if estimate.precise or left < MIN_QUERIES or bounded(*tests[-1].segment)[0] is False:
             break
-        if settings.max_queries - done < MIN_QUERIES:  # a test too short for a verdict on its queue
-            break
-        more = max(min(queries_wanted(estimate, settings.min_tail_cycles), settings.max_queries - done), MIN_QUERIES)
+        more = max(min(queries_wanted(estimate, settings.min_tail_cycles), left), MIN_QUERIES)
         log.info("server at %g/s: %s; measuring %d more queries", settings.target_qps, estimate.reason, more)
-        tests.append(one_test(loop, sample_count, settings.model_copy(update={"min_queries": more, "seed": settings.seed + RETEST_SEED * len(tests)})))
-    result = scenario_result(settings, tests)
+        retest = settings.model_copy(update={"min_queries": more, "seed": settings.seed + RETEST_SEED * len(tests)})
+        tests.append(one_test(loop, sample_count, retest))
+        estimate = steady_of(tests, settings)
+    result = scenario_result(settings, tests, estimate)
     if keep_raw:
         result["schedule_s"], result["latencies_ms"] = tests[-1].schedule_s, tests[-1].latencies_ms
     return result
+
+
+def steady_of(tests: list[LoadGenTest], settings: ScenarioSettings) -> SteadyP99:
+    """The steady-state p99 of the server tests so far, judged by the settings' precision rule."""
+    return steady_p99([t.segment for t in tests], budget_ms=settings.target_latency_ms,
+                      min_tail_cycles=settings.min_tail_cycles, precision=settings.precision)
 
 
 def warm_up(loop: ServingLoop, sample_count: int, settings: ScenarioSettings) -> None:
@@ -253,13 +261,15 @@ def _loadgen_record(settings: ScenarioSettings, test: LoadGenTest) -> dict:
 
 
 def _rate(tests: list[LoadGenTest], key: str) -> float | None:
-    """A LoadGen rate over several tests: their queries over their summed durations (each test's own rate × its
-    queries gives its duration)."""
-    pairs = [(len(t.latencies_ms), t.results.get(key)) for t in tests]
-    if any(v is None or float(v) <= 0 for _, v in pairs):
-        return None if len(tests) > 1 or pairs[0][1] is None else round(float(pairs[0][1]), 3)
-    queries = sum(n for n, _ in pairs)
-    return round(queries / sum(n / float(v) for n, v in pairs), 3) if queries else None
+    """A LoadGen rate: one test's as it said it; over several tests, their queries over their summed durations
+    (each test's queries over its own rate)."""
+    rates = [t.results.get(key) for t in tests]
+    if len(tests) == 1:
+        return None if rates[0] is None else round(float(rates[0]), 3)
+    counts = [len(t.latencies_ms) for t in tests]
+    if any(r is None or float(r) <= 0 for r in rates) or not sum(counts):
+        return None
+    return round(sum(counts) / sum(n / float(r) for n, r in zip(counts, rates)), 3)
 
 
 def pooled_verdict(tests: list[LoadGenTest]) -> tuple[bool | None, str]:
@@ -287,10 +297,11 @@ def closed_loop_ci(latencies: np.ndarray, blocks: int = 20) -> list[float] | Non
     return [round(v, 6) for v in block_bootstrap_ci(BlockedSamples(parts, list(range(len(parts)))), 99.0)]
 
 
-def scenario_result(settings: ScenarioSettings, tests: list[LoadGenTest]) -> dict:
+def scenario_result(settings: ScenarioSettings, tests: list[LoadGenTest], steady: SteadyP99 | None = None) -> dict:
     """The report's record of one measurement (one LoadGen test, or several of one server configuration pooled):
     plain values. LoadGen's own verdict is the first test's (the one sized by the settings); the percentiles are
-    of every query, or in the server scenario of the complete busy periods of every test (steady state)."""
+    of every query, or in the server scenario of the complete busy periods of every test (steady state: ``steady``,
+    computed here when not given)."""
     served = ServedRecords(*(np.concatenate([getattr(t.served, f) for t in tests]) for f in
                              ("queue_ns", "compute_ns", "batch", "busy_ns")))
     completed_key = ("result_completed_samples_per_sec" if "result_completed_samples_per_sec" in tests[0].results
@@ -303,13 +314,12 @@ def scenario_result(settings: ScenarioSettings, tests: list[LoadGenTest]) -> dic
            "loadgen": _loadgen_record(settings, tests[0]),
            **served.summary(), "errors": [e for t in tests for e in t.errors][:3]}
     if settings.scenario == "server":
-        steady = steady_p99([t.segment for t in tests], budget_ms=settings.target_latency_ms,
-                            min_tail_cycles=settings.min_tail_cycles, precision=settings.precision)
+        steady = steady or steady_of(tests, settings)
         out["steady_state"] = {**steady.as_dict(), "warmup_s": settings.warmup_s, "max_queries": settings.max_queries,
                                "capped": not steady.precise and settings.max_queries is not None
                                and queries > settings.max_queries - MIN_QUERIES}
         out["sustainable"], out["sustainable_reason"] = pooled_verdict(tests)
-        latencies = np.concatenate([c for t in tests for c in complete_cycles(*t.segment)[0]] or [np.zeros(0)])
+        latencies = steady.values if steady.values is not None else np.zeros(0)
         if steady.discarded > MAX_DISCARDED * queries:  # not steady state: every query counts, the slow ones too
             latencies = np.concatenate([t.latencies_ms for t in tests])
             out["steady_state"]["percentiles_of"] = "every query (the open busy periods hold too many to leave out)"

@@ -40,11 +40,10 @@ claim resting on it is about 95%, not 99.5%. Under the bench's default cap of 20
 from __future__ import annotations
 
 import logging
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, field, fields
 from typing import Sequence
 
 import numpy as np
-
 from scipy import stats
 
 from serve_bench.latency_intervals import MIN_BLOCKS
@@ -99,10 +98,11 @@ class SteadyP99:
     method: str = METHOD
     se: float | None = None  # standard error of the fraction of queries above the point
     tail: list[float] | None = None  # the latencies at percentiles TAIL_FROM..100 in steps of TAIL_STEP (for upper_at)
-    upper_among: dict[str, float | None] | None = None  # the upper end at 1 − (1 − level)/F, for F of 1..8 candidates
+    upper_among: dict[str, float | None] | None = None  # the upper end at 1 − (1 − level)/F, F of 1..8 candidates
+    values: np.ndarray | None = field(default=None, repr=False, compare=False)  # the complete cycles' latencies
 
     def as_dict(self) -> dict:
-        out = asdict(self)
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "values"}
         out["ci"] = None if self.ci is None else [round(v, 6) for v in self.ci]
         out["point"] = None if self.point is None else round(self.point, 6)
         return out
@@ -129,12 +129,14 @@ def steady_p99(segments: Sequence[Segment], *, q: float = 99.0, budget_ms: float
     tail = int(np.count_nonzero(above))
     if len(cycles) < MIN_BLOCKS:
         return SteadyP99(point, None, queries, discarded, len(cycles), tail, False,
-                         f"{len(cycles)} complete busy periods: fewer than the {MIN_BLOCKS} an interval needs", level)
-    low, high, se = woodruff_interval(values, cycles, above, q, level)
+                         f"{len(cycles)} complete busy periods: fewer than the {MIN_BLOCKS} an interval needs", level,
+                         values=values)
+    se = exceedance_se(cycles, above)
+    low, high = woodruff_bounds(values, q, se, len(cycles), level)
     tail_table = [round(float(v), 6) for v in np.percentile(values, np.arange(TAIL_FROM, 100.0 + 1e-9, TAIL_STEP))]
     among = {}
     for f in range(1, 9):  # exact upper ends for a gate that corrects over up to 8 candidates
-        corrected = woodruff_interval(values, cycles, above, q, 1 - (1 - level) / f)[1]
+        corrected = woodruff_bounds(values, q, se, len(cycles), 1 - (1 - level) / f)[1]
         among[str(f)] = None if corrected >= values.max() else round(corrected, 6)
     decided = budget_ms is not None and (high <= budget_ms or low > budget_ms)
     if discarded > MAX_DISCARDED * queries:
@@ -152,22 +154,24 @@ def steady_p99(segments: Sequence[Segment], *, q: float = 99.0, budget_ms: float
     else:
         precise, reason = False, f"the upper end is {high / point - 1:.0%} above the point (wanted {precision:.0%})"
     return SteadyP99(point, (low, high), queries, discarded, len(cycles), tail, precise, reason, level,
-                     se=round(se, 9), tail=tail_table, upper_among=among)
+                     se=round(se, 9), tail=tail_table, upper_among=among, values=values)
 
 
-def woodruff_interval(values: np.ndarray, cycles: list[np.ndarray], above: np.ndarray, q: float,
-                      level: float) -> tuple[float, float, float]:
-    """The latencies at percentiles ``q`` ∓ z·SE (in percent), SE the standard error of the fraction of queries
-    above the point: a ratio over independent cycles (above_i against the fraction × length_i)."""
+def exceedance_se(cycles: list[np.ndarray], above: np.ndarray) -> float:
+    """The standard error of the fraction of queries above the point: a ratio over independent cycles (above_i
+    against the fraction × length_i)."""
     lengths = np.array([len(c) for c in cycles], dtype=np.float64)
     fraction = above.sum() / lengths.sum()
     residual = above - fraction * lengths
     k = len(cycles)
-    se = float(np.sqrt(np.sum(residual ** 2) / (k - 1) / k) / lengths.mean())
-    z = float(stats.t.ppf(1 - (1 - level) / 2, k - 1))
-    low_q, high_q = max(q - 100 * z * se, 0.0), min(q + 100 * z * se, 100.0)
-    low, high = np.percentile(values, [low_q, high_q])
-    return float(low), float(high), se
+    return float(np.sqrt(np.sum(residual ** 2) / (k - 1) / k) / lengths.mean())
+
+
+def woodruff_bounds(values: np.ndarray, q: float, se: float, cycles: int, level: float) -> tuple[float, float]:
+    """The latencies at percentiles ``q`` ∓ z·SE (in percent), z from t with ``cycles`` − 1 degrees of freedom."""
+    z = float(stats.t.ppf(1 - (1 - level) / 2, cycles - 1))
+    low, high = np.percentile(values, [max(q - 100 * z * se, 0.0), min(q + 100 * z * se, 100.0)])
+    return float(low), float(high)
 
 
 def upper_at(steady: dict, candidates: int, q: float = 99.0) -> float | None:

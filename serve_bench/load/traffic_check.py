@@ -77,10 +77,11 @@ def load_claim(seconds: float) -> list[dict]:
                                ("model_ms", run["compute_ms"]["mean"], fake["compute_ms"]["mean"])):
             row[key] = {"measured": real, "fake_clock": sim}
         rows.append(row)
+        queue = {True: "", False: ", NOT sustainable", None: ", sustainability unknown"}[run["sustainable"]]
         print(f"load   {qps:>4}/s (ρ {row['rho']:.2f}, service {s_ms:.3f} ms): p99 {row['p99_ms']['measured']:.3f} "
               f"ms [{row['p99_ms']['fake_clock']:.3f}], queue mean {row['queue_ms']['measured']:.3f} ms "
               f"[{row['queue_ms']['fake_clock']:.3f}], model mean {row['model_ms']['measured']:.3f} ms "
-              f"[{row['model_ms']['fake_clock']:.3f}]{'' if run['sustainable'] else (', NOT sustainable' if run['sustainable'] is False else ', sustainability unknown')}",
+              f"[{row['model_ms']['fake_clock']:.3f}]{queue}",
               flush=True)
     return rows
 
