@@ -196,6 +196,29 @@ def eval_batch_of(spec: ArtifactSpec, settings: BenchSettings) -> int:
     return min(settings.eval_batch, spec.max_batch or settings.eval_batch)
 
 
+def served_batch(spec: ArtifactSpec, traffic: dict | None, measured_at: int) -> int | None:
+    """The largest batch the sweep's recommended serving configuration forms for an OpenVINO file, where it is
+    larger than the batch its accuracy was measured at (None otherwise). OpenVINO answers differently at another
+    batch (see :func:`eval_batch_of`), so the card that recommends batching must state the accuracy at it."""
+    if spec.backend != "openvino" or not traffic:
+        return None
+    best = (traffic.get("sweep") or {}).get("best") or {}
+    batch = int((best.get("serving") or {}).get("max_batch") or 1)
+    return batch if batch > measured_at else None
+
+
+def served_batch_accuracy(batch: int, served: np.ndarray, reference: np.ndarray, labels: np.ndarray,
+                          metric: str) -> dict:
+    """The accuracy of the same test images answered in batches of ``batch``, with its Wilson interval, and how
+    many of its top-1 answers differ from those the report's accuracy came from. Dynamic batching forms batches
+    of every size up to the largest, so the largest is the one furthest from the measured batch."""
+    acc = accuracy(served, labels)
+    changed = int(np.count_nonzero(served.argmax(axis=1) != reference.argmax(axis=1)))
+    return {"batch": batch, metric: acc[metric], "ci": accuracy_intervals(acc)[metric], "n": acc["n"],
+            "changed_answers": changed,
+            "difference": round(acc[metric] - accuracy(reference, labels)[metric], 4)}
+
+
 def _fp32_reference(spec: ArtifactSpec, specs: list[ArtifactSpec]) -> ArtifactSpec | None:
     """The fp32 ONNX of the model an INT8 file was quantized from, on the same runtime."""
     if spec.precision != "int8" or not spec.source_model:
@@ -235,6 +258,10 @@ def run_benchmark(specs: list[ArtifactSpec], baseline: str, test: TestSet, setti
                 decision=settings.decision, settings=settings.traffic, settle_s=settings.harness.settle_s,
                 expected_ms=expected, null_pool=_pool(test, 1)[:16], progress=say)
         profiles = {name: operator_profile(worker, settings) for name, worker in workers.items()}
+        served = {spec.name: batch for spec in specs
+                  if (batch := served_batch(spec, traffic.get(spec.name), eval_batches[spec.name]))}
+        served_logits = {name: workers[name].call("predict", tests[name].images, batch)
+                         for name, batch in served.items() if tests[name].targets is None}
 
     blocked = measured["blocked"]
     base_test = tests[baseline]
@@ -307,6 +334,12 @@ def run_benchmark(specs: list[ArtifactSpec], baseline: str, test: TestSet, setti
             entry["int8_vs_fp32"] = {"reference": reference.name,
                                      **{k: r.as_dict() for k, r in _ratios(blocked[spec.name],
                                                                            blocked[reference.name]).items()}}
+        if spec.name in served:
+            entry["accuracy_at_serving_batch"] = (
+                served_batch_accuracy(served[spec.name], served_logits[spec.name], logits[spec.name],
+                                      tests[spec.name].labels, metric)
+                if spec.name in served_logits else
+                {"batch": served[spec.name], "not_measured": "a detector's mAP is measured at its latency batch only"})
         if settings.repeats > 1:
             runs = [r[spec.name] for r in per_repeat]
             entry["repeats"] = {"k": settings.repeats, "per_repeat": [{k: round(v, 6) for k, v in r.items()}

@@ -10,7 +10,9 @@ from torch import nn
 
 from compress.quantization.ptq import Calibration, preprocess, quantize
 from export.onnx_export import export_onnx
-from serve_bench.bench import ArtifactSpec, BenchSettings, eval_batch_of, on_runtimes
+from compress.release.model_card import _served_batch_lines
+from serve_bench.bench import (ArtifactSpec, BenchSettings, eval_batch_of, on_runtimes, served_batch,
+                               served_batch_accuracy)
 from serve_bench.harness import HarnessSettings
 from serve_bench.runners import RunnerError, make_runner, usable_onnx_runtimes
 from serve_bench.runtime_parity import runtime_parity, same_file_pairs
@@ -103,6 +105,31 @@ def test_each_onnx_file_is_one_candidate_per_runtime_and_keeps_its_name_on_the_f
     assert same_file_pairs(specs[1:]) == {"quantize.onnx_cpu@openvino": "quantize.onnx_cpu"}
     settings = BenchSettings(harness=HarnessSettings(), batch_size=4, eval_batch=64)
     assert eval_batch_of(ov, settings) == 4 and eval_batch_of(specs[2], settings) == 64  # OpenVINO: the serving batch
+
+
+def test_an_openvino_file_served_in_batches_states_its_accuracy_at_the_batch_the_card_recommends():
+    ov = ArtifactSpec(name="q@openvino", stage="quantize", backend="openvino", path="q.onnx", format="onnx",
+                      precision="int8", size_bytes=1)
+    ort = ArtifactSpec(name="q", stage="quantize", backend="onnxruntime", path="q.onnx", format="onnx",
+                       precision="int8", size_bytes=1)
+    swept = {"sweep": {"best": {"label": "batch <= 8", "serving": {"max_batch": 8, "instances": 1}}}}
+    assert served_batch(ov, swept, 1) == 8  # the batch the serving section recommends, larger than measured
+    assert served_batch(ov, swept, 8) is None and served_batch(ort, swept, 1) is None  # already there / any batch
+    assert served_batch(ov, {"sweep": {"best": None}}, 1) is None and served_batch(ov, None, 1) is None
+    # a known answer: 1,000 images, 900 right at batch 1; at batch 8, 30 right answers turn wrong, 10 wrong right
+    labels = np.arange(1000) % 10
+    reference = np.eye(10, dtype=np.float32)[np.where(np.arange(1000) < 900, labels, (labels + 1) % 10)]
+    served = reference.copy()
+    served[:30] = np.eye(10, dtype=np.float32)[(labels[:30] + 2) % 10]
+    served[900:910] = np.eye(10, dtype=np.float32)[labels[900:910]]
+    got = served_batch_accuracy(8, served, reference, labels, "top1")
+    assert (got["batch"], got["top1"], got["difference"], got["changed_answers"], got["n"]) == (8, 88.0, -2.0, 40,
+                                                                                                1000)
+    assert got["ci"][0] < 88.0 < got["ci"][1]
+    line = _served_batch_lines({"at_serving_batch": got, "eval_batch": 1}, "top1")[0]
+    assert "batches of up to 8" in line and "measured at batch 1" in line and "top1 88.0%" in line
+    assert "-2 points, 40 of 1,000 top-1 answers changed" in line
+    assert _served_batch_lines({"eval_batch": 1}, "top1") == []
 
 
 def test_runtime_parity_counts_the_images_whose_answer_differs_with_a_known_answer():

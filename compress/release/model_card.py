@@ -30,7 +30,9 @@ def build_card(*, report: dict, entry: dict, released: dict, input_spec: dict, c
                 "drop_ci": (entry.get("accuracy_paired") or {}).get("drop_ci"),
                 "eval_batch": entry.get("eval_batch") or (report.get("settings") or {}).get("eval_batch", 64),
                 # where the model came from outside the run: what the test split's independence rests on
-                "test_independence": data.get("test_independence")}
+                "test_independence": data.get("test_independence"),
+                # the answers at the batch the serving section recommends, where the runtime's answers depend on it
+                "at_serving_batch": entry.get("accuracy_at_serving_batch")}
     lat = entry["latency_ms"]
     latency = {"batch_size": (report.get("settings") or {}).get("batch_size", 1),
                **{k: lat[k] for k in LATENCY_KEYS if k in lat},
@@ -95,6 +97,21 @@ def _serving_lines(serving: dict | None) -> list[str]:
         lines.append(f"- serve it as: {best['label']} ({json.dumps(best['serving'])}): the most traffic within the "
                      f"p99 budget, {best['capacity_qps']:,.1f} queries/s{_interval(best.get('capacity_ci'))}")
     return lines
+
+
+def _served_batch_lines(acc: dict, metric: str) -> list[str]:
+    """The accuracy at the batch the serving section recommends, where it was measured apart (OpenVINO answers
+    differently at another batch); the figure above is at the batch the file was judged at."""
+    served = acc.get("at_serving_batch")
+    if not served:
+        return []
+    head = (f"- the serving section below recommends batches of up to {served['batch']}; the figure above was "
+            f"measured at batch {acc.get('eval_batch')}, and this runtime answers differently at another batch")
+    if served.get("not_measured"):
+        return [f"{head}: not measured at {served['batch']} ({served['not_measured']})"]
+    return [f"{head}. At batch {served['batch']}: {metric} {served[metric]}%{_interval(served.get('ci'))}, "
+            f"{served['difference']:+g} points, {served['changed_answers']:,} of {served['n']:,} top-1 answers "
+            "changed"]
 
 
 def _count(value) -> str:
@@ -167,6 +184,7 @@ def render_markdown(card: dict, environment_line: str) -> str:
               f"{acc['test_images']} images of the `{acc['split']}` split of `{acc['data']}` "
               f"(digest `{(acc['test_digest'] or '?')[:16]}…`), judged on this very file",
               f"- drop vs `{acc['baseline']}`: {acc['drop']} points{_interval(acc.get('drop_ci'))} (paired, 95%)"]
+    lines += _served_batch_lines(acc, metric)
     if not acc["meaningful"]:
         lines.append("- the labels of this data are random: the accuracy means nothing")
     independence = acc.get("test_independence")
