@@ -89,6 +89,7 @@ def _warn_if_foreign(report: dict, path: Path) -> None:
 
 def _cmd_gate(args: argparse.Namespace) -> int:
     from serve_bench.gate import evaluate
+    from serve_bench.limits import Limits
 
     from compress.pipeline.bench_report import load_report, print_gate
 
@@ -102,13 +103,10 @@ def _cmd_gate(args: argparse.Namespace) -> int:
                               "in that range")
     report, path = load_report(Path(args.target))
     _warn_if_foreign(report, path)
-    gate = report["gate"]
-    budget = args.p99_ms if args.p99_ms is not None else gate["p99_budget_ms"]
-    max_drop = args.max_drop if args.max_drop is not None else gate["max_accuracy_drop"]
-    decision = args.decision or gate.get("decision", "point")  # a report from before the rule decided on points
-    result = evaluate(report["artifacts"], budget, max_drop,
-                      accuracy_meaningful=(report.get("data") or {}).get("meaningful_accuracy", True),
-                      decision=decision)
+    limits = Limits.from_dict(report["gate"]["limits"]).replace(p99_budget_ms=args.p99_ms, max_drop=args.max_drop,
+                                                                  decision=args.decision)
+    result = evaluate(report["artifacts"], limits,
+                      accuracy_meaningful=(report.get("data") or {}).get("meaningful_accuracy", True))
     print_gate(result, path, _console(stderr=False))
     return 0 if result["passed"] else 1
 

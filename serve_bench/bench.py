@@ -28,6 +28,7 @@ from serve_bench.accuracy import accuracy, accuracy_intervals
 from serve_bench.harness import HarnessSettings, measure_interleaved
 from serve_bench.machine_load import load_summary
 from serve_bench.load.traffic import TrafficSettings, measure_traffic, wanted
+from serve_bench.limits import Limits
 from serve_bench.latency_intervals import BlockedSamples, Ratio, block_bootstrap_ci, paired_ratio, repeat_spread
 from serve_bench.paired import paired_counts, paired_summary
 from serve_bench.predictions import Predictions, digest_of_test_split
@@ -106,8 +107,7 @@ class BenchSettings:
     traffic: TrafficSettings | None = None  # latency under traffic (LoadGen); None: closed loop only
     scenario: str = "single-stream"  # the pipeline's latency scenario and the rate it must carry
     target_qps: float | None = None
-    budget_ms: float | None = None
-    decision: str = "point"
+    limits: Limits | None = None  # what the gate judges by: the capacity search reads its budget and rule
     profile_iters: int = 0  # per-operator profile of each artifact over this many runs (0: none)
     nms: dict | None = None  # a detector's NmsSettings: every timed request ends after NMS
 
@@ -228,13 +228,15 @@ def _fp32_reference(spec: ArtifactSpec, specs: list[ArtifactSpec]) -> ArtifactSp
 
 
 def run_benchmark(specs: list[ArtifactSpec], baseline: str, test: TestSet, settings: BenchSettings,
-                  metric: str = "top1", max_drop: float | None = None, progress=None,
-                  own_tests: dict[str, TestSet] | None = None, say=None) -> BenchResult:
-    """``own_tests`` gives an artifact another test set than ``test`` (a compared run made on other data):
+                  progress=None, own_tests: dict[str, TestSet] | None = None, say=None) -> BenchResult:
+    """Measure ``specs`` interleaved and judge their accuracy against ``baseline`` by ``settings.limits`` (its
+    metric and red line; without limits: top-1, no red line). ``own_tests`` gives an artifact another test set than ``test`` (a compared run made on other data):
     its accuracy is measured there, and not paired with the baseline's unless the digests match. ``say`` gets a
     line per traffic test (default: this module's log)."""
     if baseline not in {s.name for s in specs}:
         raise ValueError(f"baseline {baseline!r} is not among the measured artifacts")
+    limits = settings.limits
+    metric, max_drop = (limits.metric, limits.max_drop) if limits else ("top1", None)
     tests = {s.name: (own_tests or {}).get(s.name, test) for s in specs}
     with contextlib.ExitStack() as stack:
         workers = {}
@@ -254,8 +256,9 @@ def run_benchmark(specs: list[ArtifactSpec], baseline: str, test: TestSet, setti
         if wanted(settings.traffic, settings.scenario):
             expected = {name: float(np.percentile(b.flat, 50)) for name, b in measured["blocked"].items()}
             traffic, traffic_facts = measure_traffic(
-                workers, scenario=settings.scenario, target_qps=settings.target_qps, budget_ms=settings.budget_ms,
-                decision=settings.decision, settings=settings.traffic, settle_s=settings.harness.settle_s,
+                workers, scenario=settings.scenario, target_qps=settings.target_qps,
+                budget_ms=limits.p99_budget_ms if limits else None, decision=limits.decision if limits else "point",
+                settings=settings.traffic, settle_s=settings.harness.settle_s,
                 expected_ms=expected, null_pool=_pool(test, 1)[:16], progress=say)
         profiles = {name: operator_profile(worker, settings) for name, worker in workers.items()}
         served = {spec.name: batch for spec in specs

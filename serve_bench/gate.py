@@ -10,12 +10,11 @@ an artifact within the red line, with the test-set size that would.
 """
 from __future__ import annotations
 
+from serve_bench.limits import Limits
 from serve_bench.load.capacity import capacity, interval_trusted, loadgen_valid_for, passes
 from train.detection.coco_map import needed_for_bootstrap
 from serve_bench.paired import (LEVEL, POWER, PairedCounts, counts_of, drop_interval, needed_test_images,
                                smallest_certifiable_drop)
-
-DECISIONS: tuple[str, ...] = ("point", "confident")
 
 
 def why_int8_not_faster(isa: dict | None) -> str:
@@ -284,17 +283,16 @@ def preferred(candidates: list[dict], budget_ms: float | None = None, decision: 
     return min(candidates, key=p99)
 
 
-def evaluate(artifacts: list[dict], p99_budget_ms: float | None, max_accuracy_drop: float,
-             accuracy_meaningful: bool = True, decision: str = "point") -> dict:
+def evaluate(artifacts: list[dict], limits: Limits, accuracy_meaningful: bool = True) -> dict:
     """``artifacts`` are report entries with ``accuracy_drop`` (points, positive = worse), ``latency_ms.p99``
     and, for ``decision="confident"``, ``accuracy_paired`` (the per-image agreement counts) and
-    ``latency_ms.p99_ci_blocks``.
+    ``latency_ms.p99_ci_blocks``; ``limits`` are the red line, the budget and the rule, recorded in the result
+    under their pipeline-file names.
 
     ``accuracy_meaningful`` false (synthetic data): a drop of random labels says nothing about
     the artifact, so the red line is not applied and the result says the gate saw latency only.
     """
-    if decision not in DECISIONS:
-        raise ValueError(f"decision {decision!r}: choose one of {', '.join(DECISIONS)}")
+    p99_budget_ms, max_accuracy_drop, decision = limits.p99_budget_ms, limits.max_drop, limits.decision
     reasons, candidates, notes = [], [], []
     for art in artifacts:
         problems = _accuracy_problems(art, max_accuracy_drop, decision, notes) if accuracy_meaningful else []
@@ -316,7 +314,7 @@ def evaluate(artifacts: list[dict], p99_budget_ms: float | None, max_accuracy_dr
     family = family_claim(len(artifacts)) if decision == "confident" else None
     if family and len(artifacts) > 1:
         notes.append(family["words"])
-    return {"p99_budget_ms": p99_budget_ms, "max_accuracy_drop": max_accuracy_drop, "passed": release is not None,
+    return {"limits": limits.as_dict(), "passed": release is not None,
             "release": release, "reasons": reasons,
             "decided_on": "accuracy and latency" if accuracy_meaningful else "latency only",
             "notes": notes + _capacity_notes(candidates, p99_budget_ms, decision), "decision": decision,

@@ -65,7 +65,8 @@ def test_set_facts(name: str, test, meaningful_accuracy: bool) -> dict:
 
 
 def _budget(gate: dict) -> str:
-    return "no p99 budget" if gate["p99_budget_ms"] is None else f"p99 budget {gate['p99_budget_ms']} ms"
+    budget = gate["limits"]["p99_budget_ms"]
+    return "no p99 budget" if budget is None else f"p99 budget {budget} ms"
 
 
 def environment_line(env: dict) -> str:
@@ -85,7 +86,7 @@ def _gate_line(gate: dict, metric: str, baseline: str) -> str:
     rule = gate.get("decision", "point")
     rule_words = ("95% upper bounds within the limits" if rule == "confident" else "point estimates")
     return (f"release candidate: `{gate['release'] or 'none'}` ({_budget(gate)}, max {metric} drop "
-            f"{gate['max_accuracy_drop']} points vs `{baseline}`; decision: {rule}, on {rule_words})")
+            f"{gate['limits']['max_drop']} points vs `{baseline}`; decision: {rule}, on {rule_words})")
 
 
 def _md_table(table: tables.Table) -> list[str]:
@@ -182,13 +183,14 @@ Settings: {html.escape(json.dumps(report.get('settings', {})))}</footer>
 def figures(report: dict, latencies: dict[str, np.ndarray]) -> dict[str, bytes]:
     gate, metric = report["gate"], report.get("metric", "top1")
     baseline = next(a for a in report["artifacts"] if a["name"] == report["baseline"])
-    red_line = baseline["accuracy"][metric] - gate["max_accuracy_drop"]
+    limits = gate["limits"]
+    red_line = baseline["accuracy"][metric] - limits["max_drop"]
     out = {}
     if latencies:
-        out["latency_cdf.png"] = plots.latency_cdf(latencies, gate["p99_budget_ms"])
-    out["accuracy_vs_p99.png"] = plots.accuracy_vs_p99(report["artifacts"], metric, red_line, gate["p99_budget_ms"])
+        out["latency_cdf.png"] = plots.latency_cdf(latencies, limits["p99_budget_ms"])
+    out["accuracy_vs_p99.png"] = plots.accuracy_vs_p99(report["artifacts"], metric, red_line, limits["p99_budget_ms"])
     out["size_by_artifact.png"] = plots.size_by_artifact(report["artifacts"])
-    budget = (report.get("traffic") or {}).get("p99_budget_ms") or gate["p99_budget_ms"]
+    budget = (report.get("traffic") or {}).get("p99_budget_ms") or limits["p99_budget_ms"]
     curve = plots.latency_load_curve(report["artifacts"], budget)
     if curve is not None:
         out["latency_vs_load.png"] = curve

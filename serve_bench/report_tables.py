@@ -116,19 +116,20 @@ def ladder_table(report: dict) -> Table:
 
 
 def comparison_table(report: dict) -> Table:
-    """`compress compare`: each run's artifact against the first run's, accuracy paired image by image
-    where the test splits match, latency as block-paired ratios."""
+    """`compress compare`: each run's file on each runtime against the reference (the first run's pick),
+    accuracy paired image by image where the test splits match, latency as block-paired ratios."""
     metric, runs = report.get("metric", "top1"), (report.get("comparison") or {}).get("runs", [])
     head = ["run", "artifact", "M MACs", "params", f"{metric} % [95% CI]", "drop vs reference [95% CI]",
             "only reference / only this right", "p99 ms [CI blocks]", "p50 ratio [95% CI]", "p99 ratio [95% CI]"]
-    rows = []
-    for run, a in zip(runs, report["artifacts"]):
+    rows, label_of = [], {r["run"]: r["label"] for r in runs}
+    for a in report["artifacts"] if runs else []:  # every run's file on every runtime measured: a row per candidate
+        label = label_of.get(a.get("run"), "")
         ratio = a.get("latency_ratio") or {}
         ratios = [f"{ratio[k]['ratio']:.3f} [{ratio[k]['ci'][0]:.3f}, {ratio[k]['ci'][1]:.3f}]" if k in ratio
                   else "1 (reference)" for k in ("p50", "p99")]
         acc_ci = (a.get("accuracy_ci") or {}).get(metric)
         lat = a["latency_ms"]
-        rows.append([run["label"], run["artifact"], fmt(a["macs"] / 1e6 if a.get("macs") else None, 2),
+        rows.append([label, a["name"].removeprefix(f"{label}:"), fmt(a["macs"] / 1e6 if a.get("macs") else None, 2),
                      f"{a['params']:,}" if a.get("params") else "—",
                      fmt(a["accuracy"].get(metric), 2) + (f" [{acc_ci[0]:.2f}, {acc_ci[1]:.2f}]" if acc_ci else ""),
                      _drop(a), _disagree(a), f"{lat['p99']:.3f} [{interval(lat.get('p99_ci_blocks'))}]", *ratios])
@@ -165,7 +166,7 @@ RUNTIME_NOTE = ("The same bytes run by another runtime: its answers paired image
 def sections(report: dict) -> list[tuple[str, Table]]:
     """The tables after the main one, each with its heading; empty ones left out; then latency under traffic and
     where each artifact's time goes."""
-    out = [("Comparison of runs", comparison_table(report)),("Latency against the baseline (block-paired)", ratio_table(report)),
+    out = [("Comparison of runs", comparison_table(report)), ("Latency against the baseline (block-paired)", ratio_table(report)),
            ("Run-to-run spread", repeat_table(report)), ("INT8 ladder", ladder_table(report)),
            ("Same file, another runtime", runtime_table(report))]
     return [(title, table) for title, table in out if table[1]] + traffic_sections(report) + profile_sections(report)

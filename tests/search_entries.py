@@ -1,7 +1,8 @@
 """Split bench entries and reports as the search's bench writes them, for the search's tests."""
 from __future__ import annotations
 
-from compress.search.contenders import BASELINE, TRIAL, Contender, Limits
+from compress.search.contenders import BASELINE, TRIAL, Contender
+from serve_bench.limits import Limits
 from serve_bench.paired import PairedCounts, drop_interval
 
 BASELINE_P99 = 4.0

@@ -66,7 +66,9 @@ def test_report_json_has_the_documented_keys(bench_run):
         assert entry["runner"]["inference_precision"] == "f32" and entry["runner"]["version"]  # pinned, any CPU
         assert parity["top1_differs"] <= 3 and parity["max_abs_logit_diff_relative"] < 1e-2  # fp32 in both
     gate = report["gate"]
-    assert {"p99_budget_ms", "max_accuracy_drop", "passed", "release", "reasons"} <= set(gate)
+    assert {"limits", "passed", "release", "reasons"} <= set(gate)
+    assert gate["limits"] == {"metric": "top1", "max_drop": config["red_line"]["max_drop"],
+                              "p99_budget_ms": 1000.0, "decision": "point"}  # the pipeline file's names
     assert gate["passed"] and gate["release"] in names
 
 
@@ -255,7 +257,7 @@ def test_a_failing_gate_exits_1_after_writing_the_report(bench_run, capsys):
     err = capsys.readouterr().err
     assert "release gate FAILED (bench)" in err and "p99" in err
     report = json.loads((run_dir / "bench" / "report" / "report.json").read_text())
-    assert not report["gate"]["passed"] and report["gate"]["p99_budget_ms"] == 0.000001
+    assert not report["gate"]["passed"] and report["gate"]["limits"]["p99_budget_ms"] == 0.000001
 
 
 def test_bench_settings_are_validated(tmp_path, tiny_config, write_pipeline, capsys):

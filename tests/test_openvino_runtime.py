@@ -155,7 +155,7 @@ def test_runtime_parity_counts_the_images_whose_answer_differs_with_a_known_answ
 
 
 def test_a_file_is_refused_on_a_runtime_its_red_line_was_not_checked_on():
-    from compress.stages.bench_stage import _refusal
+    from compress.stages.measurement import _refusal
 
     checked_on_ort = {"red_line": {"within": True, "test_drop": 0.1}}  # quantized without the OpenVINO check
     assert _refusal(checked_on_ort, "onnxruntime") is None

@@ -18,8 +18,9 @@ from compress.pipeline.input_wiring import input_refs
 from compress.quantization import ladder as int8_ladder, measure as int8_measure, qat_pt2e
 from compress.quantization.qdq_lint import graph_constants, lint_qdq
 from compress.quantization.qdq_rewrite import WEIGHT_7BIT_MAX, int8_to_uint8_activations, weights_to_7bit
-from compress.stages.bench_stage import _refusal
+from compress.stages.measurement import _refusal
 from compress.stages.int8_records import split_arrays
+from serve_bench.limits import Limits
 from serve_bench.gate import evaluate, quantized_not_faster
 from export.onnx_export import export_onnx
 from tests.report_invariants import points_outside_intervals
@@ -370,7 +371,7 @@ def test_the_gate_refuses_an_int8_file_that_missed_the_red_line():
     assert reason and "no rung within the red line" in reason
     assert _refusal({"red_line": {"within": True}}, "onnxruntime") is None
     entries = [_entry("train.model", "fp32", 5.0, 6.0, fmt="torch"), _entry("q", "int8", 0.5, 0.6, refused=reason)]
-    gate = evaluate(entries, p99_budget_ms=None, max_accuracy_drop=1.0)
+    gate = evaluate(entries, Limits(max_drop=1.0, p99_budget_ms=None))
     assert gate["release"] == "train.model" and any(r.startswith("q: the quantize stage") for r in gate["reasons"])
 
 

@@ -113,7 +113,7 @@ def test_release_then_verify_on_the_held_out_images_reproduces_the_card(finished
     assert card["released"]["sha256"] == _manifest(run_dir)["artifacts"][released]["sha256"]
     assert card["accuracy"]["top1"] == entry["accuracy"]["top1"] and card["accuracy"]["top1_ci"] == entry["accuracy_ci"]["top1"]
     assert card["latency"]["p99"] == entry["latency_ms"]["p99"] and card["latency"]["p99_ci"] == entry["latency_ms"]["p99_ci"]
-    assert card["latency"]["environment"]["isa_summary"] and card["gate"]["max_accuracy_drop"] == 100.0
+    assert card["latency"]["environment"]["isa_summary"] and card["gate"]["limits"]["max_drop"] == 100.0
     assert [a["artifact"] for a in card["lineage"]][-1] == "train.model"
     text = (bundle / "MODEL_CARD.md").read_text()
     assert f"{card['accuracy']['top1']}%" in text and "95% Wilson interval" in text and "measured on:" in text

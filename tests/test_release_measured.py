@@ -27,8 +27,8 @@ def _entry(name, drop, p99):
     return {"name": name, "accuracy_drop": drop, "latency_ms": {"p99": p99}}
 
 
-REPORT = {"gate": {"passed": True, "release": "export.onnx", "p99_budget_ms": 1.0, "max_accuracy_drop": 0.5,
-                   "decision": "point"},
+REPORT = {"gate": {"passed": True, "release": "export.onnx", "decision": "point",
+                   "limits": {"metric": "top1", "max_drop": 0.5, "p99_budget_ms": 1.0, "decision": "point"}},
           "data": {"meaningful_accuracy": True},
           "artifacts": [_entry("train.model", 0.0, 2.0), _entry("export.onnx", 0.1, 0.8),
                         _entry("export.engine", 0.1, 0.2),         # fp32 engine: within both limits
@@ -64,7 +64,8 @@ def test_the_fp32_file_ships_only_the_engines_its_bench_measured_and_its_gate_pa
 
 
 def test_no_engine_ships_where_the_gate_passes_none(manifest):
-    report = {**REPORT, "gate": {**REPORT["gate"], "p99_budget_ms": 0.05}}  # every engine over the budget
+    report = {**REPORT, "gate": {**REPORT["gate"], "limits": {**REPORT["gate"]["limits"], "p99_budget_ms": 0.05}}}
+    # every engine over the budget
     bench = _bench({"export.engine": "4", "int8.engine": "5"})
     choice = engines_to_ship(_engines_of(manifest, manifest.artifacts["export.onnx"]), report, measured_digests(bench))
     assert choice.shipped == [] and len(choice.withheld) == 4

@@ -13,7 +13,9 @@ from rich.console import Console
 from compress.errors import ConfigError
 from compress.pipeline.manifest import ArtifactRecord, Manifest
 from compress.pipeline.pipeline_file import build_pipeline
-from compress.search.contenders import BASELINE, HAND_SET, TRIAL, Contender, Limits
+from compress.search.contenders import BASELINE, HAND_SET, TRIAL, Contender
+from compress.stages.measurement import limits_of
+from serve_bench.limits import Limits
 from compress.search.search_report import final_table
 from compress.search.settings import load_search
 from compress.search.split_bench import deployables, entry_of
@@ -65,8 +67,8 @@ def test_misses_are_relative_to_their_limits():
     assert limits.drop_miss(1.5) == pytest.approx(0.5)  # half a red line past it
     assert limits.p99_miss(22.0) == pytest.approx(0.1)  # a tenth of the budget past it, not "2.0"
     assert limits.p99_miss(10.0) < 0 and limits.drop_miss(0.2) < 0
-    assert Limits("top1", 0.0, None, "point").drop_miss(0.3) == pytest.approx(0.3)  # a red line of 0: per point
-    assert Limits("top1", 0.0, None, "point").p99_miss(99.0) == 0.0  # no budget, no miss
+    assert Limits(metric="top1", max_drop=0.0, p99_budget_ms=None, decision="point").drop_miss(0.3) == pytest.approx(0.3)  # a red line of 0: per point
+    assert Limits(metric="top1", max_drop=0.0, p99_budget_ms=None, decision="point").p99_miss(99.0) == 0.0  # no budget, no miss
 
 
 def test_a_search_directory_judged_under_other_limits_is_not_continued(tmp_path):
@@ -93,13 +95,13 @@ def test_a_final_bench_judged_under_other_limits_is_measured_again(tmp_path, mon
     search = _search(tmp_path, SPACE)
     (search.dir / "final-1").mkdir()
     (search.dir / "report").mkdir()
-    judged_at = Limits("top1", 1.0, None, "confident")
+    judged_at = Limits(metric="top1", max_drop=1.0, p99_budget_ms=None, decision="confident")
     final = {"folder": "final-1", "finalists": [3, 1], "limits": judged_at.as_dict(), "entries": []}
     (search.dir / "report" / "search.json").write_text(json.dumps({"final": final}))
     best = [SimpleNamespace(number=3), SimpleNamespace(number=1)]
     search.limits = judged_at
     assert measured_before(search, best, {}) == final  # nothing changed: that bench stands
-    search.limits = Limits("top1", 0.5, None, "confident")  # red_line.max_drop edited 1.0 → 0.5
+    search.limits = Limits(metric="top1", max_drop=0.5, p99_budget_ms=None, decision="confident")  # red_line.max_drop edited 1.0 → 0.5
     assert measured_before(search, best, {}) is None
     search.limits = judged_at
     assert measured_before(search, best[:1], {}) is None  # other finalists
@@ -195,6 +197,6 @@ def test_an_edited_target_rate_is_measured_again_and_does_not_continue_a_search(
         cfg = SimpleNamespace(model_dump=lambda **_: {"kind": "bench"}, batch_size=None)
         contender = SimpleNamespace(as_dict=lambda: {"run": "r", "artifact": "a"})
         return _key([SimpleNamespace(sha256="0" * 64)], [contender], cfg, SimpleNamespace(digest="d"),
-                    Limits.of(plan.base), plan.base)
+                    limits_of(plan.base.config), plan.base)
 
     assert key(at_300) == key(copy.deepcopy(at_300)) and key(at_300) != key(at_500)

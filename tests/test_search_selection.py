@@ -18,7 +18,7 @@ import pytest
 import serve_bench.gate as gate_module
 import serve_bench.paired as paired_module
 from compress.search import final_gate
-from compress.search.contenders import Limits
+from serve_bench.limits import Limits
 from compress.search.final_gate import correction_for, judge_finalists
 from compress.search.objective import best_first, outcome_of
 from serve_bench.gate import evaluate
@@ -74,7 +74,7 @@ def _search(rng, rule: str) -> bool:
     if rule == "today":  # scored on the test split; the final gate re-judges the same test figures, uncorrected
         scores = [(t, outcome_of(_report(e, "test", TEST_N))) for t, e in enumerate(test)]
         finalists = best_first(scores, "fastest_within_red_line")[:FINALISTS]
-        return bool(finalists) and evaluate([test[t] for t in finalists], None, MAX_DROP, decision="confident")["passed"]
+        return bool(finalists) and evaluate([test[t] for t in finalists], Limits(max_drop=MAX_DROP, p99_budget_ms=None, decision="confident"))["passed"]
     val = [_entry(t, counts, VAL_N, p99[t]) for t, counts in enumerate(_draw(rng, VAL_N, TRIALS))]
     scores = [(t, outcome_of(_report(e, "val", VAL_N))) for t, e in enumerate(val)]
     finalists = best_first(scores, "fastest_within_red_line")[:FINALISTS]
@@ -108,7 +108,7 @@ def test_the_final_gate_corrects_for_choosing_among_the_finalists(fast_intervals
     for _ in range(searches):
         entries = [_entry(t, counts, TEST_N, 1.0 + t) for t, counts in enumerate(_draw(rng, TEST_N, FINALISTS))]
         corrected += judge_finalists(entries, LIMITS)["passed"]
-        uncorrected += evaluate(entries, None, MAX_DROP, decision="confident")["passed"]
+        uncorrected += evaluate(entries, Limits(max_drop=MAX_DROP, p99_budget_ms=None, decision="confident"))["passed"]
     # 20,000 such searches gave 6.9% and 1.6%; 4,000 estimate each within about ±0.4 and ±0.2 point
     assert uncorrected / searches >= 0.04  # the error the correction is for
     assert corrected / searches <= 0.025
@@ -128,7 +128,7 @@ def test_the_released_finalist_is_the_fastest_by_its_ratio_to_the_baseline_in_th
     its absolute p99 (here: measured in another round mix) reads higher."""
     a, b = _entry(1, (0, 0), TEST_N, 1.0), _entry(2, (0, 0), TEST_N, 1.2)
     a["latency_ratio"]["p99"]["ratio"], b["latency_ratio"]["p99"]["ratio"] = 0.40, 0.30
-    decided = judge_finalists([a, b], Limits("top1", 1.0, None, "confident"))
+    decided = judge_finalists([a, b], Limits(metric="top1", max_drop=1.0, p99_budget_ms=None, decision="confident"))
     assert decided["release"] == "trial-2:export.onnx" and decided["ranked_on"].startswith("p99 ratio")
 
 
@@ -145,7 +145,7 @@ def test_a_trial_is_chosen_on_validation_by_its_point_estimates_not_certified_th
 
 def test_the_final_choice_follows_the_objective():
     fast, accurate = _entry(1, (3, 0), TEST_N, 1.0), _entry(2, (0, 0), TEST_N, 2.0)
-    limits = Limits("top1", 1.0, None, "point")
+    limits = Limits(metric="top1", max_drop=1.0, p99_budget_ms=None, decision="point")
     assert judge_finalists([fast, accurate], limits)["release"] == fast["name"]
     decided = judge_finalists([fast, accurate], limits, objective="most_accurate_within_budget")
     assert decided["release"] == accurate["name"] and decided["ranked_on"].startswith("accuracy drop")

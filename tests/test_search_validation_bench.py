@@ -12,7 +12,8 @@ import pytest
 from compress.pipeline.manifest import Manifest
 from compress.pipeline.pipeline_data import load_section
 from compress.pipeline.pipeline_file import build_pipeline
-from compress.search.contenders import BASELINE, Limits
+from compress.search.contenders import BASELINE
+from compress.stages.measurement import limits_of
 from compress.search.measure_env import MeasurementEnvironment
 from compress.search.split_bench import VALIDATION_BENCH, split_set
 from compress.search.trial_phases import TrialSpec, build, measure
@@ -31,7 +32,7 @@ def _spec(raw: dict, run_dir: Path, reference: Path | None, number: int | None) 
     pipeline = build_pipeline(copy.deepcopy(PIPELINE), "p.yaml")
     return TrialSpec(label=str(number) if number is not None else "reference", run_dir=str(run_dir), raw=raw,
                      source="p.yaml", reference=None if reference is None else str(reference), shared=[],
-                     early_stop_after=None, hopeless_margin=3.0, limits=Limits.of(pipeline).as_dict(),
+                     early_stop_after=None, hopeless_margin=3.0, limits=limits_of(pipeline.config).as_dict(),
                      environment=MeasurementEnvironment.here().as_dict(), number=number)
 
 

@@ -64,8 +64,8 @@ def _artifact(name: str, traffic: dict | None = None) -> dict:
 
 def _plain_report() -> dict:
     return {"pipeline": "quickstart", "metric": "top1", "baseline": "fp32",
-            "gate": {"passed": True, "p99_budget_ms": 2.0, "max_accuracy_drop": 0.5, "release": "int8", "reasons": [],
-                     "decision": "point"},
+            "gate": {"passed": True, "release": "int8", "reasons": [], "decision": "point",
+                     "limits": {"metric": "top1", "max_drop": 0.5, "p99_budget_ms": 2.0, "decision": "point"}},
             "artifacts": [_artifact("fp32"), _artifact("int8"), _artifact("onnx")], "settings": {}}
 
 

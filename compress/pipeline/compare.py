@@ -25,13 +25,11 @@ from compress.pipeline.manifest import Manifest
 from compress.pipeline.pipeline_data import load_section
 from compress.pipeline.pipeline_file import Pipeline, load_pipeline
 from compress.stages.base import InputArtifact
-from compress.stages.bench_stage import (BenchConfig, artifact_spec, bench_settings, run_relative, summary_table,
-                                         test_set_of)
-from compress.stages.provenance import independence_flag, runs_independence
-from serve_bench.bench import BenchSettings, TestSet, run_benchmark
-from serve_bench.gate import evaluate
-from serve_bench.machine_load import busy_machine_flag
-from serve_bench.report import test_set_facts, write_report
+from compress.stages.bench_stage import BenchConfig
+from compress.stages.measurement import bench_settings, candidates_of, measure_and_judge, summary_table, test_set_of
+from compress.stages.provenance import runs_independence
+from serve_bench.bench import BenchSettings, TestSet
+from serve_bench.report import write_report
 from serve_bench.report_tables import comparison_table
 from train.atomic_io import atomic_dir
 
@@ -45,6 +43,7 @@ class ComparedRun:
     pipeline: Pipeline
     report: dict | None  # its last bench report, where it has one
     artifact: InputArtifact
+    candidate: str  # the candidate picked (file on runtime), e.g. export.onnx@openvino as a gate released it
     test: TestSet
     meaningful_accuracy: bool
 
@@ -53,7 +52,8 @@ def default_out() -> Path:
     return Path("runs") / time.strftime("compare-%Y%m%d-%H%M%S")
 
 
-def _chosen(run_dir: Path, manifest: Manifest, report: dict | None, name: str | None) -> InputArtifact:
+def _chosen(run_dir: Path, manifest: Manifest, report: dict | None, name: str | None) -> tuple[InputArtifact, str]:
+    """The artifact to compare and the candidate picked: a released ``file@runtime`` names the file ``file``."""
     if name is None:
         if report is None:
             raise ConfigError(f"{run_dir}: it has no bench report, so no released artifact to compare; name one "
@@ -62,6 +62,9 @@ def _chosen(run_dir: Path, manifest: Manifest, report: dict | None, name: str | 
         if name is None:
             raise ConfigError(f"{run_dir}: its gate released nothing, so there is no default artifact to compare; "
                               f"name one with --artifact (e.g. --artifact {report['baseline']})")
+    candidate = name
+    if name not in manifest.artifacts and "@" in name:  # a file on another runtime than the first
+        name = name.rsplit("@", 1)[0]
     record = manifest.artifacts.get(name)
     if record is None:
         raise ConfigError(f"{run_dir}: no artifact {name!r} in its manifest "
@@ -69,7 +72,8 @@ def _chosen(run_dir: Path, manifest: Manifest, report: dict | None, name: str | 
     problem = manifest.verify(run_dir, name)
     if problem:
         raise ArtifactError(f"{run_dir}: artifact {name}: {problem}; re-run that run's stage {record.stage!r}")
-    return InputArtifact(name, record.kind, manifest.resolve_path(run_dir, record), record.meta, record.size_bytes)
+    return (InputArtifact(name, record.kind, manifest.resolve_path(run_dir, record), record.meta, record.size_bytes),
+            candidate)
 
 
 def _test_set(run_dir: Path, pipeline: Pipeline, cache: dict[str, tuple]) -> tuple[TestSet, bool]:
@@ -102,7 +106,7 @@ def load_runs(run_dirs: list[Path], artifact: str | None, picks: list[str | None
         while label in used:
             label, n = f"{wanted}-{n}", n + 1
         used.add(label)
-        runs.append(ComparedRun(run_dir, label, pipeline, report, _chosen(run_dir, manifest, report, picks[i]),
+        runs.append(ComparedRun(run_dir, label, pipeline, report, *_chosen(run_dir, manifest, report, picks[i]),
                                 *_test_set(run_dir, pipeline, tests)))
     return runs
 
@@ -125,36 +129,35 @@ def compare_runs(run_dirs: list[Path], out: Path, console: Console, artifact: st
     runs = load_runs(run_dirs, artifact, picks, labels)
     first = runs[0]
     settings, cfg = _settings(first, repeats)
-    specs, own_tests = [], {}
-    for run in runs:
-        spec = artifact_spec(run.artifact, cfg)
-        spec.name = f"{run.label}:{run.artifact.name}"
-        spec.extra = {"run": str(run.run_dir), "run_artifact": run.artifact.name}
-        specs.append(spec)
-        own_tests[spec.name] = run.test
-    limits = first.pipeline.config
-    metric = limits.red_line.metric
+    specs, own_tests, picked = [], {}, []
+    for run in runs:  # every run's file on every runtime the reference's bench measures on, as its bench does
+        candidates = candidates_of(run.artifact, cfg)
+        if run.candidate not in {c.name for c in candidates}:
+            raise ConfigError(f"{run.run_dir}: {run.candidate} cannot be measured here (this machine measures "
+                              f"{run.artifact.name} as {', '.join(c.name for c in candidates)}); name one of "
+                              "those with --artifact")
+        for spec in candidates:
+            spec.name = f"{run.label}:{spec.name}"
+            spec.extra = {**spec.extra, "run": str(run.run_dir), "run_artifact": run.artifact.name}
+            specs.append(spec)
+            own_tests[spec.name] = run.test
+        picked.append(f"{run.label}:{run.candidate}")
+    reference = picked[0]
     console.print(f"comparing {', '.join(s.name for s in specs)}: one interleaved measurement, "
-                  f"reference {specs[0].name}", highlight=False)
-    result = run_benchmark(specs, specs[0].name, first.test, settings, metric, limits.red_line.max_drop,
-                           own_tests=own_tests)
-    for entry in result.entries:  # each relative to the run directory it comes from
-        entry["path"] = run_relative(entry["path"], Path(entry["run"]))
+                  f"reference {reference}", highlight=False)
     meaningful = first.meaningful_accuracy
     independence = runs_independence([run.pipeline.config for run in runs])
-    report = {"pipeline": "compare", "baseline": specs[0].name, "metric": metric, "artifacts": result.entries,
-              "gate": evaluate(result.entries, limits.latency.p99_budget_ms, limits.red_line.max_drop,
-                               accuracy_meaningful=meaningful, decision=limits.gate.decision),
-              "flags": [f"{name}: {why}" for name, why in result.unpaired.items()]
-              + [f for f in [busy_machine_flag(result.entries), independence_flag(independence)] if f],
-              "environment": environment(), "traffic": result.traffic,
+    judged = measure_and_judge(specs, reference, first.test, settings, data_name=first.pipeline.config.data.name,
+                               meaningful=meaningful, environment=environment(), independence=independence,
+                               run_dir_of=lambda entry: Path(entry["run"]), own_tests=own_tests)
+    result = judged.result
+    report = {"pipeline": "compare", **judged.report,
               "settings": {**cfg.model_dump(mode="json"), "batch_size": settings.batch_size},
-              "data": {**test_set_facts(first.pipeline.config.data.name, first.test, meaningful),
-                       "test_independence": independence},
               "comparison": {"runs": [{"run": str(r.run_dir), "label": r.label, "artifact": r.artifact.name,
-                                       "test_digest": r.test.digest, "paired": s.name not in result.unpaired}
-                                      for r, s in zip(runs, specs)],
-                             "reference": specs[0].name}}
+                                       "candidate": name, "test_digest": r.test.digest,
+                                       "paired": name not in result.unpaired}
+                                      for r, name in zip(runs, picked)],
+                             "reference": reference}}
     with atomic_dir(out) as folder:
         write_report(folder, report, result.latencies, result.predictions)
     console.print(summary_table(report))

@@ -19,6 +19,7 @@ from pathlib import Path
 from compress.errors import ArtifactError
 from compress.pipeline.manifest import ArtifactRecord, Manifest, StageRecord
 from serve_bench.gate import evaluate
+from serve_bench.limits import Limits
 
 
 def report_artifacts(manifest: Manifest, report_path: Path, run_dir: Path) -> list[str]:
@@ -80,8 +81,7 @@ def engines_to_ship(engines: list[ArtifactRecord], report: dict, measured: dict[
         if entry is None or engine.sha256 not in measured.values():
             withheld.append((engine, "the bench the gate decided on did not measure this engine"))
             continue
-        verdict = evaluate([entry], gate.get("p99_budget_ms"), gate["max_accuracy_drop"],
-                           accuracy_meaningful=meaningful, decision=gate.get("decision", "point"))
+        verdict = evaluate([entry], Limits.from_dict(gate["limits"]), accuracy_meaningful=meaningful)
         if verdict["passed"]:
             shipped.append(engine)
         else:

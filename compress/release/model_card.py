@@ -41,8 +41,8 @@ def build_card(*, report: dict, entry: dict, released: dict, input_spec: dict, c
                "environment": report.get("environment")}
     return {"format": CARD_FORMAT, "name": report.get("pipeline"), "created": created, "compress_version": version,
             "released": released, "released_anyway": anyway,
-            "gate": {k: gate.get(k) for k in ("passed", "release", "decision", "confidence", "p99_budget_ms",
-                                              "max_accuracy_drop", "reasons", "notes")},
+            "gate": {k: gate.get(k) for k in ("passed", "release", "decision", "confidence", "limits", "reasons",
+                                              "notes")},
             "input": input_spec, "classes": classes, "accuracy": accuracy, "latency": latency,
             "serving": serving_of(entry), "runtime": runtime_of(entry, report.get("environment") or {}),
             "size_bytes": entry.get("size_bytes"), "params": entry.get("params"), "macs": entry.get("macs"),
@@ -200,8 +200,8 @@ def render_markdown(card: dict, environment_line: str) -> str:
               f"(across blocks: p99{_interval(lat.get('p99_ci_blocks'))} ms)",
               f"- measured on: {environment_line}", *_serving_lines(card.get("serving")), "",
               "## Limits it was released under", "",
-              f"- red line: at most {gate['max_accuracy_drop']} points of {metric} below `{acc['baseline']}`; "
-              f"p99 budget: {gate['p99_budget_ms']} ms; decision rule: {gate['decision']}",
+              f"- red line: at most {gate['limits']['max_drop']} points of {metric} below `{acc['baseline']}`; "
+              f"p99 budget: {gate['limits']['p99_budget_ms']} ms; decision rule: {gate['decision']}",
               f"- gate: {'PASSED' if gate['passed'] else 'FAILED'}, release `{gate['release']}`"]
     lines += [f"  - {reason}" for reason in gate["reasons"]]
     lines += [f"- flag: {flag}" for flag in card["flags"]]

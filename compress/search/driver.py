@@ -36,13 +36,13 @@ from rich.console import Console
 
 from compress.errors import ConfigError, StageError
 from compress.pipeline.run_lock import RunLock
-from compress.search.contenders import Limits
 from compress.search.finals import SearchResult, finish
 from compress.search.measure_env import RAY_NICENESS, MeasurementEnvironment
 from compress.search.objective import directions, values
 from compress.search.settings import SearchPlan
 from compress.search.trial_dirs import shared_stages
 from compress.search.trial_phases import TrialSpec, build, measure
+from compress.stages.measurement import limits_of
 
 JOURNAL = "study.journal"
 REFERENCE = "reference"
@@ -87,7 +87,7 @@ def _space_record(plan: SearchPlan) -> str:
     """What a study's stored trials stand for: a search directory holding another one is not continued."""
     return json.dumps({"pipeline": str(plan.base_path), "space": plan.settings.space_dict(),
                        "objective": plan.settings.objective, "sampler": plan.settings.sampler,
-                       "threads": plan.settings.threads(), "limits": Limits.of(plan.base).as_dict(),
+                       "threads": plan.settings.threads(), "limits": limits_of(plan.base.config).as_dict(),
                        "latency": plan.base.config.latency.model_dump(mode="json"),
                        "nms": plan.base.config.nms.model_dump(mode="json"),
                        "scored_on": SCORED_ON}, sort_keys=True)
@@ -109,7 +109,7 @@ class Search:
         self.dir = Path(run_dir or plan.run_dir)
         self.settings = plan.settings
         self.shared = shared_stages(plan.base, list(plan.settings.space))
-        self.limits = Limits.of(plan.base)
+        self.limits = limits_of(plan.base.config)
         # Captured before Ray starts: what a plain run's measurement would inherit from this process.
         self.environment = MeasurementEnvironment.here()
         self._ray = None

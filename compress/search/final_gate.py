@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from compress.search.contenders import Limits
+from serve_bench.limits import Limits
 from serve_bench.gate import carried_load, evaluate, server_run
 from serve_bench.latency_intervals import BlockedSamples, block_bootstrap_ci
 from serve_bench.load.steady_state import LEVEL as STEADY_LEVEL
@@ -114,8 +114,7 @@ def judge_finalists(finalists: list[dict], limits: Limits, meaningful: bool = Tr
     correction = correction_for(len(finalists), limits.decision)
     passing, reasons, notes, verdicts = [], [], [], {}
     for entry in finalists:
-        verdict = evaluate([entry], limits.p99_budget_ms, limits.max_drop, accuracy_meaningful=meaningful,
-                           decision=limits.decision)
+        verdict = evaluate([entry], limits, accuracy_meaningful=meaningful)
         problems = [r.split(": ", 1)[1] for r in verdict["reasons"] if r.startswith(f"{entry['name']}: ")]
         if verdict["passed"] and correction.method == BONFERRONI:
             problems += _corrected_problems(entry, limits, correction, meaningful, (blocked or {}).get(entry["name"]))

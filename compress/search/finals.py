@@ -58,8 +58,10 @@ def contenders_for(search, best: list, reference: dict) -> list[Contender]:
     ref_report = json.loads(Path(reference["report"]).read_text())
     baseline = Contender.from_dict(next(e for e in ref_report["artifacts"]
                                         if e["name"] == ref_report["baseline"])["contender"])
-    return [baseline, Contender(HAND_SET, reference["outcome"]["candidate"], ref_dir)] + [
-        Contender(TRIAL, t.user_attrs["outcome"]["candidate"], str(search.dir / t.user_attrs["dir"]), trial=t.number)
+    hand_set = reference["outcome"]
+    return [baseline, Contender(HAND_SET, hand_set["candidate"], ref_dir, runtime=hand_set.get("runtime"))] + [
+        Contender(TRIAL, t.user_attrs["outcome"]["candidate"], str(search.dir / t.user_attrs["dir"]), trial=t.number,
+                  runtime=t.user_attrs["outcome"].get("runtime"))
         for t in best]
 
 
@@ -75,8 +77,7 @@ def final_bench(search, best: list, reference: dict) -> dict:
     meaningful = (report.get("data") or {}).get("meaningful_accuracy", True)
     latencies = load_blocked(out)
     decided = judge_finalists(finalists, limits, meaningful, latencies, search.settings.objective)
-    hand_set_gate = evaluate([hand_set], limits.p99_budget_ms, limits.max_drop, accuracy_meaningful=meaningful,
-                             decision=limits.decision)
+    hand_set_gate = evaluate([hand_set], limits, accuracy_meaningful=meaningful)
     chosen = next((Contender.from_dict(e["contender"]) for e in finalists if e["name"] == decided["release"]), None)
     result = {"folder": out.name, "split": "test", "limits": limits.as_dict(), "decision": limits.decision,
               "max_drop": limits.max_drop, "p99_budget_ms": limits.p99_budget_ms, "metric": limits.metric,

@@ -22,7 +22,7 @@ learn where the line runs.
 """
 from __future__ import annotations
 
-from compress.search.contenders import Limits
+from serve_bench.limits import Limits
 from compress.search.final_gate import p99_ratio
 from serve_bench.gate import carried_load, evaluate, server_run
 
@@ -59,14 +59,14 @@ def _on_split(reason: str, split: str) -> str:
 
 def outcome_of(report: dict) -> dict:
     """The trial's candidate and its figures, from its split bench report."""
-    limits = Limits(**report["limits"])
+    limits = Limits.from_dict(report["limits"])
     meaningful = (report.get("data") or {}).get("meaningful_accuracy", True)
     others = [e for e in report["artifacts"] if e["name"] != report["baseline"]]
     if not others:
         return {"candidate": None, "feasible": False, "why": "the bench measured nothing but the baseline"}
     split = report.get("split", "test")
     rule = CHOOSING_RULE if split == "val" else limits.decision
-    judged = evaluate(others, limits.p99_budget_ms, limits.max_drop, accuracy_meaningful=meaningful, decision=rule)
+    judged = evaluate(others, limits.replace(decision=rule), accuracy_meaningful=meaningful)
     chosen = next((e for e in others if e["name"] == judged["release"]), None)
     entry = chosen or min(others, key=p99_ratio)
     lat, ratio = entry["latency_ms"], (entry.get("latency_ratio") or {}).get("p99") or {}
@@ -74,6 +74,8 @@ def outcome_of(report: dict) -> dict:
     metric = limits.metric
     return {
         "candidate": entry["contender"]["artifact"] if "contender" in entry else entry["name"],
+        # the runtime it was scored on: the final bench measures the finalist there, as its gate would ship it
+        "runtime": (entry.get("contender") or {}).get("runtime"),
         "split": report.get("split", "test"), "feasible": chosen is not None,
         "why": None if chosen else _on_split(next((r for r in judged["reasons"] if r.startswith(f"{entry['name']}:")),
                                                   judged["reasons"][0]), report.get("split", "test")),

@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+from dataclasses import replace
 from pathlib import Path
 
 from compress.errors import ArtifactError
@@ -22,18 +23,16 @@ from compress.pipeline.manifest import Manifest
 from compress.pipeline.pipeline_data import load_section
 from compress.pipeline.pipeline_file import Pipeline
 from compress.pipeline.input_wiring import ARTIFACT_ROLE, input_refs
-from compress.search.contenders import Contender, Limits
+from compress.search.contenders import Contender
+from serve_bench.limits import Limits
 from compress.search.measure_env import MeasurementEnvironment
 from compress.stages.base import InputArtifact
-from compress.stages.bench_stage import BenchConfig, artifact_spec, bench_settings, run_relative
+from compress.stages.bench_stage import BenchConfig
 from compress.stages.data_match import check_same_data
-from compress.stages.provenance import independence_flag, test_independence
-from serve_bench.bench import BenchSettings, TestSet, run_benchmark
-from serve_bench.gate import evaluate
-from serve_bench.harness import short_of_floors_flag
-from serve_bench.latency_intervals import too_few_blocks
-from serve_bench.machine_load import busy_machine_flag
-from serve_bench.report import REPORT_JSON, save_samples, test_set_facts, write_report
+from compress.stages.measurement import bench_settings, candidates_of, measure_and_judge
+from compress.stages.provenance import test_independence
+from serve_bench.bench import BenchSettings, TestSet
+from serve_bench.report import REPORT_JSON, save_samples, write_report
 from train.atomic_io import atomic_dir
 from train.data import BatchStream, DataBundle
 
@@ -41,7 +40,7 @@ logger = logging.getLogger(__name__)
 
 SPLITS = {"val": "validation", "test": "test"}
 VALIDATION_BENCH = "validation-bench"  # the folder of a run's validation bench
-FORMAT = "compress-search-bench/2"  # 2: keyed on the latency section and nms too
+FORMAT = "compress-search-bench/3"  # 2: keyed on the latency section and nms too; 3: a candidate per runtime
 
 
 def bench_config(pipeline: Pipeline) -> BenchConfig:
@@ -148,36 +147,35 @@ def measure_split(contenders: list[Contender], pipeline: Pipeline, limits: Limit
         return cached
     specs = []
     for contender, artifact in zip(contenders, inputs):
-        spec = artifact_spec(artifact, cfg)
-        spec.name = contender.name
-        spec.extra = {"contender": contender.as_dict(), "run": contender.run_dir, "run_artifact": contender.artifact}
-        if split == "val":
-            # The quantize stage refuses a file whose *test* drop passed the line; a score on validation must
-            # not see the test split, and this bench measures the drop on validation itself.
-            spec.refused = None
-        specs.append(spec)
+        # on every runtime the bench stage measures on (a trial is scored on the runtime that would ship it), or on
+        # the one a finalist was chosen on
+        for spec in candidates_of(artifact, cfg, contender.runtime):
+            who = replace(contender, runtime=spec.extra.get("runtime"))
+            spec.name = who.name
+            spec.extra = {**spec.extra, "contender": who.as_dict(), "run": contender.run_dir,
+                          "run_artifact": contender.artifact}
+            if split == "val":
+                # The quantize stage refuses a file whose *test* drop passed the line; a score on validation must
+                # not see the test split, and this bench measures the drop on validation itself.
+                spec.refused = None
+            specs.append(spec)
     settings = _settings(cfg, pipeline)
+    settings.limits = limits  # the search's: those it is keyed on
     if split == "val":  # a trial's score: its per-operator profile would go in a report nobody reads
         settings.profile_iters = 0
     logger.info("measuring %s on the %s split (%d images), baseline %s", ", ".join(s.name for s in specs),
                 SPLITS[split], len(images.labels), specs[0].name)
-    result = run_benchmark(specs, specs[0].name, images, settings, limits.metric, limits.max_drop)
-    for entry in result.entries:
-        entry["path"] = run_relative(entry["path"], Path(entry["run"]))
-    gate = evaluate(result.entries, limits.p99_budget_ms, limits.max_drop, accuracy_meaningful=data.meaningful_accuracy,
-                    decision=limits.decision)
-    independence = test_independence(pipeline.config.model, pipeline.config.data, pipeline.config.stages)
-    report = {"format": FORMAT, "key": key, "split": split, "pipeline": pipeline.config.name,
-              "baseline": specs[0].name, "metric": limits.metric, "limits": limits.as_dict(),
-              "contenders": [c.as_dict() for c in contenders], "artifacts": result.entries, "gate": gate,
-              "flags": [f"{name}: {why}" for name, why in result.unpaired.items()]
-              + [f for f in (too_few_blocks(result.entries), short_of_floors_flag(result.entries),
-                             busy_machine_flag(result.entries), independence_flag(independence)) if f],
-              "environment": environment(), "measured_in": MeasurementEnvironment.here().as_dict(),
-              "traffic": result.traffic,
-              "settings": {**cfg.model_dump(mode="json"), "batch_size": settings.batch_size},
-              "data": {**test_set_facts(pipeline.config.data.name, images, data.meaningful_accuracy), "split": split,
-                       "test_independence": independence}}
+    judged = measure_and_judge(specs, specs[0].name, images, settings, data_name=pipeline.config.data.name,
+                               meaningful=data.meaningful_accuracy, environment=environment(),
+                               independence=test_independence(pipeline.config.model, pipeline.config.data,
+                                                              pipeline.config.stages),
+                               run_dir_of=lambda entry: Path(entry["run"]))
+    result = judged.result
+    report = {"format": FORMAT, "key": key, "split": split, "pipeline": pipeline.config.name, **judged.report,
+              "limits": limits.as_dict(), "contenders": [c.as_dict() for c in contenders],
+              "measured_in": MeasurementEnvironment.here().as_dict(),
+              "settings": {**cfg.model_dump(mode="json"), "batch_size": settings.batch_size}}
+    report["data"]["split"] = split
     with atomic_dir(out) as folder:
         if split == "test":
             write_report(folder, report, result.latencies, result.predictions)

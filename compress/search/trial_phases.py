@@ -23,7 +23,8 @@ from compress.errors import CompressError
 from compress.pipeline.manifest import Manifest
 from compress.pipeline.pipeline_file import Pipeline, build_pipeline
 from compress.pipeline.runner import RunOptions, Runner
-from compress.search.contenders import BASELINE, HAND_SET, TRIAL, Contender, Limits
+from compress.search.contenders import BASELINE, HAND_SET, TRIAL, Contender
+from serve_bench.limits import Limits
 from compress.search.measure_env import MeasurementEnvironment, measured_as
 from compress.search.objective import outcome_of
 from compress.search.split_bench import VALIDATION_BENCH, baseline_of, deployables, measure_split
@@ -141,7 +142,7 @@ def contenders_of(spec: TrialSpec, pipeline: Pipeline) -> list[Contender]:
 def validation_bench(spec: TrialSpec, pipeline: Pipeline) -> tuple[dict, Path]:
     """The run's validation bench (a cached one stands where nothing it measured changed)."""
     out = Path(spec.run_dir) / VALIDATION_BENCH
-    report = measure_split(contenders_of(spec, pipeline), pipeline, Limits(**spec.limits), "val", out, reuse=True)
+    report = measure_split(contenders_of(spec, pipeline), pipeline, Limits.from_dict(spec.limits), "val", out, reuse=True)
     return report, out / REPORT_JSON
 
 

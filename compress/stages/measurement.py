@@ -1,0 +1,197 @@
+"""The one measurement path: which candidates (file × runtime) a bench measures, how, and how the result is
+judged and flagged.
+
+The bench stage, ``compress compare`` and the search's validation and final benches all go through
+:func:`candidates_of` and :func:`measure_and_judge`, so they measure the same candidates on the same runtimes
+(OpenVINO included where it is usable), judge them by the same ``Limits`` and raise the same flags. Written
+three times, they drifted: a search scored its trials on onnxruntime alone while its bench could release the
+OpenVINO candidate, and each place raised a different set of flags.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from rich.table import Table
+
+from compress.config import PipelineConfig
+from compress.errors import ArtifactError
+from compress.stages.base import InputArtifact
+from compress.stages.provenance import independence_flag
+from compress.stages.runtime_choice import onnx_runtimes
+from compress.stages.training_run import is_detection
+from serve_bench.bench import ArtifactSpec, BenchResult, BenchSettings, TestSet, on_runtimes, run_benchmark
+from serve_bench.detection_accuracy import thin_classes
+from serve_bench.gate import evaluate, quantized_not_faster
+from serve_bench.harness import HarnessSettings, short_of_floors_flag
+from serve_bench.latency_intervals import too_few_blocks
+from serve_bench.limits import Limits
+from serve_bench.machine_load import busy_machine_flag
+from serve_bench.profile_report import profile_failures, unfused_qdq_flags
+from serve_bench.report import test_set_facts
+from serve_bench.report_tables import main_table
+from serve_bench.runtime_parity import runtime_choice_note
+from train.data import BatchStream, DataBundle
+
+BACKENDS = {"torch-model": "torch", "onnx": "onnxruntime", "trt-engine": "tensorrt"}
+
+
+def limits_of(config: PipelineConfig) -> Limits:
+    """The pipeline file's limits, under its own names: what every gate of a run, a compare or a search judges by."""
+    return Limits(metric=config.red_line.metric, max_drop=config.red_line.max_drop,
+                  p99_budget_ms=config.latency.p99_budget_ms, decision=config.gate.decision)
+
+
+def bench_settings(cfg, pipeline: PipelineConfig, batch: int | None = None, repeats: int | None = None) -> BenchSettings:
+    """How a bench measures, from its stage settings (``BenchConfig``) and the pipeline's latency section (the
+    scenario and the traffic the gate reads) and limits (the budget and rule the capacity search judges by)."""
+    harness = HarnessSettings(**cfg.model_dump(include=set(HarnessSettings.model_fields)))
+    latency = pipeline.latency
+    return BenchSettings(harness=harness, batch_size=batch or cfg.batch_size or latency.batch_size,
+                         threads=cfg.threads, device=cfg.device, device_only=cfg.device_only,
+                         min_samples=cfg.min_samples, per_class=cfg.per_class,
+                         repeats=cfg.repeats if repeats is None else repeats, traffic=cfg.traffic,
+                         scenario=latency.scenario, target_qps=latency.target_qps, limits=limits_of(pipeline),
+                         profile_iters=cfg.profile_iters,
+                         nms=pipeline.nms.model_dump() if pipeline.task == "detection" else None)
+
+
+def candidates_of(artifact: InputArtifact, cfg, runtime: str | None = None) -> list[ArtifactSpec]:
+    """The candidates a bench measures for one artifact: an ONNX file once per runtime the bench stage's settings
+    give (``runtime``: that one only), anything else once. Each carries why the gate must refuse it on its runtime
+    (the quantize stage's red-line check), decided before measuring."""
+    runtimes = onnx_runtimes(cfg.runtimes, cfg.device, f"stages.{cfg.name}.runtimes")
+    specs = on_runtimes(artifact_spec(artifact, cfg), runtimes, {"openvino": cfg.openvino.runner_options()})
+    if runtime is not None:
+        specs = [s for s in specs if s.extra.get("runtime") == runtime]
+        if not specs:
+            raise ArtifactError(f"{artifact.name} cannot be measured on {runtime}: the bench stage measures it on "
+                                f"{', '.join(runtimes)} here")
+    for spec in specs:
+        spec.refused = _refusal(artifact.meta, spec.backend)
+    return specs
+
+
+def artifact_spec(artifact: InputArtifact, cfg) -> ArtifactSpec:
+    backend = BACKENDS.get(artifact.kind)
+    if backend is None:
+        raise ArtifactError(f"{artifact.name} is a {artifact.kind!r}, which no benchmark runner can load "
+                            f"(runners: {', '.join(BACKENDS)})")
+    meta = artifact.meta
+    path = artifact.path / meta["file"] if backend == "onnxruntime" and artifact.path.is_dir() else artifact.path
+    if backend == "tensorrt":
+        from export.tensorrt_engine import EngineMismatch, check_compatible, current_platform, unavailable_reason
+
+        reason = unavailable_reason()
+        if reason:
+            raise ArtifactError(f"{artifact.name} is a TensorRT engine but {reason}")
+        try:
+            check_compatible(meta, current_platform())
+        except EngineMismatch as exc:
+            raise ArtifactError(f"{artifact.name}: {exc}") from exc
+    return ArtifactSpec(name=artifact.name, stage=artifact.name.split(".", 1)[0], backend=backend, path=str(path),
+                        format={"torch": "torch", "onnxruntime": "onnx", "tensorrt": "engine"}[backend],
+                        precision=meta.get("precision", "fp32"), size_bytes=artifact.size_bytes,
+                        params=meta.get("params"), macs=meta.get("macs"),
+                        max_batch=(meta.get("profile") or {}).get("max"),
+                        options={"compile": cfg.torch_compile} if backend == "torch" else
+                        {"inter_op_threads": cfg.inter_op_threads} if backend == "onnxruntime" else {},
+                        source_model=meta.get("source_model") or (artifact.name if backend == "torch" else None),
+                        refused=_refusal(meta, backend), quantization=meta.get("quantization"))
+
+
+def _refusal(meta: dict, backend: str) -> str | None:
+    """Why the gate must not release this file on ``backend``, from the quantize stage's red-line check."""
+    red = meta.get("red_line")
+    if not red:
+        return None
+    drops = {"onnxruntime": red.get("test_drop"), **(red.get("test_drop_on") or {})}
+    if red.get("within") is False:
+        return ("the quantize stage found no rung within the red line on every runtime it checked (test drop "
+                + ", ".join(f"{r} {d}" for r, d in drops.items()) + " points); refused")
+    if backend == "openvino" and backend not in drops:  # a file quantized before the check, or without it
+        return (f"the quantize stage checked its red line on {', '.join(drops)} only, not on {backend} (its runtimes "
+                f"setting); refused here: re-run the quantize stage with {backend} among its runtimes")
+    return None
+
+
+def test_set_of(data: DataBundle) -> TestSet:
+    """The test split as the arrays every artifact is judged on, in a fixed order (so results pair)."""
+    images, labels = next(BatchStream(data.test, data, len(data.test), shuffle=False, drop_last=False).epoch(0))
+    if is_detection(data):  # the digest covers the boxes too (the bundle's split digest does)
+        return TestSet(images.numpy(), labels.numpy(), digest=f"detection:{data.digest()}",
+                       targets=data.split_targets("test"), num_classes=data.num_classes)
+    return TestSet(images.numpy(), labels.numpy())
+
+
+def run_relative(path: str | Path, run_dir: Path) -> str:
+    """A report's artifact path as the manifest writes it, relative to the run directory, so a moved run
+    directory or a report read from elsewhere still points at the file; absolute where the file is outside
+    the run (an input given by path)."""
+    try:
+        return Path(path).resolve().relative_to(Path(run_dir).resolve()).as_posix()
+    except ValueError:
+        return str(Path(path).resolve())
+
+
+@dataclass
+class Judged:
+    """A measurement judged: the report's shared part (the caller adds what names it: the pipeline, the settings,
+    a comparison's runs, a search's key) and the raw result (latency samples, predictions)."""
+
+    report: dict
+    result: BenchResult
+
+
+def measure_and_judge(specs: list[ArtifactSpec], baseline: str, test: TestSet, settings: BenchSettings, *,
+                      data_name: str, meaningful: bool, environment: dict, independence: dict | None,
+                      run_dir_of: Callable[[dict], Path], own_tests: dict[str, TestSet] | None = None,
+                      class_names: list[str] | None = None, say=None) -> Judged:
+    """Measure ``specs`` interleaved, judge them by ``settings.limits`` and raise every flag, the same way
+    wherever it is called. ``run_dir_of``: the run directory an entry's path is written relative to."""
+    if settings.limits is None:
+        raise ValueError("a judged measurement needs the limits it is judged by (BenchSettings.limits)")
+    result = run_benchmark(specs, baseline, test, settings, own_tests=own_tests, say=say)
+    for entry in result.entries:
+        entry["path"] = run_relative(entry["path"], run_dir_of(entry))
+    gate = evaluate(result.entries, settings.limits, accuracy_meaningful=meaningful)
+    gate["notes"] += profile_failures(result.entries)
+    gate["notes"] += [n for n in (runtime_choice_note(result.entries, gate["release"]),) if n]
+    report = {"baseline": baseline, "metric": settings.limits.metric, "artifacts": result.entries, "gate": gate,
+              "flags": flags_of(result, environment, independence, test, class_names),
+              "environment": environment, "traffic": result.traffic,
+              "data": {**test_set_facts(data_name, test, meaningful), "test_independence": independence}}
+    return Judged(report, result)
+
+
+def flags_of(result: BenchResult, environment: dict, independence: dict | None, test: TestSet,
+             class_names: list[str] | None = None) -> list[str]:
+    """Every flag a judged measurement can raise, in one list: what a reader must know before trusting a figure."""
+    entries = result.entries
+    flags = [f"{name}: {why}" for name, why in result.unpaired.items()]
+    flags += quantized_not_faster(entries, environment.get("isa"))
+    flags += [f for f in (too_few_blocks(entries), short_of_floors_flag(entries), busy_machine_flag(entries),
+                          independence_flag(independence)) if f]
+    flags += unfused_qdq_flags(entries)
+    if test.targets is not None and class_names is not None:
+        flags += [f for f in (thin_classes(test.targets, class_names),) if f]
+    return flags
+
+
+CONSOLE_COLUMNS = ("artifact", "% [95% CI]", "drop points [95% CI]", "p50 ms", "p99 ms", "p99 CI blocks",
+                   "speed-up p99 [CI]")
+
+
+def summary_table(report: dict) -> Table:
+    """The report's main table, the columns the gate decides on."""
+    head, rows = main_table(report)
+    keep = [i for i, h in enumerate(head) if any(h.endswith(c) for c in CONSOLE_COLUMNS)]
+    gate = report["gate"]
+    table = Table(title=f"benchmark — gate {'passed' if gate['passed'] else 'FAILED'} "
+                        f"({gate.get('decision', 'point')}), release {gate['release']}")
+    for i in keep:
+        table.add_column(head[i], justify="left" if head[i] in ("artifact", "backend") else "right")
+    for row in rows:
+        table.add_row(*(row[i] for i in keep), style="bold green" if row[0] == gate["release"] else None)
+    return table
