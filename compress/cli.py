@@ -163,9 +163,7 @@ def _cmd_stage(args: argparse.Namespace) -> int:
     if args.seed is not None:
         raw["seed"] = args.seed
     for assignment in args.overrides:
-        top = assignment.split("=", 1)[0].split(".", 1)[0]
-        scoped = assignment if top in ("data", "model", "seed", "red_line", "latency", "gate") else f"stages.{args.kind}.{assignment}"
-        apply_override(raw, scoped)
+        apply_override(raw, stage_scoped(assignment, args.kind))
     pipeline = build_pipeline(raw, f"compress stage {args.kind}")
     run_dir = Path(args.run_dir or Path("runs") / f"{args.kind}-alone")
     options = RunOptions(force={args.kind} if args.force else set(), external_inputs=_parse_inputs(args.input),
@@ -174,6 +172,22 @@ def _cmd_stage(args: argparse.Namespace) -> int:
     manifest = _run_interruptible(runner, "the same compress stage command")
     render(run_dir, _console(stderr=False))
     return _gate_exit_code(manifest, runner.selected_names, run_dir)
+
+
+def stage_scoped(assignment: str, kind: str) -> str:
+    """Where ``compress stage KIND key=value`` puts an assignment, from the schemas themselves: a field of the stage's
+    own settings goes to the stage (``threads=`` of a bench is its timing threads), another field of the pipeline
+    file to the pipeline (``nms.iou=``, ``task=``, ``tracking.uri=``), anything else to the stage, which refuses it
+    by name. ``stages.KIND.key=value`` is taken as written."""
+    from compress.config import PipelineConfig
+    from compress.stages import registry
+
+    top = assignment.split("=", 1)[0].split(".", 1)[0]
+    stage = registry.get(kind)
+    own = set(stage.Config.model_fields) if stage is not None else set()
+    if top == "stages" or (top not in own and top in set(PipelineConfig.model_fields) - {"name"}):
+        return assignment
+    return f"stages.{kind}.{assignment}"
 
 
 def _cmd_search(args: argparse.Namespace) -> int:

@@ -67,8 +67,8 @@ def test_report_json_has_the_documented_keys(bench_run):
         assert parity["top1_differs"] <= 3 and parity["max_abs_logit_diff_relative"] < 1e-2  # fp32 in both
     gate = report["gate"]
     assert {"limits", "passed", "release", "reasons"} <= set(gate)
-    assert gate["limits"] == {"metric": "top1", "max_drop": config["red_line"]["max_drop"],
-                              "p99_budget_ms": 1000.0, "decision": "point"}  # the pipeline file's names
+    assert gate["limits"] == {"metric": "top1", "max_drop": 0.5,
+                              "p99_budget_ms": 1000.0, "decision": "confident"}  # the pipeline file's names
     assert gate["passed"] and gate["release"] in names
 
 
@@ -179,6 +179,37 @@ def test_compare_pairs_runs_on_the_same_test_split_and_refuses_others(bench_run,
     assert "a comparison never overwrites one" in capsys.readouterr().err                    # overwritten
     assert main(["compare", str(run_dir), str(tmp_path / "other"), "--out", str(tmp_path / "c3")]) == 2
     assert "no bench report" in capsys.readouterr().err  # the other run released nothing: name an artifact
+
+
+@pytest.mark.openvino
+def test_compare_measures_the_candidates_the_bench_does_and_takes_a_file_released_on_another_runtime(bench_run,
+                                                                                                     tmp_path):
+    """The bench stage and compare go through one measurement path: the same file on every runtime the bench
+    measures it on, the same flags; a run whose gate released ``file@openvino`` is compared by that candidate."""
+    _, _, run_dir = bench_run
+    bench = json.loads((run_dir / "bench" / "report" / "report.json").read_text())
+    own = [a["name"] for a in bench["artifacts"] if a["artifact"] == "export.onnx"]
+    released = own[-1]  # export.onnx@openvino where OpenVINO runs here
+    released_run = tmp_path / "released-on-openvino"
+    shutil.copytree(run_dir, released_run)
+    report_path = released_run / "bench" / "report" / "report.json"
+    stored = json.loads(report_path.read_text())
+    stored["gate"]["release"] = released  # as a gate that picked it would have written
+    report_path.write_text(json.dumps(stored))
+    out = tmp_path / "cmp-runtimes"
+    assert main(["compare", str(released_run), str(run_dir), "--out", str(out)]) == 0
+    report = json.loads((out / "report.json").read_text())
+    theirs = bench["gate"]["release"]  # the second run's own pick: what its gate released
+    second = [a["name"] for a in bench["artifacts"] if a["artifact"] == theirs.split("@")[0]]
+    label = released_run.name
+    assert [a["name"] for a in report["artifacts"]] == [f"{label}:{n}" for n in own] + [f"run:{n}" for n in second]
+    assert report["comparison"]["reference"] == f"{label}:{released}" == report["baseline"]
+    assert [r["candidate"] for r in report["comparison"]["runs"]] == [released, theirs]
+    assert {a["backend"] for a in report["artifacts"][:len(own)]} == {a["backend"] for a in bench["artifacts"]
+                                                                      if a["artifact"] == "export.onnx"}
+    assert report["gate"]["limits"] == bench["gate"]["limits"]  # judged by the pipeline's limits, by one name
+    independence = [f for f in bench["flags"] if f.startswith("†")]
+    assert [f for f in report["flags"] if f.startswith("†")] == independence
 
 
 def test_report_files_are_self_contained(bench_run):

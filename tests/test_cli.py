@@ -110,3 +110,18 @@ def test_sigterm_is_reported_as_such_even_when_a_library_re_raises_a_plain_keybo
     with pytest.raises(RunInterrupted) as err:  # the next run starts clean
         _interruptible(ctrl_c, lambda: "kept", "go on")
     assert err.value.exit_code == 130
+
+
+def test_stage_overrides_go_where_the_schemas_put_them():
+    """``compress stage`` routes each key=value by the schemas: the stage's own field, else a pipeline-file field,
+    else the stage (which refuses it by name); a written-out ``stages.KIND.`` path is kept."""
+    from compress.cli import stage_scoped
+
+    assert stage_scoped("threads=2", "bench") == "stages.bench.threads=2"  # the bench's own timing threads
+    assert stage_scoped("threads=2", "train") == "threads=2"  # train has none: the pipeline's torch threads
+    for pipeline_level in ("nms.iou=0.5", "task=detection", "tracking.uri=file:runs/mlruns", "seed=3",
+                           "red_line.max_drop=1", "latency.p99_budget_ms=5"):
+        assert stage_scoped(pipeline_level, "prune") == pipeline_level
+    assert stage_scoped("epochs=3", "train") == "stages.train.epochs=3"
+    assert stage_scoped("stages.train.epochs=3", "train") == "stages.train.epochs=3"
+    assert stage_scoped("bogus=1", "train") == "stages.train.bogus=1"  # refused by the stage, by name

@@ -154,7 +154,7 @@ def compare_runs(run_dirs: list[Path], out: Path, console: Console, artifact: st
     report = {"pipeline": "compare", **judged.report,
               "settings": {**cfg.model_dump(mode="json"), "batch_size": settings.batch_size},
               "comparison": {"runs": [{"run": str(r.run_dir), "label": r.label, "artifact": r.artifact.name,
-                                       "candidate": name, "test_digest": r.test.digest,
+                                       "candidate": r.candidate, "test_digest": r.test.digest,
                                        "paired": name not in result.unpaired}
                                       for r, name in zip(runs, picked)],
                              "reference": reference}}
