@@ -30,16 +30,6 @@ class Limits:
     def from_dict(cls, data: dict) -> "Limits":
         return cls(**{k: data[k] for k in ("metric", "max_drop", "p99_budget_ms", "decision") if k in data})
 
-    @classmethod
-    def of_report(cls, report: dict) -> "Limits":
-        """The limits a report's gate judged under. A report from before they were recorded under one name
-        (``max_accuracy_drop``, the metric beside the gate, no decision rule) is read by its old names."""
-        gate = report["gate"]
-        if "limits" in gate:
-            return cls.from_dict(gate["limits"])
-        return cls(metric=report.get("metric", "top1"), max_drop=gate["max_accuracy_drop"],
-                   p99_budget_ms=gate.get("p99_budget_ms"), decision=gate.get("decision", "point"))
-
     def replace(self, **changes) -> "Limits":
         """These limits with some changed (``None`` values keep the current one): what ``compress gate``'s
         overrides make."""

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from serve_bench import plots
+from serve_bench import report_model
 from serve_bench import report_tables as tables
 from serve_bench import traffic_report
 from serve_bench.latency_intervals import BlockedSamples
@@ -199,7 +200,10 @@ def figures(report: dict, latencies: dict[str, np.ndarray]) -> dict[str, bytes]:
 
 def write_report(folder: Path, report: dict, latencies: dict[str, BlockedSamples] | None = None,
                  predictions: Predictions | None = None) -> None:
-    """Write every report file into ``folder`` (the caller makes the folder swap atomic)."""
+    """Write every report file into ``folder`` (the caller makes the folder swap atomic): the report checked
+    against its model first (a report that does not fit is refused before anything is written), its JSON schema
+    beside it."""
+    report = report_model.checked(report)
     folder.mkdir(parents=True, exist_ok=True)
     if latencies is not None:
         save_samples(folder, latencies)
@@ -210,5 +214,6 @@ def write_report(folder: Path, report: dict, latencies: dict[str, BlockedSamples
     for name, png in figs.items():
         (folder / name).write_bytes(png)
     (folder / REPORT_JSON).write_text(json.dumps(report, indent=2) + "\n")
+    (folder / report_model.SCHEMA_FILE).write_text(report_model.schema_text())
     (folder / "report.md").write_text(render_markdown(report))
     (folder / "report.html").write_text(render_html(report, figs))

@@ -395,3 +395,36 @@ def test_leave_out_takes_a_name_from_the_default_set_and_refuses_one_no_stage_ma
     config["stages"][-1].update(leave_out=["prune.model"], artifacts=["export.onnx"])
     path.write_text(yaml.safe_dump(config))
     assert main(["validate", str(path)]) == 2  # a list and a leave-out together: one of them is not what was meant
+
+
+def test_the_report_is_typed_versioned_and_an_older_one_is_read_a_newer_one_refused(bench_run, tmp_path, capsys):
+    """report.json fits its model (checked when written, schema beside it); a version-1 report (limits under their
+    old names) is read in today's names; a newer version, or a report missing what readers rely on, is refused
+    with the version or the field named."""
+    from serve_bench.report_model import REPORT_VERSION, SCHEMA_FILE, Report, ReportVersionError, checked
+
+    _, _, run_dir = bench_run
+    folder = run_dir / "bench" / "report"
+    report = json.loads((folder / "report.json").read_text())
+    assert report["report_version"] == REPORT_VERSION
+    assert json.loads((folder / SCHEMA_FILE).read_text()) == Report.model_json_schema()
+    Report.model_validate(report)
+
+    old = copy.deepcopy(report)
+    del old["report_version"]
+    limits = old["gate"].pop("limits")
+    old["gate"].update(max_accuracy_drop=limits["max_drop"], p99_budget_ms=limits["p99_budget_ms"])
+    (tmp_path / "v1.json").write_text(json.dumps(old))
+    assert main(["gate", str(tmp_path / "v1.json")]) == (0 if report["gate"]["passed"] else 1)
+    assert "red line" not in capsys.readouterr().err  # read, not refused
+
+    newer = {**report, "report_version": REPORT_VERSION + 1}
+    (tmp_path / "v9.json").write_text(json.dumps(newer))
+    assert main(["gate", str(tmp_path / "v9.json")]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert f"report_version {REPORT_VERSION + 1} was written by a newer compress" in err and "versions 1 to" in err
+
+    broken = copy.deepcopy(report)
+    del broken["artifacts"][0]["latency_ms"]["p99"]
+    with pytest.raises(ReportVersionError, match=r"artifacts\.0\.latency_ms\.p99"):
+        checked(broken)

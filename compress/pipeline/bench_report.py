@@ -10,7 +10,7 @@ from rich.table import Table
 
 from compress.errors import ArtifactError
 from compress.pipeline.manifest import Manifest
-from serve_bench.limits import Limits
+from serve_bench import report_model
 from serve_bench.predictions import PREDICTIONS_FILE
 from serve_bench.report import REPORT_JSON, SAMPLES_FILE, write_report
 from train.atomic_io import atomic_dir
@@ -46,15 +46,12 @@ def load_report(target: Path) -> tuple[dict, Path]:
         report = json.loads(path.read_text())
     except json.JSONDecodeError as exc:
         raise ArtifactError(f"{path} is not valid JSON ({exc}); re-run the bench stage") from exc
-    if not {"artifacts", "gate", "baseline"} <= set(report):
+    if not isinstance(report, dict) or not {"artifacts", "gate", "baseline"} <= set(report):
         raise ArtifactError(f"{path} is not a compress report (needs artifacts, gate and baseline)")
-    if "limits" not in report["gate"]:  # written before the limits were recorded under the pipeline file's names
-        try:
-            report["gate"]["limits"] = Limits.of_report(report).as_dict()
-        except (KeyError, ValueError) as exc:
-            raise ArtifactError(f"{path}: its gate records no limits it was judged under ({exc}); re-run the bench "
-                                "stage") from exc
-    return report, path
+    try:  # an older version is read in today's names; a newer one, or one that does not fit, is refused
+        return report_model.readable(report, str(path)), path
+    except report_model.ReportVersionError as exc:
+        raise ArtifactError(str(exc)) from exc
 
 
 def foreign_isa_note(report: dict, source: Path) -> str | None:

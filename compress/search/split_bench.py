@@ -33,6 +33,7 @@ from compress.stages.measurement import bench_settings, candidates_of, measure_a
 from compress.stages.provenance import test_independence
 from serve_bench.bench import BenchSettings, TestSet
 from serve_bench.report import REPORT_JSON, save_samples, write_report
+from serve_bench.report_model import checked
 from train.atomic_io import atomic_dir
 from train.data import BatchStream, DataBundle
 
@@ -180,6 +181,7 @@ def measure_split(contenders: list[Contender], pipeline: Pipeline, limits: Limit
         if split == "test":
             write_report(folder, report, result.latencies, result.predictions)
         else:  # the figures a trial is scored by; the readable report of a search is the search report
+            report = checked(report)
             (folder / REPORT_JSON).write_text(json.dumps(report, indent=2, default=str) + "\n")
             save_samples(folder, result.latencies)
     return report
