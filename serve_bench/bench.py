@@ -24,18 +24,18 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from serve_bench.accuracy import accuracy, accuracy_intervals
-from serve_bench.harness import HarnessSettings, measure_interleaved
-from serve_bench.machine_load import load_summary
-from serve_bench.load.traffic import TrafficSettings, measure_traffic, wanted
+from serve_bench.accuracy.classification import accuracy, accuracy_intervals
+from serve_bench.latency.harness import HarnessSettings, measure_interleaved
+from serve_bench.latency.machine_load import load_summary
+from serve_bench.latency.traffic import TrafficSettings, measure_traffic, wanted
 from serve_bench.limits import Limits
-from serve_bench.latency_intervals import BlockedSamples, Ratio, block_bootstrap_ci, paired_ratio, repeat_spread
-from serve_bench.paired import paired_counts, paired_summary
-from serve_bench.predictions import Predictions, digest_of_test_split
-from serve_bench.runtime_parity import runtime_parity, same_file_pairs
-from serve_bench.stats import PERCENTILES, bootstrap_ci, summarize
-from serve_bench.detection_accuracy import detection_entries
-from serve_bench.worker import BenchWorker, WorkerError, all_ready
+from serve_bench.stats.latency_intervals import BlockedSamples, Ratio, block_bootstrap_ci, paired_ratio, repeat_spread
+from serve_bench.stats.paired import paired_counts, paired_summary
+from serve_bench.accuracy.predictions import Predictions, digest_of_test_split
+from serve_bench.accuracy.runtime_parity import runtime_parity, same_file_pairs
+from serve_bench.stats.summary import PERCENTILES, bootstrap_ci, summarize
+from serve_bench.accuracy.detection import detection_entries
+from serve_bench.latency.worker import BenchWorker, WorkerError, all_ready
 from train.detection.postprocess import NmsSettings
 
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from compress.search.contenders import BASELINE, TRIAL, Contender
 from serve_bench.limits import Limits
-from serve_bench.paired import PairedCounts, drop_interval
+from serve_bench.stats.paired import PairedCounts, drop_interval
 
 BASELINE_P99 = 4.0
 

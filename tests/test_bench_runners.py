@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from export.onnx_export import export_onnx
-from serve_bench.harness import HarnessSettings, measure_interleaved
+from serve_bench.latency.harness import HarnessSettings, measure_interleaved
 from serve_bench.runners import OnnxRuntimeRunner, RunnerError, TorchRunner, make_runner, physical_cores
-from serve_bench.worker import BenchWorker, WorkerError
+from serve_bench.latency.worker import BenchWorker, WorkerError
 from train.model_io import describe, save_model
 from train.models import build_model
 
@@ -82,7 +82,7 @@ def test_a_worker_that_cannot_load_reports_why(tmp_path):
 def test_harness_check_reports_both_loops(artifacts, capsys):
     import json
 
-    from serve_bench.check_harness import main as check_main
+    from serve_bench.latency.check_harness import main as check_main
 
     folder, _ = artifacts
     assert check_main([str(folder / "model.onnx"), "--rounds", "2", "--block", "50", "--threads", "1"]) == 0

@@ -103,7 +103,7 @@ def test_every_gated_number_carries_its_interval(bench_run):
 
 
 def test_predictions_are_kept_per_image_and_pair_with_the_report(bench_run):
-    from serve_bench.predictions import hits, load_predictions
+    from serve_bench.accuracy.predictions import hits, load_predictions
 
     _, _, run_dir = bench_run
     folder = run_dir / "bench" / "report"
@@ -401,7 +401,7 @@ def test_the_report_is_typed_versioned_and_an_older_one_is_read_a_newer_one_refu
     """report.json fits its model (checked when written, schema beside it); a version-1 report (limits under their
     old names) is read in today's names; a newer version, or a report missing what readers rely on, is refused
     with the version or the field named."""
-    from serve_bench.report_model import REPORT_VERSION, SCHEMA_FILE, Report, ReportVersionError, checked
+    from serve_bench.report.model import REPORT_VERSION, SCHEMA_FILE, Report, ReportVersionError, checked
 
     _, _, run_dir = bench_run
     folder = run_dir / "bench" / "report"

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from serve_bench.stats import TooFewSamples, bootstrap_ci, percentile, summarize
+from serve_bench.stats.summary import TooFewSamples, bootstrap_ci, percentile, summarize
 
 
 def test_percentiles_on_a_known_sample():

@@ -14,8 +14,8 @@ from export.onnx_export import ExportError
 from export.tensorrt_engine import EngineMismatch
 from serve_bench.errors import BenchError
 from serve_bench.runners import RunnerError
-from serve_bench.stats import TooFewSamples
-from serve_bench.worker import WorkerError
+from serve_bench.stats.summary import TooFewSamples
+from serve_bench.latency.worker import WorkerError
 from train.datasets import DataError
 from train.errors import TrainError
 from train.loop import NonFiniteLoss

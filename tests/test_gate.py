@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from serve_bench.accuracy import accuracy
+from serve_bench.accuracy.classification import accuracy
 from serve_bench.limits import Limits
 from serve_bench.gate import evaluate
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from serve_bench.latency_intervals import BlockedSamples, block_bootstrap_ci, paired_ratio, repeat_spread
-from serve_bench.stats import bootstrap_ci
+from serve_bench.stats.latency_intervals import BlockedSamples, block_bootstrap_ci, paired_ratio, repeat_spread
+from serve_bench.stats.summary import bootstrap_ci
 
 
 def _blocks(rng, levels, size=100, sigma=0.2):
@@ -67,7 +67,7 @@ def test_spread_across_repeats():
 
 
 def test_saved_samples_keep_their_blocks_and_old_files_still_read(tmp_path):
-    from serve_bench.report import SAMPLES_FILE, load_blocked, save_samples
+    from serve_bench.report.files import SAMPLES_FILE, load_blocked, save_samples
 
     blocked = BlockedSamples([np.arange(3.0), np.arange(5.0), np.arange(2.0)], [0, 1, 3])
     save_samples(tmp_path, {"a": blocked})
@@ -108,7 +108,7 @@ def test_the_p99_ratio_interval_over_a_dozen_rounds_covers_the_known_ratio():
 
 
 def test_an_interval_that_misses_its_point_is_widened_to_it_and_says_so():
-    from serve_bench.latency_intervals import WIDENED, bootstrap_over_groups
+    from serve_bench.stats.latency_intervals import WIDENED, bootstrap_over_groups
 
     rng = np.random.default_rng(8)
     groups = [rng.lognormal(0, 0.3, 50) for _ in range(6)]
@@ -118,7 +118,7 @@ def test_an_interval_that_misses_its_point_is_widened_to_it_and_says_so():
 
 
 def test_the_expanded_tail_is_wider_for_fewer_groups_and_tends_to_the_plain_one():
-    from serve_bench.latency_intervals import expanded_tail
+    from serve_bench.stats.latency_intervals import expanded_tail
 
     assert expanded_tail(8) < expanded_tail(12) < expanded_tail(100) < 0.025
     assert expanded_tail(10_000) == pytest.approx(0.025, abs=1e-4)
@@ -127,7 +127,7 @@ def test_the_expanded_tail_is_wider_for_fewer_groups_and_tends_to_the_plain_one(
 def test_the_resampled_percentiles_equal_numpys_percentile_of_each_pooled_resample():
     """The bootstrap finds each resample's percentile by counting, not by pooling; it must give numpy's
     linear percentile of the pooled values exactly: equal and unequal block sizes, ties, one block, the ends."""
-    from serve_bench.latency_intervals import _resampled_percentiles
+    from serve_bench.stats.latency_intervals import _resampled_percentiles
 
     rng = np.random.default_rng(7)
     qs = [0.0, 37.3, 50.0, 99.0, 100.0]

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from serve_bench.load.serving_loop import ServingSettings
-from serve_bench.load.traffic import TrafficSettings, measure_traffic
-from serve_bench.worker import BenchWorker
+from serve_bench.latency.traffic import TrafficSettings, measure_traffic
+from serve_bench.latency.worker import BenchWorker
 
 pytestmark = [pytest.mark.slow, pytest.mark.serial]  # real traffic timed: alone on the machine
 POOL = np.zeros((32, 1, 2, 2), dtype=np.float32)

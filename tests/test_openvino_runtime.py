@@ -13,9 +13,9 @@ from export.onnx_export import export_onnx
 from compress.release.model_card import _served_batch_lines
 from serve_bench.bench import (ArtifactSpec, BenchSettings, eval_batch_of, on_runtimes, served_batch,
                                served_batch_accuracy)
-from serve_bench.harness import HarnessSettings
+from serve_bench.latency.harness import HarnessSettings
 from serve_bench.runners import RunnerError, make_runner, usable_onnx_runtimes
-from serve_bench.runtime_parity import runtime_parity, same_file_pairs
+from serve_bench.accuracy.runtime_parity import runtime_parity, same_file_pairs
 
 needs_openvino = pytest.mark.skipif("openvino" not in usable_onnx_runtimes(),
                                     reason="OpenVINO is not installed here: pip install 'compress[cpu]'")
@@ -62,7 +62,7 @@ def test_openvino_runs_the_float_file_as_onnxruntime_does_and_says_what_it_ran_w
 
 @needs_openvino
 def test_openvino_runs_the_qdq_int8_file_and_its_profile_names_int8_kernels(files):
-    from serve_bench.operator_profile import profile_artifact
+    from serve_bench.latency.operator_profile import profile_artifact
 
     x = files["images"][:1]
     with make_runner("onnxruntime", files["int8"], threads=1) as ort_runner:
@@ -168,7 +168,7 @@ def test_a_file_is_refused_on_a_runtime_its_red_line_was_not_checked_on():
 
 
 def test_the_same_file_twice_on_one_runtime_is_not_a_runtime_pair_and_a_tie_is_noted():
-    from serve_bench.runtime_parity import runtime_choice_note
+    from serve_bench.accuracy.runtime_parity import runtime_choice_note
 
     def spec(name, backend, path="a.onnx"):
         return ArtifactSpec(name=name, stage="s", backend=backend, path=path, format="onnx", precision="int8",

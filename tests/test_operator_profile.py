@@ -10,8 +10,8 @@ from onnx import TensorProto, helper, numpy_helper
 from torch import nn
 
 from export.onnx_export import export_onnx
-from serve_bench.operator_profile import profile_artifact
-from serve_bench.profile_report import profile_table, unfused_qdq_line
+from serve_bench.latency.operator_profile import profile_artifact
+from serve_bench.report.profile import profile_table, unfused_qdq_line
 from serve_bench.runners import RunnerError
 from train.model_io import describe, save_model
 from train.models import build_model

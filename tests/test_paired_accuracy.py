@@ -9,7 +9,7 @@ from scipy import optimize
 
 from serve_bench.limits import Limits
 from serve_bench.gate import evaluate
-from serve_bench.paired import (PairedCounts, drop_interval, mcnemar_exact_p, needed_test_images, paired_counts,
+from serve_bench.stats.paired import (PairedCounts, drop_interval, mcnemar_exact_p, needed_test_images, paired_counts,
                                 paired_summary, score_statistic, smallest_certifiable_drop, wilson_interval)
 
 Z = 1.959963984540054  # the two-sided 95% normal quantile
@@ -139,7 +139,7 @@ def _shown_within_rate(n: int, counts: PairedCounts, max_drop: float, runs: int 
     """Share of simulated test sets of ``n`` images (true disagreement rates those of ``counts``) on which the
     upper bound of the drop is at most ``max_drop``: by the score test at the red line, the same decision as
     comparing Tango's upper bound, without a root search per draw."""
-    from serve_bench.paired import LEVEL, _z
+    from serve_bench.stats.paired import LEVEL, _z
 
     rates = [counts.baseline_only / counts.n, counts.artifact_only / counts.n]
     draws = np.random.default_rng(seed).multinomial(n, [*rates, 1 - sum(rates)], size=runs)
@@ -150,7 +150,7 @@ def _shown_within_rate(n: int, counts: PairedCounts, max_drop: float, runs: int 
 def test_the_needed_test_size_shows_the_artifact_within_the_line_with_the_stated_power():
     """The README's example: 3:2 disagreements in 1,000, red line 0.3. The expected-bound size (5,750) is a
     coin flip; the reported size gives the stated 80%."""
-    from serve_bench.paired import POWER
+    from serve_bench.stats.paired import POWER
 
     counts = PairedCounts(1000, 3, 2)
     needed = needed_test_images(counts, 0.3)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from serve_bench.predictions import Predictions, hits, load_predictions, digest_of_test_split, top_k
+from serve_bench.accuracy.predictions import Predictions, hits, load_predictions, digest_of_test_split, top_k
 
 
 def test_top_k_is_best_first_and_capped_at_the_class_count():

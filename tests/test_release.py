@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from compress.cli import main
-from serve_bench.predictions import load_predictions
+from serve_bench.accuracy.predictions import load_predictions
 from serve_bench.runners import usable_onnx_runtimes
 from tests.conftest import ROOT, TINY, run_cli
 

@@ -16,13 +16,13 @@ import numpy as np
 import pytest
 
 import serve_bench.gate as gate_module
-import serve_bench.paired as paired_module
+import serve_bench.stats.paired as paired_module
 from compress.search import final_gate
 from serve_bench.limits import Limits
 from compress.search.final_gate import correction_for, judge_finalists
 from compress.search.objective import best_first, outcome_of
 from serve_bench.gate import evaluate
-from serve_bench.paired import PairedCounts
+from serve_bench.stats.paired import PairedCounts
 from tests.search_entries import baseline_entry
 
 MAX_DROP = 1.0

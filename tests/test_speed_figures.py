@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from serve_bench.bench import speed_figures
-from serve_bench.harness import HarnessSettings, measure_interleaved
-from serve_bench.latency_intervals import BlockedSamples
+from serve_bench.latency.harness import HarnessSettings, measure_interleaved
+from serve_bench.stats.latency_intervals import BlockedSamples
 from tests.report_invariants import points_outside_intervals
 
 
@@ -44,7 +44,7 @@ def test_the_hard_cap_ends_the_measurement_for_all_with_a_warning(caplog):
     assert measured["fast"].blocked.rounds == measured["slow"].blocked.rounds == [0, 1, 2, 3, 4]
     assert "max_iters=50" in caplog.text
     assert measured["fast"].short_of_floors and measured["slow"].short_of_floors  # 1.0 s of time asked, 0.05/0.5 had
-    from serve_bench.harness import short_of_floors_flag
+    from serve_bench.latency.harness import short_of_floors_flag
 
     flag = short_of_floors_flag([{"name": "slow", "latency_ms": {"short_of_floors": True}}, {"name": "ok"}])
     assert "before slow had min_iters" in flag and short_of_floors_flag([{"name": "ok", "latency_ms": {}}]) is None

@@ -174,7 +174,7 @@ def test_the_sweep_finds_the_known_capacity_of_an_mm1_server(monkeypatch):
     Over 30 schedule seeds the capacity is within 10% of λ* in most (measured 25 of 30; the median 7% below, the
     worst 22% below, where a probe at ρ 0.5 read its p99 past the budget), above it in 4 by at most 0.8%, and its
     range's confident end is never above it."""
-    from serve_bench.load.traffic import TrafficSettings, _sweep
+    from serve_bench.latency.traffic import TrafficSettings, _sweep
 
     mu, budget = 500.0, 20.0
     analytic = mu - 1000 * math.log(100) / budget

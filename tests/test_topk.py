@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from compress.cli import main
-from serve_bench.accuracy import accuracy
+from serve_bench.accuracy.classification import accuracy
 
 
 def test_top5_exists_only_above_five_classes():
@@ -60,7 +60,7 @@ def test_the_runner_refuses_a_top5_red_line_when_only_the_data_tells(tiny_config
 
 def test_tied_scores_go_to_the_lower_class_as_argmax_breaks_them():
     """An INT8 file's logits are quantized, so exact ties happen; the recorded answer must be the served one."""
-    from serve_bench.predictions import top_k
+    from serve_bench.accuracy.predictions import top_k
 
     logits = np.random.default_rng(0).integers(0, 2, size=(5000, 10)).astype(np.float32)  # ties everywhere
     ranked = top_k(logits)

@@ -6,9 +6,9 @@ import copy
 
 import pytest
 
-from serve_bench import plots, report_tables
-from serve_bench.report import figures, render_html, render_markdown
-from serve_bench.traffic_report import (CAPACITY_TITLE, TRAFFIC_TITLE, capacity_table, capacity_text,
+from serve_bench.report import plots, tables as report_tables
+from serve_bench.report.files import figures, render_html, render_markdown
+from serve_bench.report.traffic import (CAPACITY_TITLE, TRAFFIC_TITLE, capacity_table, capacity_text,
                                         overhead_line, traffic_sections, traffic_table)
 
 B1 = {"max_batch": 1, "max_queue_delay_us": 0, "instances": 1, "threads": 1}

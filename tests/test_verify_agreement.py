@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from compress.release.card_agreement import AGREEMENT_LEVEL, agrees, difference_interval, hits_of, wilson_bounds
-from serve_bench.paired import wilson_interval
+from serve_bench.stats.paired import wilson_interval
 
 DRAWS = 200_000  # per case: the standard error of a 1% rate is 0.02 point
 CARD_IMAGES = 1_000

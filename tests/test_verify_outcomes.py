@@ -15,7 +15,7 @@ from compress.cli import main
 from compress.release.checksums import write_sums
 from compress.release.model_card import CARD_FORMAT
 from export.onnx_metadata import input_description
-from serve_bench.image_folder import LabelledImages
+from serve_bench.accuracy.image_folder import LabelledImages
 from serve_bench.runners import RunnerError
 
 SPEC = input_description({"channels": 1, "height": 2, "width": 2, "scale": 1 / 255, "mean": [0.5], "std": [0.5]})

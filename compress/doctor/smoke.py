@@ -147,7 +147,7 @@ def run_smoke(runtimes: list[str], skipped: dict[str, str], folder: Path, thread
                 "results": [SmokeResult(r, FAIL, detail="the smoke model did not export").as_dict() for r in runtimes]
                 + [SmokeResult(r, SKIP, detail=why).as_dict() for r, why in skipped.items()],
                 "seconds": round(time.perf_counter() - start, 2)}
-    from serve_bench.machine_load import BUSY_SHARE, LoadSampler
+    from serve_bench.latency.machine_load import BUSY_SHARE, LoadSampler
 
     sampler = LoadSampler([os.getpid()])  # over all runtimes together: one runtime's few ms are too short to tell
     before = sampler.snapshot()

@@ -10,9 +10,9 @@ from rich.table import Table
 
 from compress.errors import ArtifactError
 from compress.pipeline.manifest import Manifest
-from serve_bench import report_model
-from serve_bench.predictions import PREDICTIONS_FILE
-from serve_bench.report import REPORT_JSON, SAMPLES_FILE, write_report
+from serve_bench.report import model as report_model
+from serve_bench.accuracy.predictions import PREDICTIONS_FILE
+from serve_bench.report.files import REPORT_JSON, SAMPLES_FILE, write_report
 from train.atomic_io import atomic_dir
 from train.hardware import isa_differences, isa_facts, isa_words
 

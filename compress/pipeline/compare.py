@@ -29,8 +29,8 @@ from compress.stages.bench_stage import BenchConfig
 from compress.stages.measurement import bench_settings, candidates_of, measure_and_judge, summary_table, test_set_of
 from compress.stages.provenance import runs_independence
 from serve_bench.bench import BenchSettings, TestSet
-from serve_bench.report import write_report
-from serve_bench.report_tables import comparison_table
+from serve_bench.report.files import write_report
+from serve_bench.report.tables import comparison_table
 from train.atomic_io import atomic_dir
 
 logger = logging.getLogger(__name__)

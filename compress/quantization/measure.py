@@ -11,11 +11,11 @@ from pathlib import Path
 
 import numpy as np
 
-from serve_bench.accuracy import accuracy
-from serve_bench.harness import HarnessSettings, measure_interleaved
+from serve_bench.accuracy.classification import accuracy
+from serve_bench.latency.harness import HarnessSettings, measure_interleaved
 from serve_bench.runners import make_runner, predict
-from serve_bench.stats import percentile
-from serve_bench.worker import BenchWorker, all_ready
+from serve_bench.stats.summary import percentile
+from serve_bench.latency.worker import BenchWorker, all_ready
 
 
 def logits(path: Path, images: np.ndarray, batch_size: int = 64, threads: int | None = None,

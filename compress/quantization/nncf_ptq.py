@@ -21,7 +21,7 @@ import onnx
 
 from compress.quantization import measure
 from export.onnx_export import check
-from serve_bench.accuracy import accuracy
+from serve_bench.accuracy.classification import accuracy
 
 PRESETS = ("performance", "mixed")
 INSTALL_HINT = "pip install 'compress[cpu]' (or pip install nncf)"

@@ -27,7 +27,7 @@ from export.external_data import UnsafeModelError, check_external_data
 from export.tensorrt_engine import ENGINE_FILE
 from export.onnx_metadata import CLASSES_KEY, PREPROCESSING_KEY, input_description, read_deployment
 from serve_bench.gate import preferred
-from serve_bench.report import environment_line
+from serve_bench.report.files import environment_line
 from train.atomic_io import atomic_dir
 from train.file_digest import file_sha256
 from train.model_io import read_description

@@ -28,7 +28,7 @@ AGREEMENT_LEVEL = 0.99
 
 def wilson_bounds(hits, n, level: float = AGREEMENT_LEVEL) -> tuple[np.ndarray, np.ndarray]:
     """Wilson score interval of ``hits`` of ``n`` as fractions, element-wise (the same formula as
-    ``serve_bench.paired.wilson_interval``, which works in percent on one value)."""
+    ``serve_bench.stats.paired.wilson_interval``, which works in percent on one value)."""
     hits, n = np.asarray(hits, dtype=float), np.asarray(n, dtype=float)
     z = float(stats.norm.ppf(0.5 + level / 2))
     p = hits / n

@@ -25,9 +25,9 @@ from compress.release.checksums import check_sums
 from compress.release.model_card import CARD_FORMAT
 from export.external_data import UnsafeModelError, check_external_data
 from export.onnx_metadata import CLASSES_KEY, PREPROCESSING_KEY, read_deployment
-from serve_bench.accuracy import accuracy, accuracy_intervals
-from serve_bench.image_folder import ImageFolderError, read_labelled_folder
-from serve_bench.predictions import digest_of_test_split
+from serve_bench.accuracy.classification import accuracy, accuracy_intervals
+from serve_bench.accuracy.image_folder import ImageFolderError, read_labelled_folder
+from serve_bench.accuracy.predictions import digest_of_test_split
 from serve_bench.runners import RunnerError, make_runner, predict
 
 BACKENDS = {"onnx": "onnxruntime", "torch-model": "torch", "trt-engine": "tensorrt"}

@@ -20,10 +20,10 @@ from dataclasses import dataclass
 
 from serve_bench.limits import Limits
 from serve_bench.gate import carried_load, evaluate, server_run
-from serve_bench.latency_intervals import BlockedSamples, block_bootstrap_ci
+from serve_bench.stats.latency_intervals import BlockedSamples, block_bootstrap_ci
 from serve_bench.load.steady_state import LEVEL as STEADY_LEVEL
 from serve_bench.load.steady_state import upper_at
-from serve_bench.paired import LEVEL, counts_of, drop_interval
+from serve_bench.stats.paired import LEVEL, counts_of, drop_interval
 
 BONFERRONI, NO_CORRECTION = "bonferroni", "none"
 

@@ -21,8 +21,8 @@ from compress.search.objective import best_first
 from compress.search.search_report import REPORT_DIR, write_search_report
 from compress.search.split_bench import entry_of, measure_split, still_stands
 from serve_bench.gate import evaluate
-from serve_bench.latency_intervals import paired_ratio
-from serve_bench.report import load_blocked
+from serve_bench.stats.latency_intervals import paired_ratio
+from serve_bench.report.files import load_blocked
 from train.atomic_io import atomic_write_text
 
 CHOSEN_FILE = "chosen.yaml"

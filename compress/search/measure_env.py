@@ -120,7 +120,7 @@ def _report_facts(queue) -> None:
 def spawned_environment() -> dict:
     """What a process spawned the way the bench spawns each artifact's worker sees: its environment and
     torch's default thread count."""
-    context = mp.get_context("spawn")  # as serve_bench.worker starts its processes
+    context = mp.get_context("spawn")  # as serve_bench.latency.worker starts its processes
     queue = context.Queue()
     child = context.Process(target=_report_facts, args=(queue,))
     child.start()

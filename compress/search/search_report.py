@@ -15,7 +15,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from compress.pipeline.fingerprint import environment  # noqa: E402
-from serve_bench.plots import pareto_front, to_png  # noqa: E402
+from serve_bench.report.plots import pareto_front, to_png  # noqa: E402
 from train.atomic_io import atomic_dir  # noqa: E402
 
 REPORT_DIR = "report"

@@ -32,8 +32,8 @@ from compress.stages.data_match import check_same_data
 from compress.stages.measurement import bench_settings, candidates_of, measure_and_judge
 from compress.stages.provenance import test_independence
 from serve_bench.bench import BenchSettings, TestSet
-from serve_bench.report import REPORT_JSON, save_samples, write_report
-from serve_bench.report_model import checked
+from serve_bench.report.files import REPORT_JSON, save_samples, write_report
+from serve_bench.report.model import checked
 from train.atomic_io import atomic_dir
 from train.data import BatchStream, DataBundle
 

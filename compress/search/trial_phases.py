@@ -29,7 +29,7 @@ from compress.search.measure_env import MeasurementEnvironment, measured_as
 from compress.search.objective import outcome_of
 from compress.search.split_bench import VALIDATION_BENCH, baseline_of, deployables, measure_split
 from compress.search.trial_dirs import seed_trial
-from serve_bench.report import REPORT_JSON
+from serve_bench.report.files import REPORT_JSON
 
 LOG_FILE = "log.txt"
 

@@ -11,9 +11,9 @@ from compress.stages.base import InputArtifact, Output, Stage, StageContext, Sta
 from compress.stages.measurement import bench_settings, candidates_of, measure_and_judge, summary_table, test_set_of
 from compress.stages.provenance import test_independence
 from compress.stages.training_run import is_detection
-from serve_bench.harness import HarnessSettings
-from serve_bench.load.traffic import TrafficSettings, wanted
-from serve_bench.report import write_report
+from serve_bench.latency.harness import HarnessSettings
+from serve_bench.latency.traffic import TrafficSettings, wanted
+from serve_bench.report.files import write_report
 from serve_bench.runners.openvino_runner import OpenVinoSettings
 
 

@@ -22,16 +22,16 @@ from compress.stages.provenance import independence_flag
 from compress.stages.runtime_choice import onnx_runtimes
 from compress.stages.training_run import is_detection
 from serve_bench.bench import ArtifactSpec, BenchResult, BenchSettings, TestSet, on_runtimes, run_benchmark
-from serve_bench.detection_accuracy import thin_classes
+from serve_bench.accuracy.detection import thin_classes
 from serve_bench.gate import evaluate, quantized_not_faster
-from serve_bench.harness import HarnessSettings, short_of_floors_flag
-from serve_bench.latency_intervals import too_few_blocks
+from serve_bench.latency.harness import HarnessSettings, short_of_floors_flag
+from serve_bench.stats.latency_intervals import too_few_blocks
 from serve_bench.limits import Limits
-from serve_bench.machine_load import busy_machine_flag
-from serve_bench.profile_report import profile_failures, unfused_qdq_flags
-from serve_bench.report import test_set_facts
-from serve_bench.report_tables import main_table
-from serve_bench.runtime_parity import runtime_choice_note
+from serve_bench.latency.machine_load import busy_machine_flag
+from serve_bench.report.profile import profile_failures, unfused_qdq_flags
+from serve_bench.report.files import test_set_facts
+from serve_bench.report.tables import main_table
+from serve_bench.accuracy.runtime_parity import runtime_choice_note
 from train.data import BatchStream, DataBundle
 
 BACKENDS = {"torch-model": "torch", "onnx": "onnxruntime", "trt-engine": "tensorrt"}

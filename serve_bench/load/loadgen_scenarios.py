@@ -28,7 +28,7 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from serve_bench.latency_intervals import BlockedSamples, block_bootstrap_ci
+from serve_bench.stats.latency_intervals import BlockedSamples, block_bootstrap_ci
 from serve_bench.load.serving_loop import ServedRecords, ServingLoop
 from serve_bench.load.steady_state import (MAX_DISCARDED, MIN_QUERIES, Segment, SteadyP99, bounded, queries_wanted,
                                            steady_p99)

@@ -46,7 +46,7 @@ from typing import Sequence
 import numpy as np
 from scipy import stats
 
-from serve_bench.latency_intervals import MIN_BLOCKS
+from serve_bench.stats.latency_intervals import MIN_BLOCKS
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """Per-operator profiles in the report: where each artifact's time goes, and the Q/DQ its runtime left unfused.
 
-The profiles themselves are taken in each artifact's worker (serve_bench.operator_profile); this
+The profiles themselves are taken in each artifact's worker (serve_bench.latency.operator_profile); this
 module only renders them, so the report can be re-rendered from report.json alone.
 """
 from __future__ import annotations

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from serve_bench.paired import paired_counts, paired_summary, wilson_interval
-from serve_bench.predictions import hits, top_k
+from serve_bench.stats.paired import paired_counts, paired_summary, wilson_interval
+from serve_bench.accuracy.predictions import hits, top_k
 
 
 def runtime_parity(reference: str, reference_logits: np.ndarray, logits: np.ndarray, labels: np.ndarray,

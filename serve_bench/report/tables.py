@@ -6,8 +6,8 @@ speed-up, so a reader sees at once which differences are real.
 """
 from __future__ import annotations
 
-from serve_bench.profile_report import profile_sections
-from serve_bench.traffic_report import traffic_sections
+from serve_bench.report.profile import profile_sections
+from serve_bench.report.traffic import traffic_sections
 
 Table = tuple[list[str], list[list[str]]]
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from serve_bench.paired import wilson_interval
-from serve_bench.predictions import hits, top_k
+from serve_bench.stats.paired import wilson_interval
+from serve_bench.accuracy.predictions import hits, top_k
 from train.evaluate import meaningful_metrics
 
 

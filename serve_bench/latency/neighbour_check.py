@@ -1,6 +1,6 @@
 """Does a busy neighbour move the interleaved latency ratio of two files? A benchmark of the machine, not a test.
 
-    python -m serve_bench.neighbour_check REFERENCE.onnx CANDIDATE.onnx [--phases 8] [--threads 1] [--json OUT]
+    python -m serve_bench.latency.neighbour_check REFERENCE.onnx CANDIDATE.onnx [--phases 8] [--threads 1] [--json OUT]
 
 Quiet and busy phases come in the order quiet, busy, busy, quiet (repeated), so both kinds sit at the
 same mean position in the run and a slow drift of the machine does not read as the neighbour's doing.
@@ -36,11 +36,11 @@ from pathlib import Path
 import numpy as np
 from scipy import stats
 
-from serve_bench.harness import HarnessSettings, measure_interleaved
-from serve_bench.latency_intervals import paired_ratio
-from serve_bench.machine_load import load_summary
-from serve_bench.stats import percentile
-from serve_bench.worker import BenchWorker, all_ready
+from serve_bench.latency.harness import HarnessSettings, measure_interleaved
+from serve_bench.stats.latency_intervals import paired_ratio
+from serve_bench.latency.machine_load import load_summary
+from serve_bench.stats.summary import percentile
+from serve_bench.latency.worker import BenchWorker, all_ready
 from train.atomic_io import atomic_write_text
 
 BURNER = "while True: pass"

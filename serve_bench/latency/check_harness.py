@@ -1,6 +1,6 @@
 """Does the harness measure what a plain timing loop measures? A check of the measuring tool itself.
 
-    python -m serve_bench.check_harness MODEL.onnx [--rounds 20] [--block 200] [--threads N]
+    python -m serve_bench.latency.check_harness MODEL.onnx [--rounds 20] [--block 200] [--threads N]
 
 In one process, blocks of the harness's timed loop (through the onnxruntime runner) are
 interleaved with blocks of the most minimal loop possible (``perf_counter_ns`` around a
@@ -20,8 +20,8 @@ import time
 import numpy as np
 
 from serve_bench.runners import OnnxRuntimeRunner
-from serve_bench.stats import percentile
-from serve_bench.worker import batches_of, timed_block
+from serve_bench.stats.summary import percentile
+from serve_bench.latency.worker import batches_of, timed_block
 
 
 def main(argv: list[str] | None = None) -> int:

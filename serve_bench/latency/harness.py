@@ -21,9 +21,9 @@ from dataclasses import dataclass, field
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from serve_bench.latency_intervals import BlockedSamples
-from serve_bench.machine_load import LoadSampler
-from serve_bench.worker import BenchWorker
+from serve_bench.stats.latency_intervals import BlockedSamples
+from serve_bench.latency.machine_load import LoadSampler
+from serve_bench.latency.worker import BenchWorker
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +36,7 @@ class HarnessSettings(BaseModel):
     warmup_s: float = Field(0.5, ge=0, description="...and at least this long")
     min_iters: int = Field(1000, ge=1, description="measured requests per artifact, at least...")
     # 3 s of 0.25-s blocks: about 12 blocks per artifact, the least the block bootstrap of the p99
-    # (serve_bench.latency_intervals) should rest on; 2 s gave 8.
+    # (serve_bench.stats.latency_intervals) should rest on; 2 s gave 8.
     min_duration_s: float = Field(3.0, ge=0, description="...and at least this much measured time")
     block_iters: int = Field(100, ge=1, description="minimum requests per interleaved block")
     block_s: float = Field(0.25, ge=0, description="target duration of a block, so the settle pause stays a "

@@ -23,8 +23,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from serve_bench.load.capacity import best_config, capacity, confirmed, next_rates, within_budget
 from serve_bench.load.loadgen_scenarios import Scenario
 from serve_bench.load.serving_loop import ServingSettings
-from serve_bench.machine_load import LoadSampler, load_summary
-from serve_bench.worker import BenchWorker
+from serve_bench.latency.machine_load import LoadSampler, load_summary
+from serve_bench.latency.worker import BenchWorker
 
 log = logging.getLogger(__name__)
 

@@ -181,7 +181,7 @@ def worker_main(conn, backend: str, path: str, options: dict, pool: np.ndarray, 
                 conn.send(("ok", serve(copies, pool, serving, lambda loop: run_open_loop(
                     loop, len(pool), qps, seconds, seed))))
             elif command == "profile":
-                from serve_bench.operator_profile import profile_artifact
+                from serve_bench.latency.operator_profile import profile_artifact
 
                 iters, threads = args
                 conn.send(("ok", profile_artifact(backend, path, batches[0], threads=threads or runner.threads,

@@ -14,13 +14,13 @@ from pathlib import Path
 
 import numpy as np
 
-from serve_bench import plots
-from serve_bench import report_model
-from serve_bench import report_tables as tables
-from serve_bench import traffic_report
-from serve_bench.latency_intervals import BlockedSamples
-from serve_bench.paired import smallest_certifiable_drop
-from serve_bench.predictions import Predictions
+from serve_bench.report import plots
+from serve_bench.report import model as report_model
+from serve_bench.report import tables
+from serve_bench.report import traffic as traffic_report
+from serve_bench.stats.latency_intervals import BlockedSamples
+from serve_bench.stats.paired import smallest_certifiable_drop
+from serve_bench.accuracy.predictions import Predictions
 
 REPORT_JSON, SAMPLES_FILE = "report.json", "latencies.npz"
 
