@@ -29,6 +29,7 @@ from serve_bench.latency.harness import HarnessSettings, measure_interleaved
 from serve_bench.latency.machine_load import load_summary
 from serve_bench.latency.traffic import TrafficSettings, measure_traffic, wanted
 from serve_bench.limits import Limits
+from serve_bench.runners import RUNNERS
 from serve_bench.stats.latency_intervals import BlockedSamples, Ratio, block_bootstrap_ci, paired_ratio, repeat_spread
 from serve_bench.stats.paired import paired_counts, paired_summary
 from serve_bench.accuracy.predictions import Predictions, digest_of_test_split
@@ -191,7 +192,7 @@ def eval_batch_of(spec: ArtifactSpec, settings: BenchSettings) -> int:
     measured here on an INT8 file: logits of batches of 8 differ from batch 1 by up to 0.64, while batch 1 matched
     across thread counts), so its accuracy is measured at the batch it serves, the latency batch; the other
     runtimes answer alike at any batch and use ``eval_batch``, capped by what the file accepts."""
-    if spec.backend == "openvino":
+    if RUNNERS[spec.backend].answers_depend_on_batch:
         return settings.batch_size
     return min(settings.eval_batch, spec.max_batch or settings.eval_batch)
 
@@ -200,7 +201,7 @@ def served_batch(spec: ArtifactSpec, traffic: dict | None, measured_at: int) -> 
     """The largest batch the sweep's recommended serving configuration forms for an OpenVINO file, where it is
     larger than the batch its accuracy was measured at (None otherwise). OpenVINO answers differently at another
     batch (see :func:`eval_batch_of`), so the card that recommends batching must state the accuracy at it."""
-    if spec.backend != "openvino" or not traffic:
+    if not RUNNERS[spec.backend].answers_depend_on_batch or not traffic:
         return None
     best = (traffic.get("sweep") or {}).get("best") or {}
     batch = int((best.get("serving") or {}).get("max_batch") or 1)
@@ -241,7 +242,7 @@ def run_benchmark(specs: list[ArtifactSpec], baseline: str, test: TestSet, setti
     with contextlib.ExitStack() as stack:
         workers = {}
         for spec in specs:
-            options = {"threads": settings.threads, "device": "cuda" if spec.backend == "tensorrt" else settings.device,
+            options = {"threads": settings.threads, "device": RUNNERS[spec.backend].fixed_device or settings.device,
                        **spec.options, **({"postprocess": settings.nms} if settings.nms is not None else {})}
             workers[spec.name] = stack.enter_context(BenchWorker(
                 spec.name, spec.backend, spec.path, options, _pool(tests[spec.name], settings.batch_size),

@@ -153,3 +153,19 @@ def test_per_thread_state_is_one_per_client_thread():
         t.join()
     assert all(len(set(ids)) == 1 for ids in seen.values())  # a thread keeps its own
     assert len({ids[0] for ids in seen.values()}) == 4 and len(state.made) == 4  # no two threads share one
+
+
+def test_a_runtimes_knowledge_lives_in_its_runner():
+    """No code outside serve_bench/runners/ branches on a runtime's name: what a runtime knows about itself (the
+    batch its answers depend on, its device, its thread pool, its profiler) is asked of its runner class."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    named = re.compile(r"""(backend|runtime)["'\])]*\s*(==|!=)\s*["'](torch|onnxruntime|openvino|tensorrt|simulated)["']""")
+    found = [f"{path.relative_to(root)}:{i}: {line.strip()}"
+             for folder in ("serve_bench", "compress") for path in sorted((root / folder).rglob("*.py"))
+             if "runners" not in path.relative_to(root).parts
+             for i, line in enumerate(path.read_text().splitlines(), 1) if named.search(line)]
+    allowed = {"compress/doctor/smoke.py"}  # which file the doctor builds for each runtime (an engine for TensorRT)
+    assert [f for f in found if f.split(":")[0] not in allowed] == []

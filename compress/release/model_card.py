@@ -56,9 +56,8 @@ def runtime_of(entry: dict, environment: dict) -> dict:
     answer differently, in another runtime, so the card's figures hold for this one."""
     runner = entry.get("runner") or {}
     backend = entry.get("backend") or runner.get("backend")
-    version = runner.get("version") or (environment.get("packages") or {}).get(backend)
-    if backend == "onnxruntime":
-        version = version or (environment.get("onnxruntime") or {}).get("version")
+    version = (runner.get("version") or (environment.get("packages") or {}).get(backend)
+               or (environment.get(backend) or {}).get("version"))  # a runtime the environment describes apart
     settings = {k: runner[k] for k in ("device", "threads", "providers", "hint", "inference_precision") if runner.get(k)}
     if runner.get("threads_used"):  # what OpenVINO actually ran with, which its hint may lower
         settings["threads"] = runner["threads_used"]

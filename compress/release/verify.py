@@ -28,9 +28,8 @@ from export.onnx_metadata import CLASSES_KEY, PREPROCESSING_KEY, read_deployment
 from serve_bench.accuracy.classification import accuracy, accuracy_intervals
 from serve_bench.accuracy.image_folder import ImageFolderError, read_labelled_folder
 from serve_bench.accuracy.predictions import digest_of_test_split
-from serve_bench.runners import RunnerError, make_runner, predict
+from serve_bench.runners import RUNNER_OF_KIND, RUNNERS, RunnerError, make_runner, predict
 
-BACKENDS = {"onnx": "onnxruntime", "torch-model": "torch", "trt-engine": "tensorrt"}
 
 
 @dataclass
@@ -72,13 +71,13 @@ def verify_bundle(folder: Path, images: Path | None = None, threads: int | None 
     if released["kind"] == "onnx" and not _onnx_loads(path, card, result):
         result.unchecked += [accuracy_not_run] if images is not None else []
         return result
-    backend = released.get("backend") or BACKENDS[released["kind"]]  # the runtime the gate released it on
+    backend = released.get("backend") or RUNNER_OF_KIND[released["kind"]]  # the runtime the gate released it on
     try:
         options = runner_options(card)
         measured_threads = options.pop("threads", None)
         runner = make_runner(backend, path, threads=threads or measured_threads, **options).load()
     except (RunnerError, RuntimeError, OSError, ValueError) as exc:  # the runtimes' load errors
-        if backend != "tensorrt":
+        if RUNNERS[backend].fixed_device is None:
             result.problems.append(f"{released['file']} does not load in {backend}: {exc}")
         else:  # an engine runs only with TensorRT on the GPU it was built for: elsewhere it cannot be checked
             where = ("run compress verify where TensorRT and the engine's GPU are; `sha256sum -c SHA256SUMS` "
@@ -99,10 +98,7 @@ def runner_options(card: dict) -> dict:
     """What the runtime ran the file with when the card's figures were measured (OpenVINO: its performance hint,
     the inference precision and the threads it used, so the accuracy is reproduced in the same arithmetic)."""
     runner = (card.get("latency") or {}).get("runner") or {}
-    if runner.get("backend") != "openvino":
-        return {}
-    options = {k: runner[k] for k in ("hint", "inference_precision") if runner.get(k)}
-    return {**options, **({"threads": runner["threads_used"]} if runner.get("threads_used") else {})}
+    return RUNNERS[runner["backend"]].options_from_info(runner) if runner.get("backend") in RUNNERS else {}
 
 
 def _onnx_loads(path: Path, card: dict, result: Verification) -> bool:

@@ -86,7 +86,7 @@ class BenchStage(Stage):
         # the red line's baseline, the runner's "baseline" input: the first train stage's model, else the model the
         # user brought (measured first where a train stage fine-tunes it); inputs given by path: the first torch model
         red_line_baseline = inputs["baseline"].name if "baseline" in inputs else None
-        baseline = cfg.baseline or red_line_baseline or next((s.name for s in specs if s.backend == "torch"), None)
+        baseline = cfg.baseline or red_line_baseline or next((s.name for s in specs if s.format == "torch"), None)
         if baseline not in {s.name for s in specs}:
             raise ArtifactError(f"stage {ctx.name!r}: baseline {baseline!r} is not among the measured artifacts "
                                 f"({', '.join(s.name for s in specs)})")

@@ -31,10 +31,10 @@ from serve_bench.latency.machine_load import busy_machine_flag
 from serve_bench.report.profile import profile_failures, unfused_qdq_flags
 from serve_bench.report.files import test_set_facts
 from serve_bench.report.tables import main_table
+from serve_bench.runners import RUNNER_OF_KIND
 from serve_bench.accuracy.runtime_parity import runtime_choice_note
 from train.data import BatchStream, DataBundle
 
-BACKENDS = {"torch-model": "torch", "onnx": "onnxruntime", "trt-engine": "tensorrt"}
 
 
 def limits_of(config: PipelineConfig) -> Limits:
@@ -74,13 +74,13 @@ def candidates_of(artifact: InputArtifact, cfg, runtime: str | None = None) -> l
 
 
 def artifact_spec(artifact: InputArtifact, cfg) -> ArtifactSpec:
-    backend = BACKENDS.get(artifact.kind)
+    backend = RUNNER_OF_KIND.get(artifact.kind)
     if backend is None:
         raise ArtifactError(f"{artifact.name} is a {artifact.kind!r}, which no benchmark runner can load "
-                            f"(runners: {', '.join(BACKENDS)})")
-    meta = artifact.meta
-    path = artifact.path / meta["file"] if backend == "onnxruntime" and artifact.path.is_dir() else artifact.path
-    if backend == "tensorrt":
+                            f"(kinds: {', '.join(RUNNER_OF_KIND)})")
+    meta, kind = artifact.meta, artifact.kind
+    path = artifact.path / meta["file"] if kind == "onnx" and artifact.path.is_dir() else artifact.path
+    if kind == "trt-engine":
         from export.tensorrt_engine import EngineMismatch, check_compatible, current_platform, unavailable_reason
 
         reason = unavailable_reason()
@@ -95,9 +95,9 @@ def artifact_spec(artifact: InputArtifact, cfg) -> ArtifactSpec:
                         precision=meta.get("precision", "fp32"), size_bytes=artifact.size_bytes,
                         params=meta.get("params"), macs=meta.get("macs"),
                         max_batch=(meta.get("profile") or {}).get("max"),
-                        options={"compile": cfg.torch_compile} if backend == "torch" else
-                        {"inter_op_threads": cfg.inter_op_threads} if backend == "onnxruntime" else {},
-                        source_model=meta.get("source_model") or (artifact.name if backend == "torch" else None),
+                        options={"compile": cfg.torch_compile} if kind == "torch-model" else
+                        {"inter_op_threads": cfg.inter_op_threads} if kind == "onnx" else {},
+                        source_model=meta.get("source_model") or (artifact.name if kind == "torch-model" else None),
                         refused=_refusal(meta, backend), quantization=meta.get("quantization"))
 
 
@@ -110,7 +110,7 @@ def _refusal(meta: dict, backend: str) -> str | None:
     if red.get("within") is False:
         return ("the quantize stage found no rung within the red line on every runtime it checked (test drop "
                 + ", ".join(f"{r} {d}" for r, d in drops.items()) + " points); refused")
-    if backend == "openvino" and backend not in drops:  # a file quantized before the check, or without it
+    if backend not in drops:  # a runtime the check left out: a file quantized before the check, or without it
         return (f"the quantize stage checked its red line on {', '.join(drops)} only, not on {backend} (its runtimes "
                 f"setting); refused here: re-run the quantize stage with {backend} among its runtimes")
     return None

@@ -80,18 +80,12 @@ class ServingCopies:
                            for _ in range(instances - 1 if reuse else instances)]
             self._key = key
         copies = ([self.runner] if reuse else []) + self._extra
-        if self.backend == "torch":  # one intra-op pool per process: the copies share it, sized as asked
-            import torch
-
-            torch.set_num_threads(threads)
+        self.runner.use_threads(threads)  # a process-wide pool (torch's): the copies share it, sized as asked
         return [copy.infer for copy in copies]
 
     def restore(self) -> None:
         """Give the closed-loop runner back its own thread count (torch's is process-wide)."""
-        if self.backend == "torch":
-            import torch
-
-            torch.set_num_threads(self.runner.threads)
+        self.runner.use_threads(self.runner.threads)
 
     def close(self) -> None:
         for copy in self._extra:

@@ -18,8 +18,10 @@ from serve_bench.runners.torch_runner import TorchRunner
 
 RUNNERS: dict[str, type[Runner]] = {r.backend: r for r in (TorchRunner, OnnxRuntimeRunner, OpenVinoRunner,
                                                           TensorRTRunner, SimulatedRunner)}
+# the runtime that loads each kind of artifact the pipeline makes (an ONNX file may also run on others)
+RUNNER_OF_KIND: dict[str, str] = {"torch-model": "torch", "onnx": "onnxruntime", "trt-engine": "tensorrt"}
 
-__all__ = ["ONNX_RUNTIMES", "OnnxRuntimeRunner", "OpenVinoRunner", "PerThread", "RUNNERS", "Runner", "RunnerError",
+__all__ = ["ONNX_RUNTIMES", "OnnxRuntimeRunner", "OpenVinoRunner", "PerThread", "RUNNERS", "RUNNER_OF_KIND", "Runner", "RunnerError",
            "SimulatedRunner", "TensorRTRunner", "TorchRunner", "make_runner", "physical_cores", "predict",
            "runtime_status", "runtime_versions", "usable_onnx_runtimes"]
 

@@ -62,7 +62,15 @@ class PerThread:
 
 
 class Runner:
+    """What a runtime knows about itself lives on its runner class, so no caller branches on its name: whether its
+    answers depend on the batch they come in, the device it always runs on, how its threads are set for a process,
+    and how it profiles a file (``profile``)."""
+
     backend: ClassVar[str]
+    # True where the same input answers differently in a batch of another size (OpenVINO on the CPU): its accuracy
+    # is measured at the batch it serves
+    answers_depend_on_batch: ClassVar[bool] = False
+    fixed_device: ClassVar[str | None] = None  # the device it runs on whatever the bench's (TensorRT: cuda)
 
     def __init__(self, path: str | Path, *, threads: int | None = None, device: str = "cpu", **options: Any) -> None:
         self.path, self.device = Path(path), device
@@ -98,6 +106,21 @@ class Runner:
 
     def info(self) -> dict:
         return {"backend": self.backend, "device": self.device, "threads": self.threads}
+
+    def use_threads(self, threads: int) -> None:
+        """Size a thread pool the runtime shares across the process (torch's intra-op pool) for ``threads``; a
+        runtime whose pool belongs to each session or compiled model has nothing to do."""
+
+    @classmethod
+    def options_from_info(cls, info: dict) -> dict:
+        """The options that run a file again as :meth:`info` says it ran (what a release's card recorded), where
+        they change its answers; none for a runtime whose answers do not depend on them."""
+        return {}
+
+    @classmethod
+    def profile(cls, path: str, batch: np.ndarray, *, threads: int, iters: int, options: dict, top: int) -> dict:
+        """Per-operator times of one file under this runtime's own profiler."""
+        raise RunnerError(f"the {cls.backend} runner has no operator profiler")
 
     def __enter__(self) -> "Runner":
         return self.load()

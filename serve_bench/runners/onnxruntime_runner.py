@@ -69,6 +69,13 @@ class OnnxRuntimeRunner(Runner):
         return {**super().info(), "providers": self.session.get_providers() if self.loaded else None,
                 "inter_op_threads": self.options.get("inter_op_threads", 1)}
 
+    @classmethod
+    def profile(cls, path: str, batch: np.ndarray, *, threads: int, iters: int, options: dict, top: int) -> dict:
+        from serve_bench.runners.profiles import profile_onnxruntime
+
+        return profile_onnxruntime(path, batch, threads=threads, iters=iters,
+                                   inter_op_threads=options.get("inter_op_threads", 1), top=top)
+
 
 class _OnDevice:
     """An input already on an onnxruntime device (told apart from a host feed dict)."""

@@ -40,6 +40,7 @@ class OpenVinoRunner(Runner):
     float file in float on bf16-capable CPUs)."""
 
     backend = "openvino"
+    answers_depend_on_batch = True  # measured: logits of batches of 8 differ from batch 1 by up to 0.64 (2 threads)
 
     def _load(self) -> None:
         try:
@@ -96,6 +97,18 @@ class OpenVinoRunner(Runner):
     def _close(self) -> None:
         self._requests = None
         self.compiled = None
+
+    @classmethod
+    def options_from_info(cls, info: dict) -> dict:
+        """Its hint, inference precision and the threads it used: the same arithmetic as when it was measured."""
+        options = {k: info[k] for k in ("hint", "inference_precision") if info.get(k)}
+        return {**options, **({"threads": info["threads_used"]} if info.get("threads_used") else {})}
+
+    @classmethod
+    def profile(cls, path: str, batch: np.ndarray, *, threads: int, iters: int, options: dict, top: int) -> dict:
+        from serve_bench.runners.profiles import profile_openvino
+
+        return profile_openvino(path, batch, threads=threads, iters=iters, options=options, top=top)
 
 
 def _type_name(value: Any) -> str:

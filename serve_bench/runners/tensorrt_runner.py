@@ -10,6 +10,7 @@ class TensorRTRunner(Runner):
     """A serialized engine on the GPU; device buffers come from torch (pycuda is not needed)."""
 
     backend = "tensorrt"
+    fixed_device = "cuda"
 
     def _load(self) -> None:
         try:
@@ -57,5 +58,11 @@ class TensorRTRunner(Runner):
 
     def _to_host(self, y) -> np.ndarray:
         return y.float().cpu().numpy()
+
+    @classmethod
+    def profile(cls, path: str, batch: np.ndarray, *, threads: int, iters: int, options: dict, top: int) -> dict:
+        from serve_bench.runners.profiles import profile_tensorrt
+
+        return profile_tensorrt(path, batch, iters=iters, top=top)
 
 

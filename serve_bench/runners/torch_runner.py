@@ -42,4 +42,13 @@ class TorchRunner(Runner):
     def info(self) -> dict:
         return {**super().info(), "precision": "fp32", "compile": bool(self.options.get("compile"))}
 
+    def use_threads(self, threads: int) -> None:
+        self._torch.set_num_threads(threads)  # one intra-op pool per process: every copy in it shares it
+
+    @classmethod
+    def profile(cls, path: str, batch: np.ndarray, *, threads: int, iters: int, options: dict, top: int) -> dict:
+        from serve_bench.runners.profiles import profile_torch
+
+        return profile_torch(path, batch, threads=threads, iters=iters, top=top)
+
 
