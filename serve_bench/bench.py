@@ -32,7 +32,7 @@ from serve_bench.limits import Limits
 from serve_bench.runners import RUNNERS
 from serve_bench.stats.latency_intervals import BlockedSamples, Ratio, block_bootstrap_ci, paired_ratio, repeat_spread
 from serve_bench.stats.paired import paired_counts, paired_summary
-from serve_bench.accuracy.predictions import Predictions, digest_of_test_split
+from serve_bench.accuracy.predictions import Predictions, digest_of_test_split, hits, top_k
 from serve_bench.accuracy.runtime_parity import runtime_parity, same_file_pairs
 from serve_bench.stats.summary import PERCENTILES, bootstrap_ci, summarize
 from serve_bench.accuracy.detection import detection_entries
@@ -204,20 +204,23 @@ def served_batch(spec: ArtifactSpec, traffic: dict | None, measured_at: int) -> 
     if not RUNNERS[spec.backend].answers_depend_on_batch or not traffic:
         return None
     best = (traffic.get("sweep") or {}).get("best") or {}
-    batch = int((best.get("serving") or {}).get("max_batch") or 1)
+    served = [best.get("serving"), (traffic.get("at_target") or {}).get("serving")]  # recommended, and gated
+    batch = max(int((s or {}).get("max_batch") or 1) for s in served)
     return batch if batch > measured_at else None
 
 
 def served_batch_accuracy(batch: int, served: np.ndarray, reference: np.ndarray, labels: np.ndarray,
-                          metric: str) -> dict:
+                          metric: str, baseline_hits: np.ndarray | None = None, max_drop: float | None = None) -> dict:
     """The accuracy of the same test images answered in batches of ``batch``, with its Wilson interval, and how
     many of its top-1 answers differ from those the report's accuracy came from. Dynamic batching forms batches
     of every size up to the largest, so the largest is the one furthest from the measured batch."""
     acc = accuracy(served, labels)
     changed = int(np.count_nonzero(served.argmax(axis=1) != reference.argmax(axis=1)))
-    return {"batch": batch, metric: acc[metric], "ci": accuracy_intervals(acc)[metric], "n": acc["n"],
-            "changed_answers": changed,
-            "difference": round(acc[metric] - accuracy(reference, labels)[metric], 4)}
+    out = {"batch": batch, metric: acc[metric], "ci": accuracy_intervals(acc)[metric], "n": acc["n"],
+           "changed_answers": changed, "difference": round(acc[metric] - accuracy(reference, labels)[metric], 4)}
+    if baseline_hits is not None:  # its drop against the baseline at that batch, paired image by image
+        out["paired"] = paired_summary(paired_counts(baseline_hits, hits(top_k(served), labels, metric)), max_drop)
+    return out
 
 
 def _fp32_reference(spec: ArtifactSpec, specs: list[ArtifactSpec]) -> ArtifactSpec | None:
@@ -225,7 +228,8 @@ def _fp32_reference(spec: ArtifactSpec, specs: list[ArtifactSpec]) -> ArtifactSp
     if spec.precision != "int8" or not spec.source_model:
         return None
     return next((r for r in specs if r.format == "onnx" and r.precision == "fp32" and r.backend == spec.backend
-                 and r.source_model == spec.source_model), None)
+                 and r.source_model == spec.source_model
+                 and r.extra.get("run") == spec.extra.get("run")), None)  # compare: the same run's
 
 
 def run_benchmark(specs: list[ArtifactSpec], baseline: str, test: TestSet, settings: BenchSettings,
@@ -341,7 +345,8 @@ def run_benchmark(specs: list[ArtifactSpec], baseline: str, test: TestSet, setti
         if spec.name in served:
             entry["accuracy_at_serving_batch"] = (
                 served_batch_accuracy(served[spec.name], served_logits[spec.name], logits[spec.name],
-                                      tests[spec.name].labels, metric)
+                                      tests[spec.name].labels, metric,
+                                      base_hits if spec.name not in unpaired else None, max_drop)
                 if spec.name in served_logits else
                 {"batch": served[spec.name], "not_measured": "a detector's mAP is measured at its latency batch only"})
         if settings.repeats > 1:

@@ -416,6 +416,10 @@ def test_the_report_is_typed_versioned_and_an_older_one_is_read_a_newer_one_refu
     old["gate"].update(max_accuracy_drop=limits["max_drop"], p99_budget_ms=limits["p99_budget_ms"])
     (tmp_path / "v1.json").write_text(json.dumps(old))
     assert main(["gate", str(tmp_path / "v1.json")]) == (0 if report["gate"]["passed"] else 1)
+    from compress.pipeline.bench_report import load_report
+
+    read, _ = load_report(tmp_path / "v1.json")
+    assert read["gate"]["limits"] == limits and read["upgraded_from"] == 1
     assert "red line" not in capsys.readouterr().err  # read, not refused
 
     newer = {**report, "report_version": REPORT_VERSION + 1}

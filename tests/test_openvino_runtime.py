@@ -116,6 +116,8 @@ def test_an_openvino_file_served_in_batches_states_its_accuracy_at_the_batch_the
     assert served_batch(ov, swept, 1) == 8  # the batch the serving section recommends, larger than measured
     assert served_batch(ov, swept, 8) is None and served_batch(ort, swept, 1) is None  # already there / any batch
     assert served_batch(ov, {"sweep": {"best": None}}, 1) is None and served_batch(ov, None, 1) is None
+    gated = {"at_target": {"serving": {"max_batch": 4}}, "sweep": None}  # no sweep: the configuration the gate read
+    assert served_batch(ov, gated, 1) == 4
     # a known answer: 1,000 images, 900 right at batch 1; at batch 8, 30 right answers turn wrong, 10 wrong right
     labels = np.arange(1000) % 10
     reference = np.eye(10, dtype=np.float32)[np.where(np.arange(1000) < 900, labels, (labels + 1) % 10)]
@@ -130,6 +132,14 @@ def test_an_openvino_file_served_in_batches_states_its_accuracy_at_the_batch_the
     assert "batches of up to 8" in line and "measured at batch 1" in line and "top1 88.0%" in line
     assert "-2 points, 40 of 1,000 top-1 answers changed" in line
     assert _served_batch_lines({"eval_batch": 1}, "top1") == []
+    # paired against the baseline at that batch, and a flag where that drop is past the red line
+    baseline_hits = reference.argmax(1) == labels  # a baseline that answers as the file did at batch 1
+    paired = served_batch_accuracy(8, served, reference, labels, "top1", baseline_hits, 1.0)["paired"]
+    assert (paired["baseline_only"], paired["artifact_only"], paired["drop"]) == (30, 10, 2.0)
+    from compress.stages.measurement import served_batch_flags
+
+    flagged = {"name": "q@openvino", "eval_batch": 1, "accuracy_at_serving_batch": {"batch": 8, "paired": paired}}
+    assert "in batches of 8" in served_batch_flags([flagged], 1.0)[0] and served_batch_flags([flagged], 2.5) == []
 
 
 def test_runtime_parity_counts_the_images_whose_answer_differs_with_a_known_answer():

@@ -194,9 +194,25 @@ def test_an_edited_target_rate_is_measured_again_and_does_not_continue_a_search(
 
     def key(pipeline: dict) -> str:
         plan = load_search(_write(tmp_path, SPACE, pipeline))
-        cfg = SimpleNamespace(model_dump=lambda **_: {"kind": "bench"}, batch_size=None)
+        cfg = SimpleNamespace(model_dump=lambda **_: {"kind": "bench"}, batch_size=None, runtimes=["onnxruntime"],
+                              device="cpu", name="bench")
         contender = SimpleNamespace(as_dict=lambda: {"run": "r", "artifact": "a"})
         return _key([SimpleNamespace(sha256="0" * 64)], [contender], cfg, SimpleNamespace(digest="d"),
                     limits_of(plan.base.config), plan.base)
 
     assert key(at_300) == key(copy.deepcopy(at_300)) and key(at_300) != key(at_500)
+
+
+def test_the_reference_on_another_runtime_never_stands_as_a_trials_candidate():
+    """A copy of the reference baseline measured on a second runtime (its drop against itself about 0, and faster)
+    must not become the trial's candidate: every trial would score the baseline's figures."""
+    from compress.search.objective import outcome_of
+    from tests.search_entries import entry, split_report
+
+    copy_of_baseline = entry("train.model", 2.0, 0, 0, [1.9, 2.1], role=BASELINE)
+    copy_of_baseline["name"] += "@openvino"
+    copy_of_baseline["contender"]["runtime"] = "openvino"
+    trial = entry("export.onnx", 3.0, 1, 1, [2.9, 3.1])
+    trial["contender"]["runtime"] = "onnxruntime"
+    outcome = outcome_of(split_report("point", [copy_of_baseline, trial]))
+    assert (outcome["candidate"], outcome["runtime"], outcome["p99_ratio"]) == ("export.onnx", "onnxruntime", 0.75)

@@ -29,6 +29,7 @@ from compress.stages.bench_stage import BenchConfig
 from compress.stages.measurement import bench_settings, candidates_of, measure_and_judge, summary_table, test_set_of
 from compress.stages.provenance import runs_independence
 from serve_bench.bench import BenchSettings, TestSet
+from serve_bench.runners import RUNNER_OF_KIND
 from serve_bench.report.files import write_report
 from serve_bench.report.tables import comparison_table
 from train.atomic_io import atomic_dir
@@ -74,6 +75,17 @@ def _chosen(run_dir: Path, manifest: Manifest, report: dict | None, name: str | 
         raise ArtifactError(f"{run_dir}: artifact {name}: {problem}; re-run that run's stage {record.stage!r}")
     return (InputArtifact(name, record.kind, manifest.resolve_path(run_dir, record), record.meta, record.size_bytes),
             candidate)
+
+
+def _runtime_of(run: "ComparedRun") -> str:
+    """The runtime a run's pick ran on: its own report's entry where it has one, else the ``@runtime`` of its name,
+    else the runtime that loads its kind of artifact first."""
+    entry = next((e for e in (run.report or {}).get("artifacts", []) if e["name"] == run.candidate), None)
+    if entry is not None:
+        return entry["backend"]
+    if "@" in run.candidate:
+        return run.candidate.rsplit("@", 1)[1]
+    return RUNNER_OF_KIND.get(run.artifact.kind, "")
 
 
 def _test_set(run_dir: Path, pipeline: Pipeline, cache: dict[str, tuple]) -> tuple[TestSet, bool]:
@@ -132,16 +144,18 @@ def compare_runs(run_dirs: list[Path], out: Path, console: Console, artifact: st
     specs, own_tests, picked = [], {}, []
     for run in runs:  # every run's file on every runtime the reference's bench measures on, as its bench does
         candidates = candidates_of(run.artifact, cfg)
-        if run.candidate not in {c.name for c in candidates}:
-            raise ConfigError(f"{run.run_dir}: {run.candidate} cannot be measured here (this machine measures "
-                              f"{run.artifact.name} as {', '.join(c.name for c in candidates)}); name one of "
-                              "those with --artifact")
+        backend = _runtime_of(run)
+        mine = next((c for c in candidates if c.backend == backend), None)
+        if mine is None:
+            raise ConfigError(f"{run.run_dir}: {run.candidate} ran on {backend}, which this comparison does not "
+                              f"measure {run.artifact.name} on (here: {', '.join(c.backend for c in candidates)}); "
+                              "name another with --artifact")
         for spec in candidates:
             spec.name = f"{run.label}:{spec.name}"
             spec.extra = {**spec.extra, "run": str(run.run_dir), "run_artifact": run.artifact.name}
             specs.append(spec)
             own_tests[spec.name] = run.test
-        picked.append(f"{run.label}:{run.candidate}")
+        picked.append(mine.name)  # by runtime, not by name: the reference's runtimes may be in another order
     reference = picked[0]
     console.print(f"comparing {', '.join(s.name for s in specs)}: one interleaved measurement, "
                   f"reference {reference}", highlight=False)

@@ -22,7 +22,7 @@ from compress.errors import ArtifactError, DataInputError
 from compress.release.bundle import CARD_JSON
 from compress.release.card_agreement import AGREEMENT_LEVEL, agrees, difference_interval, hits_of
 from compress.release.checksums import check_sums
-from compress.release.model_card import CARD_FORMAT
+from compress.release.model_card import CARD_FORMAT, READABLE_CARD_FORMATS
 from export.external_data import UnsafeModelError, check_external_data
 from export.onnx_metadata import CLASSES_KEY, PREPROCESSING_KEY, read_deployment
 from serve_bench.accuracy.classification import accuracy, accuracy_intervals
@@ -49,7 +49,7 @@ def load_card(folder: Path) -> dict:
         card = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as exc:
         raise ArtifactError(f"{path}: cannot read the model card ({exc}); give a folder made by compress release") from exc
-    if card.get("format") != CARD_FORMAT:
+    if card.get("format") not in READABLE_CARD_FORMATS:
         raise ArtifactError(f"{path}: not a compress model card (format {card.get('format')!r}, "
                             f"expected {CARD_FORMAT!r})")
     return card

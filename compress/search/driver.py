@@ -43,6 +43,7 @@ from compress.search.settings import SearchPlan
 from compress.search.trial_dirs import shared_stages
 from compress.search.trial_phases import TrialSpec, build, measure
 from compress.stages.measurement import limits_of
+from compress.stages.runtime_choice import onnx_runtimes
 
 JOURNAL = "study.journal"
 REFERENCE = "reference"
@@ -80,7 +81,8 @@ def _sampler(optuna, plan: SearchPlan):
                                       multivariate=True)
 
 
-SCORED_ON = "validation split, p99 as a ratio to the reference baseline in the same bench"
+SCORED_ON = ("validation split, p99 as a ratio to the reference baseline in the same bench, each file on every "
+             "runtime the bench measures it on")
 
 
 def _space_record(plan: SearchPlan) -> str:
@@ -90,7 +92,14 @@ def _space_record(plan: SearchPlan) -> str:
                        "threads": plan.settings.threads(), "limits": limits_of(plan.base.config).as_dict(),
                        "latency": plan.base.config.latency.model_dump(mode="json"),
                        "nms": plan.base.config.nms.model_dump(mode="json"),
-                       "scored_on": SCORED_ON}, sort_keys=True)
+                       "runtimes": scored_runtimes(plan), "scored_on": SCORED_ON}, sort_keys=True)
+
+
+def scored_runtimes(plan: SearchPlan) -> list[str]:
+    """The runtimes a trial's files are scored on (every usable one where the bench stage names none): a study
+    scored on others is not continued."""
+    bench = [s for s in plan.base.stages if s.kind == "bench"][-1]
+    return onnx_runtimes(bench.runtimes, bench.device, f"stages.{bench.name}.runtimes")
 
 
 def _record_differences(stored: str, current: str) -> list[str]:

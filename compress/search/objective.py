@@ -23,6 +23,7 @@ learn where the line runs.
 from __future__ import annotations
 
 from serve_bench.limits import Limits
+from compress.search.contenders import BASELINE
 from compress.search.final_gate import p99_ratio
 from serve_bench.gate import carried_load, evaluate, server_run
 
@@ -61,7 +62,8 @@ def outcome_of(report: dict) -> dict:
     """The trial's candidate and its figures, from its split bench report."""
     limits = Limits.from_dict(report["limits"])
     meaningful = (report.get("data") or {}).get("meaningful_accuracy", True)
-    others = [e for e in report["artifacts"] if e["name"] != report["baseline"]]
+    others = [e for e in report["artifacts"] if e["name"] != report["baseline"]
+              and (e.get("contender") or {}).get("role") != BASELINE]  # the reference on any runtime
     if not others:
         return {"candidate": None, "feasible": False, "why": "the bench measured nothing but the baseline"}
     split = report.get("split", "test")

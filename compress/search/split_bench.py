@@ -23,7 +23,7 @@ from compress.pipeline.manifest import Manifest
 from compress.pipeline.pipeline_data import load_section
 from compress.pipeline.pipeline_file import Pipeline
 from compress.pipeline.input_wiring import ARTIFACT_ROLE, input_refs
-from compress.search.contenders import Contender
+from compress.search.contenders import BASELINE, Contender
 from serve_bench.limits import Limits
 from compress.search.measure_env import MeasurementEnvironment
 from compress.stages.base import InputArtifact
@@ -31,6 +31,7 @@ from compress.stages.bench_stage import BenchConfig
 from compress.stages.data_match import check_same_data
 from compress.stages.measurement import bench_settings, candidates_of, measure_and_judge
 from compress.stages.provenance import test_independence
+from compress.stages.runtime_choice import onnx_runtimes
 from serve_bench.bench import BenchSettings, TestSet
 from serve_bench.report.files import REPORT_JSON, save_samples, write_report
 from serve_bench.report.model import checked
@@ -41,7 +42,8 @@ logger = logging.getLogger(__name__)
 
 SPLITS = {"val": "validation", "test": "test"}
 VALIDATION_BENCH = "validation-bench"  # the folder of a run's validation bench
-FORMAT = "compress-search-bench/3"  # 2: keyed on the latency section and nms too; 3: a candidate per runtime
+FORMAT = "compress-search-bench/3"  # 2: keyed on the latency section and nms too; 3: a candidate per runtime,
+# keyed on the runtimes resolved here
 
 
 def bench_config(pipeline: Pipeline) -> BenchConfig:
@@ -104,6 +106,8 @@ def _key(inputs: list[InputArtifact], contenders: list[Contender], cfg: BenchCon
                 "batch_size": cfg.batch_size or config.latency.batch_size,
                 "latency": config.latency.model_dump(mode="json"), "nms": config.nms.model_dump(mode="json"),
                 "split": split.digest,
+                # "every usable runtime" resolved here: a runtime that became usable makes another measurement
+                "runtimes": onnx_runtimes(cfg.runtimes, cfg.device, f"stages.{cfg.name}.runtimes"),
                 "limits": limits.as_dict(), "environment": environment_key(environment()), "format": FORMAT}
     return hashlib.sha256(json.dumps(material, sort_keys=True, default=str).encode()).hexdigest()
 
@@ -150,15 +154,16 @@ def measure_split(contenders: list[Contender], pipeline: Pipeline, limits: Limit
     for contender, artifact in zip(contenders, inputs):
         # on every runtime the bench stage measures on (a trial is scored on the runtime that would ship it), or on
         # the one a finalist was chosen on
-        for spec in candidates_of(artifact, cfg, contender.runtime):
+        # The quantize stage refuses a file whose *test* drop passed the line; a score on validation must not see
+        # the test split, and this bench measures the drop on validation itself (a runtime that check never
+        # covered stays refused). The baseline is the reference on its first runtime alone: a copy of it on
+        # another runtime would stand as every trial's candidate.
+        found = candidates_of(artifact, cfg, contender.runtime, on_test=split == "test")
+        for spec in found[:1] if contender.role == BASELINE else found:
             who = replace(contender, runtime=spec.extra.get("runtime"))
             spec.name = who.name
             spec.extra = {**spec.extra, "contender": who.as_dict(), "run": contender.run_dir,
                           "run_artifact": contender.artifact}
-            if split == "val":
-                # The quantize stage refuses a file whose *test* drop passed the line; a score on validation must
-                # not see the test split, and this bench measures the drop on validation itself.
-                spec.refused = None
             specs.append(spec)
     settings = _settings(cfg, pipeline)
     settings.limits = limits  # the search's: those it is keyed on

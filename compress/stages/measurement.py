@@ -57,10 +57,13 @@ def bench_settings(cfg, pipeline: PipelineConfig, batch: int | None = None, repe
                          nms=pipeline.nms.model_dump() if pipeline.task == "detection" else None)
 
 
-def candidates_of(artifact: InputArtifact, cfg, runtime: str | None = None) -> list[ArtifactSpec]:
+def candidates_of(artifact: InputArtifact, cfg, runtime: str | None = None, on_test: bool = True
+                  ) -> list[ArtifactSpec]:
     """The candidates a bench measures for one artifact: an ONNX file once per runtime the bench stage's settings
     give (``runtime``: that one only), anything else once. Each carries why the gate must refuse it on its runtime
-    (the quantize stage's red-line check), decided before measuring."""
+    (the quantize stage's red-line check), decided before measuring. ``on_test`` False (a search's validation
+    bench): a refusal that rests on the quantize stage's test-split drop is left out (that bench judges the drop
+    on validation itself, and must not see test), one for a runtime the check never covered is kept."""
     runtimes = onnx_runtimes(cfg.runtimes, cfg.device, f"stages.{cfg.name}.runtimes")
     specs = on_runtimes(artifact_spec(artifact, cfg), runtimes, {"openvino": cfg.openvino.runner_options()})
     if runtime is not None:
@@ -69,7 +72,7 @@ def candidates_of(artifact: InputArtifact, cfg, runtime: str | None = None) -> l
             raise ArtifactError(f"{artifact.name} cannot be measured on {runtime}: the bench stage measures it on "
                                 f"{', '.join(runtimes)} here")
     for spec in specs:
-        spec.refused = _refusal(artifact.meta, spec.backend)
+        spec.refused = _refusal(artifact.meta, spec.backend, on_test)
     return specs
 
 
@@ -101,13 +104,13 @@ def artifact_spec(artifact: InputArtifact, cfg) -> ArtifactSpec:
                         refused=_refusal(meta, backend), quantization=meta.get("quantization"))
 
 
-def _refusal(meta: dict, backend: str) -> str | None:
+def _refusal(meta: dict, backend: str, on_test: bool = True) -> str | None:
     """Why the gate must not release this file on ``backend``, from the quantize stage's red-line check."""
     red = meta.get("red_line")
     if not red:
         return None
     drops = {"onnxruntime": red.get("test_drop"), **(red.get("test_drop_on") or {})}
-    if red.get("within") is False:
+    if red.get("within") is False and on_test:
         return ("the quantize stage found no rung within the red line on every runtime it checked (test drop "
                 + ", ".join(f"{r} {d}" for r, d in drops.items()) + " points); refused")
     if backend not in drops:  # a runtime the check left out: a file quantized before the check, or without it
@@ -159,14 +162,14 @@ def measure_and_judge(specs: list[ArtifactSpec], baseline: str, test: TestSet, s
     gate["notes"] += profile_failures(result.entries)
     gate["notes"] += [n for n in (runtime_choice_note(result.entries, gate["release"]),) if n]
     report = {"baseline": baseline, "metric": settings.limits.metric, "artifacts": result.entries, "gate": gate,
-              "flags": flags_of(result, environment, independence, test, class_names),
+              "flags": flags_of(result, environment, independence, test, class_names, settings.limits),
               "environment": environment, "traffic": result.traffic,
               "data": {**test_set_facts(data_name, test, meaningful), "test_independence": independence}}
     return Judged(report, result)
 
 
 def flags_of(result: BenchResult, environment: dict, independence: dict | None, test: TestSet,
-             class_names: list[str] | None = None) -> list[str]:
+             class_names: list[str] | None = None, limits: Limits | None = None) -> list[str]:
     """Every flag a judged measurement can raise, in one list: what a reader must know before trusting a figure."""
     entries = result.entries
     flags = [f"{name}: {why}" for name, why in result.unpaired.items()]
@@ -176,7 +179,24 @@ def flags_of(result: BenchResult, environment: dict, independence: dict | None, 
     flags += unfused_qdq_flags(entries)
     if test.targets is not None and class_names is not None:
         flags += [f for f in (thin_classes(test.targets, class_names),) if f]
+    if limits is not None:
+        flags += served_batch_flags(entries, limits.max_drop)
     return flags
+
+
+def served_batch_flags(entries: list[dict], max_drop: float) -> list[str]:
+    """A file judged at one batch whose answers at the batch its serving forms fall past the red line: the gate
+    read the first; a deployer who batches as recommended gets the second."""
+    out = []
+    for entry in entries:
+        served = entry.get("accuracy_at_serving_batch") or {}
+        paired = served.get("paired") or {}
+        if paired.get("drop") is not None and paired["drop"] > max_drop:
+            low, high = paired["drop_ci"]
+            out.append(f"{entry['name']}: in batches of {served['batch']}, as its serving recommendation forms them, "
+                       f"its drop is {paired['drop']:g} points [{low:g}, {high:g}], past the red line {max_drop:g} "
+                       f"(the gate judged it at batch {entry.get('eval_batch')})")
+    return out
 
 
 CONSOLE_COLUMNS = ("artifact", "% [95% CI]", "drop points [95% CI]", "p50 ms", "p99 ms", "p99 CI blocks",

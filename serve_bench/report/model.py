@@ -124,6 +124,8 @@ class Report(BaseModel):
     limits: LimitsModel | None = None
     contenders: list[dict[str, Any]] | None = None
     measured_in: dict[str, Any] | None = None
+    upgraded_from: int | None = Field(None, description="the version a report was written in, where it was read "
+                                                        "in today's names: facts added since are absent, not zero")
 
     def entry(self, name: str) -> Entry:
         found = next((a for a in self.artifacts if a.name == name), None)
@@ -173,7 +175,7 @@ def upgraded(data: dict) -> dict:
                           "p99_budget_ms": gate.pop("p99_budget_ms", None),
                           "decision": gate.get("decision", "point")}
         gate.setdefault("decision", gate["limits"]["decision"])
-    return {**data, "gate": gate, "report_version": REPORT_VERSION}
+    return {**data, "gate": gate, "report_version": REPORT_VERSION, "upgraded_from": 1}
 
 
 def schema_text() -> str:
