@@ -1,12 +1,6 @@
-"""Each runtime's own operator profiler, behind its runner's ``profile`` (see serve_bench.latency.operator_profile).
-
-A latency number says how slow an artifact is, not why. When an INT8 file is no faster than its
-float ONNX, or a pruned model barely moves, the answer is in the operators: which op types take
-the time, which single nodes or layers dominate, and which QuantizeLinear/DequantizeLinear nodes
-the runtime did not fold into integer kernels (each one a float conversion paid on every run).
-Each backend is profiled by its own profiler, on the artifact file itself, after a warm-up:
-onnxruntime's kernel times, torch's self time per op, TensorRT's per-layer times. Profiling adds
-overhead, so the totals here exceed the un-profiled latency; read them as shares, not as latency.
+"""Each runtime's own operator profiler, behind its runner's ``profile`` (why profiles exist and how to read
+them: serve_bench.latency.operator_profile). They share one result shape, so the report's tables read any
+runtime's profile alike; each runs on the artifact file itself, after a warm-up.
 """
 from __future__ import annotations
 
