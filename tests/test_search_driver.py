@@ -216,3 +216,12 @@ def test_the_reference_on_another_runtime_never_stands_as_a_trials_candidate():
     trial["contender"]["runtime"] = "onnxruntime"
     outcome = outcome_of(split_report("point", [copy_of_baseline, trial]))
     assert (outcome["candidate"], outcome["runtime"], outcome["p99_ratio"]) == ("export.onnx", "onnxruntime", 0.75)
+
+
+def test_a_trials_candidate_is_named_with_the_runtime_its_figures_are_from():
+    from compress.search.objective import candidate_name
+
+    assert candidate_name({"candidate": "export.onnx", "runtime": "openvino"}) == "export.onnx@openvino"
+    assert candidate_name({"candidate": "export.onnx", "runtime": "onnxruntime"}) == "export.onnx"
+    assert candidate_name({"candidate": "train.model", "runtime": None}) == "train.model"
+    assert candidate_name({"candidate": None}) == "—"

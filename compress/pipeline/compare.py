@@ -29,7 +29,7 @@ from compress.stages.bench_stage import BenchConfig
 from compress.stages.measurement import bench_settings, candidates_of, measure_and_judge, summary_table, test_set_of
 from compress.stages.provenance import runs_independence
 from serve_bench.bench import BenchSettings, TestSet
-from serve_bench.runners import RUNNER_OF_KIND
+from serve_bench.runners import RUNNER_OF_KIND, RUNNERS
 from serve_bench.report.files import write_report
 from serve_bench.report.tables import comparison_table
 from train.atomic_io import atomic_dir
@@ -77,10 +77,15 @@ def _chosen(run_dir: Path, manifest: Manifest, report: dict | None, name: str | 
             candidate)
 
 
+def _pick_entry(run: "ComparedRun") -> dict | None:
+    """The run's own report entry of its pick, where its report measured it."""
+    return next((e for e in (run.report or {}).get("artifacts", []) if e["name"] == run.candidate), None)
+
+
 def _runtime_of(run: "ComparedRun") -> str:
     """The runtime a run's pick ran on: its own report's entry where it has one, else the ``@runtime`` of its name,
     else the runtime that loads its kind of artifact first."""
-    entry = next((e for e in (run.report or {}).get("artifacts", []) if e["name"] == run.candidate), None)
+    entry = _pick_entry(run)
     if entry is not None:
         return entry["backend"]
     if "@" in run.candidate:
@@ -150,6 +155,11 @@ def compare_runs(run_dirs: list[Path], out: Path, console: Console, artifact: st
             raise ConfigError(f"{run.run_dir}: {run.candidate} ran on {backend}, which this comparison does not "
                               f"measure {run.artifact.name} on (here: {', '.join(c.backend for c in candidates)}); "
                               "name another with --artifact")
+        entry = _pick_entry(run)
+        if entry is not None:  # the pick runs with the options it was measured with (OpenVINO's hint, precision)
+            own = RUNNERS[mine.backend].options_from_info(entry.get("runner") or {})
+            own.pop("threads", None)  # threads follow the comparison's protocol, the same for every candidate
+            mine.options = {**mine.options, **own}
         for spec in candidates:
             spec.name = f"{run.label}:{spec.name}"
             spec.extra = {**spec.extra, "run": str(run.run_dir), "run_artifact": run.artifact.name}

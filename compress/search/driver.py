@@ -38,7 +38,7 @@ from compress.errors import ConfigError, StageError
 from compress.pipeline.run_lock import RunLock
 from compress.search.finals import SearchResult, finish
 from compress.search.measure_env import RAY_NICENESS, MeasurementEnvironment
-from compress.search.objective import directions, values
+from compress.search.objective import candidate_name, directions, values
 from compress.search.settings import SearchPlan
 from compress.search.trial_dirs import shared_stages
 from compress.search.trial_phases import TrialSpec, build, measure
@@ -208,7 +208,7 @@ class Search:
     @staticmethod
     def _describe(o: dict) -> str:
         ci = o.get("p99_ci") or [o["p99"], o["p99"]]
-        text = f"{o['candidate']} p99 {o['p99']:.3f} ms [{ci[0]:.3f}, {ci[1]:.3f}]"
+        text = f"{candidate_name(o)} p99 {o['p99']:.3f} ms [{ci[0]:.3f}, {ci[1]:.3f}]"
         if o.get("p99_ratio") is not None:
             rci = o.get("p99_ratio_ci") or [o["p99_ratio"]] * 2
             text += f" (×{o['p99_ratio']:.3f} [{rci[0]:.3f}, {rci[1]:.3f}] of the baseline's)"

@@ -93,6 +93,15 @@ def outcome_of(report: dict) -> dict:
     }
 
 
+def candidate_name(outcome: dict) -> str:
+    """The candidate as the bench names it: ``file@runtime`` past onnxruntime, so a row's figures say which runtime
+    they are from."""
+    name, runtime = outcome.get("candidate"), outcome.get("runtime")
+    if name is None:
+        return "—"
+    return f"{name}@{runtime}" if runtime not in (None, "onnxruntime") else name
+
+
 def directions(sampler: str) -> list[str]:
     """NSGA-II keeps both objectives (the front); TPE minimises the one the user asked for."""
     return ["minimize", "minimize"] if sampler == "nsga2" else ["minimize"]

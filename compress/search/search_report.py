@@ -15,6 +15,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from compress.pipeline.fingerprint import environment  # noqa: E402
+from compress.search.objective import candidate_name  # noqa: E402
 from serve_bench.report.plots import pareto_front, to_png  # noqa: E402
 from train.atomic_io import atomic_dir  # noqa: E402
 
@@ -52,7 +53,7 @@ def _figures(o: dict | None) -> list[str]:
         return ["—"] * 7
     ratio = {"ratio": o["p99_ratio"], "ci": o.get("p99_ratio_ci") or [o["p99_ratio"]] * 2} \
         if o.get("p99_ratio") is not None else None
-    return [o.get("candidate") or "—", _mmacs(o.get("macs")),
+    return [candidate_name(o), _mmacs(o.get("macs")),
             _ci(o.get("accuracy"), o.get("accuracy_ci")), _ci(o.get("drop"), o.get("drop_ci")),
             _ci(o.get("p50"), o.get("p50_ci"), 3), _ci(o.get("p99"), o.get("p99_ci"), 3),
             _ratio(ratio) if ratio else "—"]
