@@ -115,7 +115,7 @@ def test_sigterm_is_reported_as_such_even_when_a_library_re_raises_a_plain_keybo
 def test_stage_overrides_go_where_the_schemas_put_them():
     """``compress stage`` routes each key=value by the schemas: the stage's own field, else a pipeline-file field,
     else the stage (which refuses it by name); a written-out ``stages.KIND.`` path is kept."""
-    from compress.cli import stage_scoped
+    from compress.commands.pipeline_runs import stage_scoped
 
     assert stage_scoped("threads=2", "bench") == "stages.bench.threads=2"  # the bench's own timing threads
     assert stage_scoped("threads=2", "train") == "threads=2"  # train has none: the pipeline's torch threads

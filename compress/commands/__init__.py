@@ -1,0 +1,1 @@
+"""The commands of the command line, one module per group, each registering its own (``add_parsers``)."""
