@@ -1,9 +1,10 @@
-"""The compress command line: a launcher. Each command lives in ``compress/commands/`` (``compress doctor`` in
-``compress/doctor/command.py``) and registers its own arguments; this module parses, dispatches and turns every
-error into one clean line and its exit code.
+"""The compress command line.
 
 Exit codes: 0 success, 1 the release gate said no, 2 invalid input, 3 a stage failed.
 """
+# A launcher (this docstring is `compress --help`'s text): each command lives in compress/commands/ (doctor in
+# compress/doctor/command.py) and registers its own arguments; here they are parsed, dispatched, and every error
+# turned into one clean line and its exit code.
 from __future__ import annotations
 
 import argparse

@@ -205,6 +205,8 @@ def test_compare_measures_the_candidates_the_bench_does_and_takes_a_file_release
     assert [a["name"] for a in report["artifacts"]] == [f"{label}:{n}" for n in own] + [f"run:{n}" for n in second]
     assert report["comparison"]["reference"] == f"{label}:{released}" == report["baseline"]
     assert [r["candidate"] for r in report["comparison"]["runs"]] == [released, theirs]
+    if released.endswith("@openvino"):  # the pick runs with the hint and precision its own run configured
+        assert report["comparison"]["runs"][0]["options"] == {"hint": "LATENCY", "inference_precision": "f32"}
     assert {a["backend"] for a in report["artifacts"][:len(own)]} == {a["backend"] for a in bench["artifacts"]
                                                                       if a["artifact"] == "export.onnx"}
     assert report["gate"]["limits"] == bench["gate"]["limits"]  # judged by the pipeline's limits, by one name

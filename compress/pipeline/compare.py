@@ -26,10 +26,11 @@ from compress.pipeline.pipeline_data import load_section
 from compress.pipeline.pipeline_file import Pipeline, load_pipeline
 from compress.stages.base import InputArtifact
 from compress.stages.bench_stage import BenchConfig
-from compress.stages.measurement import bench_settings, candidates_of, measure_and_judge, summary_table, test_set_of
+from compress.stages.measurement import (bench_settings, candidates_of, measure_and_judge, runtime_options,
+                                         summary_table, test_set_of)
 from compress.stages.provenance import runs_independence
 from serve_bench.bench import BenchSettings, TestSet
-from serve_bench.runners import RUNNER_OF_KIND, RUNNERS
+from serve_bench.runners import RUNNER_OF_KIND
 from serve_bench.report.files import write_report
 from serve_bench.report.tables import comparison_table
 from train.atomic_io import atomic_dir
@@ -146,7 +147,7 @@ def compare_runs(run_dirs: list[Path], out: Path, console: Console, artifact: st
     runs = load_runs(run_dirs, artifact, picks, labels)
     first = runs[0]
     settings, cfg = _settings(first, repeats)
-    specs, own_tests, picked = [], {}, []
+    specs, own_tests, picked, configured = [], {}, [], []
     for run in runs:  # every run's file on every runtime the reference's bench measures on, as its bench does
         candidates = candidates_of(run.artifact, cfg)
         backend = _runtime_of(run)
@@ -155,11 +156,15 @@ def compare_runs(run_dirs: list[Path], out: Path, console: Console, artifact: st
             raise ConfigError(f"{run.run_dir}: {run.candidate} ran on {backend}, which this comparison does not "
                               f"measure {run.artifact.name} on (here: {', '.join(c.backend for c in candidates)}); "
                               "name another with --artifact")
-        entry = _pick_entry(run)
-        if entry is not None:  # the pick runs with the options it was measured with (OpenVINO's hint, precision)
-            own = RUNNERS[mine.backend].options_from_info(entry.get("runner") or {})
-            own.pop("threads", None)  # threads follow the comparison's protocol, the same for every candidate
+        # the pick runs with the options its own bench stage was configured with (OpenVINO's hint and precision,
+        # as set, not as resolved on the machine that measured it); threads follow the comparison's protocol
+        own = runtime_options(_settings(run, repeats)[1]).get(mine.backend) if run.report else None
+        if own:
+            if own != runtime_options(cfg).get(mine.backend):
+                console.print(f"{run.label}:{mine.name} runs with its own run's {mine.backend} options {own}, not the "
+                              f"reference's {runtime_options(cfg).get(mine.backend)}", style="yellow", highlight=False)
             mine.options = {**mine.options, **own}
+        configured.append({k: v for k, v in mine.options.items() if k != "threads"})
         for spec in candidates:
             spec.name = f"{run.label}:{spec.name}"
             spec.extra = {**spec.extra, "run": str(run.run_dir), "run_artifact": run.artifact.name}
@@ -178,9 +183,9 @@ def compare_runs(run_dirs: list[Path], out: Path, console: Console, artifact: st
     report = {"pipeline": "compare", **judged.report,
               "settings": {**cfg.model_dump(mode="json"), "batch_size": settings.batch_size},
               "comparison": {"runs": [{"run": str(r.run_dir), "label": r.label, "artifact": r.artifact.name,
-                                       "candidate": r.candidate, "test_digest": r.test.digest,
+                                       "candidate": r.candidate, "options": options, "test_digest": r.test.digest,
                                        "paired": name not in result.unpaired}
-                                      for r, name in zip(runs, picked)],
+                                      for r, name, options in zip(runs, picked, configured)],
                              "reference": reference}}
     with atomic_dir(out) as folder:
         write_report(folder, report, result.latencies, result.predictions)

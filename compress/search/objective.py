@@ -94,8 +94,8 @@ def outcome_of(report: dict) -> dict:
 
 
 def candidate_name(outcome: dict) -> str:
-    """The candidate as the bench names it: ``file@runtime`` past onnxruntime, so a row's figures say which runtime
-    they are from."""
+    """The candidate with the runtime its figures are from: ``file@runtime`` for any runtime but onnxruntime, as a
+    search's bench names its contenders (a bench stage whose ``runtimes`` lists another first names files otherwise)."""
     name, runtime = outcome.get("candidate"), outcome.get("runtime")
     if name is None:
         return "—"

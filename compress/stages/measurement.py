@@ -65,7 +65,7 @@ def candidates_of(artifact: InputArtifact, cfg, runtime: str | None = None, on_t
     bench): a refusal that rests on the quantize stage's test-split drop is left out (that bench judges the drop
     on validation itself, and must not see test), one for a runtime the check never covered is kept."""
     runtimes = onnx_runtimes(cfg.runtimes, cfg.device, f"stages.{cfg.name}.runtimes")
-    specs = on_runtimes(artifact_spec(artifact, cfg), runtimes, {"openvino": cfg.openvino.runner_options()})
+    specs = on_runtimes(artifact_spec(artifact, cfg), runtimes, runtime_options(cfg))
     if runtime is not None:
         specs = [s for s in specs if s.extra.get("runtime") == runtime]
         if not specs:
@@ -74,6 +74,12 @@ def candidates_of(artifact: InputArtifact, cfg, runtime: str | None = None, on_t
     for spec in specs:
         spec.refused = _refusal(artifact.meta, spec.backend, on_test)
     return specs
+
+
+def runtime_options(cfg) -> dict[str, dict]:
+    """Runtime → the runner options a bench stage's settings give an ONNX file on it (as configured, not as a
+    runtime resolved them on some machine)."""
+    return {"openvino": cfg.openvino.runner_options()}
 
 
 def artifact_spec(artifact: InputArtifact, cfg) -> ArtifactSpec:
