@@ -160,9 +160,9 @@ def compare_runs(run_dirs: list[Path], out: Path, console: Console, artifact: st
         # as set, not as resolved on the machine that measured it); threads follow the comparison's protocol
         own = runtime_options(_settings(run, repeats)[1]).get(mine.backend) if run.report else None
         if own:
-            if own != runtime_options(cfg).get(mine.backend):
+            if own != (theirs := runtime_options(cfg).get(mine.backend)):
                 console.print(f"{run.label}:{mine.name} runs with its own run's {mine.backend} options {own}, not the "
-                              f"reference's {runtime_options(cfg).get(mine.backend)}", style="yellow", highlight=False)
+                              f"reference's {theirs}", style="yellow", highlight=False)
             mine.options = {**mine.options, **own}
         configured.append({k: v for k, v in mine.options.items() if k != "threads"})
         for spec in candidates:

@@ -107,7 +107,7 @@ def artifact_spec(artifact: InputArtifact, cfg) -> ArtifactSpec:
                         options={"compile": cfg.torch_compile} if kind == "torch-model" else
                         {"inter_op_threads": cfg.inter_op_threads} if kind == "onnx" else {},
                         source_model=meta.get("source_model") or (artifact.name if kind == "torch-model" else None),
-                        refused=_refusal(meta, backend), quantization=meta.get("quantization"))
+                        quantization=meta.get("quantization"))  # refused per runtime by candidates_of
 
 
 def _refusal(meta: dict, backend: str, on_test: bool = True) -> str | None:
