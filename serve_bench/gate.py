@@ -12,8 +12,9 @@ from __future__ import annotations
 
 from serve_bench.limits import Limits
 from serve_bench.load.capacity import capacity, interval_trusted, loadgen_valid_for, passes
+from serve_bench.report_model import Entry, Paired, Ratio, ServerRun, SweepConfig
 from train.detection.coco_map import needed_for_bootstrap
-from serve_bench.stats.paired import (LEVEL, POWER, PairedCounts, counts_of, drop_interval, needed_test_images,
+from serve_bench.stats.paired import (LEVEL, POWER, PairedCounts, drop_interval, needed_test_images,
                                smallest_certifiable_drop)
 
 
@@ -30,36 +31,37 @@ def why_int8_not_faster(isa: dict | None) -> str:
             "INT8 to outweigh its quantize/dequantize steps, or the machine was noisy (compare the p99 intervals)")
 
 
-def _ratio_words(key: str, ratio: dict) -> str:
-    return f"{key} ×{ratio['ratio']:.2f} (95% CI {ratio['ci'][0]:.2f}–{ratio['ci'][1]:.2f}): {ratio['verdict']}"
+def _ratio_words(key: str, ratio: Ratio) -> str:
+    return f"{key} ×{ratio.ratio:.2f} (95% CI {ratio.ci[0]:.2f}–{ratio.ci[1]:.2f}): {ratio.verdict}"
 
 
-def quantized_not_faster(artifacts: list[dict], isa: dict | None = None) -> list[str]:
+def quantized_not_faster(artifacts: list[Entry], isa: dict | None = None) -> list[str]:
     """INT8 artifacts not shown faster than the fp32 ONNX of the same model, measured in this run, each with
     why (``isa``: the run's instruction-set facts). Where the bench paired the two (``int8_vs_fp32``), the
     verdict comes from the block-paired interval of their latency ratio: faster only when the whole
     interval is below 1; otherwise from the point estimates."""
     flags = []
     for art in artifacts:
-        if art.get("precision") != "int8" or not art.get("source_model"):
+        if art.precision != "int8" or not art.source_model:
             continue
-        paired = art.get("int8_vs_fp32")
+        paired = art.int8_vs_fp32
         if paired:
-            if all(paired[k]["verdict"] == "faster" for k in ("p50", "p99")):
+            verdicts = (paired.p50.verdict, paired.p99.verdict)
+            if all(v == "faster" for v in verdicts):
                 continue
-            slower = any(paired[k]["verdict"] == "slower" for k in ("p50", "p99"))
-            flags.append(f"{art['name']} (int8) is {'slower than' if slower else 'not shown faster than'} "
-                         f"{paired['reference']} (fp32) of the same model, latency int8/fp32 "
-                         f"{_ratio_words('p50', paired['p50'])}, {_ratio_words('p99', paired['p99'])}; "
+            slower = "slower" in verdicts
+            flags.append(f"{art.name} (int8) is {'slower than' if slower else 'not shown faster than'} "
+                         f"{paired.reference} (fp32) of the same model, latency int8/fp32 "
+                         f"{_ratio_words('p50', paired.p50)}, {_ratio_words('p99', paired.p99)}; "
                          f"{why_int8_not_faster(isa)}")
             continue
         for ref in artifacts:
-            if (ref.get("format") == "onnx" and ref.get("precision") == "fp32"
-                    and ref.get("source_model") == art["source_model"] and ref["backend"] == art["backend"]):
-                a, r = art["latency_ms"], ref["latency_ms"]
-                if a["p50"] >= r["p50"] or a["p99"] >= r["p99"]:
-                    flags.append(f"{art['name']} (int8) is not faster than {ref['name']} (fp32) of the same model: "
-                                 f"p50 {a['p50']:.3f} vs {r['p50']:.3f} ms, p99 {a['p99']:.3f} vs {r['p99']:.3f} ms; "
+            if (ref.format == "onnx" and ref.precision == "fp32"
+                    and ref.source_model == art.source_model and ref.backend == art.backend):
+                a, r = art.latency_ms, ref.latency_ms
+                if a.p50 >= r.p50 or a.p99 >= r.p99:
+                    flags.append(f"{art.name} (int8) is not faster than {ref.name} (fp32) of the same model: "
+                                 f"p50 {a.p50:.3f} vs {r.p50:.3f} ms, p99 {a.p99:.3f} vs {r.p99:.3f} ms; "
                                  f"{why_int8_not_faster(isa)}")
     return flags
 
@@ -68,57 +70,61 @@ LATENCY_ONLY = ("accuracy not gated: the test labels are random (synthetic data)
                 "noise; the gate decided on latency only")
 
 
-def _needed_words(paired: dict, max_drop: float) -> str:
-    if paired.get("method") == "paired-bootstrap":  # a detector's mAP: the bootstrap's spread, scaled as 1/√n
-        needed = needed_for_bootstrap(paired["n"], paired["drop"], paired["sd"], max_drop)
+def _needed_words(paired: Paired, max_drop: float) -> str:
+    if paired.method == "paired-bootstrap":  # a detector's mAP: the bootstrap's spread, scaled as 1/√n
+        needed = needed_for_bootstrap(paired.n, paired.drop, paired.sd, max_drop)
         if needed is not None:
-            return (f"this test set of {paired['n']:,} images is too small to show it within the red line: at the "
-                    f"observed spread (bootstrap sd {paired['sd']:.2f} points) that takes ≈ {needed:,} test images "
+            return (f"this test set of {paired.n:,} images is too small to show it within the red line: at the "
+                    f"observed spread (bootstrap sd {paired.sd:.2f} points) that takes ≈ {needed:,} test images "
                     f"for an {POWER:.0%} chance")
-        if paired["drop"] >= max_drop:
+        if paired.drop >= max_drop:
             return "its observed drop is itself at or past the red line, so no test set would show it within"
         return "the bootstrap shows no spread to scale from"
-    counts = counts_of(paired)
+    counts = _counts(paired)
     needed = needed_test_images(counts, max_drop)
     if needed is not None:
-        return (f"this test set of {paired['n']:,} images is too small to show it within the red line: at the "
-                f"observed disagreement ({paired['discordant']} of {paired['n']:,} images) that takes "
+        return (f"this test set of {paired.n:,} images is too small to show it within the red line: at the "
+                f"observed disagreement ({paired.discordant} of {paired.n:,} images) that takes "
                 f"≥ {needed:,} test images for an {POWER:.0%} chance")
     if counts.drop * 100 >= max_drop:
         return "its observed drop is itself at or past the red line, so no test set would show it within"
     return "no test set under a billion images would show it within the red line at this disagreement rate"
 
 
-def _drop_bound(art: dict) -> tuple[float | None, str | None]:
+def _counts(paired: Paired) -> PairedCounts:
+    return PairedCounts(paired.n, paired.baseline_only, paired.artifact_only)
+
+
+def _drop_bound(art: Entry) -> tuple[float | None, str | None]:
     """Upper bound of the paired drop interval (points), or why there is none (an unpaired artifact has no
     drop at all and is refused before this is asked)."""
-    paired = art.get("accuracy_paired")
+    paired = art.accuracy_paired
     if paired is None:
         return None, ("no paired accuracy in the report (written by an older version): re-run the bench stage, "
                       "or decide with --decision point")
-    if paired.get("reference"):
+    if paired.reference:
         return 0.0, None
-    if paired.get("method") == "paired-bootstrap":
-        return paired["drop_ci"][1], None
-    return drop_interval(counts_of(paired))[1], None
+    if paired.method == "paired-bootstrap":
+        return paired.drop_ci[1], None
+    return drop_interval(_counts(paired))[1], None
 
 
-def _p99_bound(art: dict) -> tuple[float | None, str | None]:
-    interval = (art.get("latency_ms") or {}).get("p99_ci_blocks")
+def _p99_bound(art: Entry) -> tuple[float | None, str | None]:
+    interval = art.latency_ms.p99_ci_blocks
     if not interval:
         return None, ("no block interval of the p99 in the report (written by an older version): re-run the "
                       "bench stage, or decide with --decision point")
     return interval[1], None
 
 
-def _accuracy_problems(art: dict, max_drop: float, decision: str, notes: list[str]) -> list[str]:
-    drop, problems = art.get("accuracy_drop"), []
-    if art.get("refused"):
-        problems.append(art["refused"])
+def _accuracy_problems(art: Entry, max_drop: float, decision: str, notes: list[str]) -> list[str]:
+    drop, problems = art.accuracy_drop, []
+    if art.refused:
+        problems.append(art.refused)
     if drop is None:
-        paired = art.get("accuracy_paired") or {}
-        problems.append(f"accuracy not paired with the baseline ({paired['unpaired']})" if "unpaired" in paired
-                        else "no accuracy measured")
+        paired = art.accuracy_paired
+        problems.append(f"accuracy not paired with the baseline ({paired.unpaired})"
+                        if paired is not None and paired.unpaired is not None else "no accuracy measured")
         return problems
     if drop > max_drop:
         problems.append(f"accuracy drop {drop:.2f} points > red line {max_drop:g}")
@@ -129,28 +135,27 @@ def _accuracy_problems(art: dict, max_drop: float, decision: str, notes: list[st
             problems.append(missing)
         elif upper > max_drop:
             problems.append(f"accuracy drop {drop:.2f} points, 95% upper bound {upper:.2f} > red line {max_drop:g}; "
-                            + _needed_words(art["accuracy_paired"], max_drop))
+                            + _needed_words(art.accuracy_paired, max_drop))
     elif upper is not None and upper > max_drop:
-        notes.append(f"{art['name']} is within the red line on the point estimate ({drop:.2f} points) but not "
-                     f"shown within it at 95% (upper bound {upper:.2f}): " + _needed_words(art["accuracy_paired"],
+        notes.append(f"{art.name} is within the red line on the point estimate ({drop:.2f} points) but not "
+                     f"shown within it at 95% (upper bound {upper:.2f}): " + _needed_words(art.accuracy_paired,
                                                                                          max_drop))
     return problems
 
 
-def server_run(art: dict) -> dict | None:
+def server_run(art: Entry) -> ServerRun | None:
     """The artifact's run at the pipeline's traffic when the pipeline gates on the server scenario."""
-    traffic = art.get("traffic") or {}
-    return traffic.get("at_target") if traffic.get("scenario") == "server" else None
+    return art.server_run()
 
 
-def _server_problems(art: dict, run: dict, budget: float | None, decision: str) -> list[str]:
+def _server_problems(run: ServerRun, budget: float | None, decision: str) -> list[str]:
     """P99 at the arrival rate the pipeline names, from LoadGen's run: what an online release is gated on."""
-    rate = f"{run['offered_qps']:,.1f} queries/s"
-    if not run.get("sustainable", False):
-        return [f"at {rate}: {run.get('sustainable_reason') or 'not sustainable'}"]
-    if run.get("errors"):
-        return [f"at {rate}: the model failed while serving ({run['errors'][0]})"]
-    p99 = (run.get("latency_ms") or {}).get("p99")
+    rate = f"{run.offered_qps:,.1f} queries/s"
+    if not run.sustainable:
+        return [f"at {rate}: {run.sustainable_reason or 'not sustainable'}"]
+    if run.errors:
+        return [f"at {rate}: the model failed while serving ({run.errors[0]})"]
+    p99 = (run.latency_ms or {}).get("p99")
     if p99 is None:
         return [f"at {rate}: no p99 measured"]
     if budget is None:
@@ -158,57 +163,61 @@ def _server_problems(art: dict, run: dict, budget: float | None, decision: str) 
     if p99 > budget:
         return [f"p99 {p99:.3f} ms at {rate} > budget {budget:g} ms"]
     if decision == "confident":
-        loadgen = run["loadgen"]
-        if loadgen_valid_for(run, budget) is False:
-            said = "; ".join(loadgen["invalid_reasons"] + loadgen["early_stopping"]) or "no reason given"
+        written = run.written()
+        if loadgen_valid_for(written, budget) is False:
+            said = "; ".join(run.loadgen.invalid_reasons + run.loadgen.early_stopping) or "no reason given"
             return [f"p99 {p99:.3f} ms at {rate}, but LoadGen found the run INVALID for a p99 claim against "
                     f"{budget:g} ms ({said})"]
-        steady = run.get("steady_state") or {}
-        if not interval_trusted(run):
-            return [f"p99 {p99:.3f} ms at {rate}, but its interval is not precise ({steady.get('reason')}; "
-                    f"{steady.get('queries')} queries{', the cap' if steady.get('capped') else ''}): not shown within "
+        steady = run.steady_state
+        if not interval_trusted(written):
+            return [f"p99 {p99:.3f} ms at {rate}, but its interval is not precise ({steady.reason}; "
+                    f"{steady.queries} queries{', the cap' if steady.capped else ''}): not shown within "
                     f"the {budget:g} ms budget"]
-        upper = (run.get("p99_ci") or [None, None])[1]
-        level = f"{steady['level']:.0%}" if steady.get("level") else "95%"
-        how = "steady state, Woodruff over busy periods" if steady else "block bootstrap over the schedule"
+        upper = run.p99_ci[1] if run.p99_ci else None
+        level = f"{steady.level:.0%}" if steady is not None and steady.level else "95%"
+        how = ("steady state, Woodruff over busy periods" if steady is not None and steady.written()
+               else "block bootstrap over the schedule")
         if upper is None or upper > budget:
             return [f"p99 {p99:.3f} ms at {rate}, {level} upper bound "
                     f"{'unknown' if upper is None else f'{upper:.3f} ms'} ({how}) > budget {budget:g} ms"]
     return []
 
 
-def capacity_disagreement(art: dict, run: dict, budget: float | None, decision: str = "point") -> str | None:
+def capacity_disagreement(art: Entry, run: ServerRun, budget: float | None, decision: str = "point") -> str | None:
     """Words for a refusal at the pipeline's rate that the same report's capacity table contradicts: a
     configuration of the same serving settings, judged by the same rule and budget, carried at least that rate.
     The at-target run is the one gated; the report says the two disagree instead of leaving the reader to find it."""
     rule = "confident" if decision == "confident" else "point"
-    rate = run.get("offered_qps")
-    sweep = (art.get("traffic") or {}).get("sweep") or {}
-    for config in sweep.get("configs") or []:
-        cap = config.get("capacity") or {}
-        same = all(config.get("serving", {}).get(k) == (run.get("serving") or {}).get(k)
-                   for k in ("max_batch", "max_queue_delay_us", "instances", "threads"))
-        if (same and rate and cap.get("qps") and cap["qps"] >= rate and cap.get("budget_ms") == budget
-                and cap.get("rule", "point") == rule):
-            how = "confirmed by a full-length run" if cap.get("confirmed") else "from its probes"
-            return (f"the same bench's capacity table has {cap['qps']:,.1f}/s within the budget for "
-                    f"{config.get('label')} ({how}): the at-target run and the sweep disagree (a disturbed run, "
+    rate = run.offered_qps
+    for config in _configs(art):
+        cap = config.capacity
+        same = run.serving is not None and config.serving is not None and all(getattr(config.serving, k) == getattr(run.serving, k)
+                                               for k in ("max_batch", "max_queue_delay_us", "instances", "threads"))
+        if (same and rate and cap is not None and cap.qps and cap.qps >= rate and cap.budget_ms == budget
+                and cap.rule == rule):
+            how = "confirmed by a full-length run" if cap.confirmed else "from its probes"
+            return (f"the same bench's capacity table has {cap.qps:,.1f}/s within the budget for "
+                    f"{config.label} ({how}): the at-target run and the sweep disagree (a disturbed run, "
                     "or a p99 too close to the budget to tell); the at-target run is the one gated")
     return None
 
 
-def _latency_problems(art: dict, budget: float | None, decision: str) -> list[str]:
+def _configs(art: Entry) -> list[SweepConfig]:
+    """The serving configurations the traffic sweep measured for ``art`` (none where it was not swept)."""
+    sweep = art.traffic.sweep if art.traffic is not None else None
+    return sweep.configs if sweep is not None else []
+
+
+def _latency_problems(art: Entry, budget: float | None, decision: str) -> list[str]:
     run = server_run(art)
     if run is not None:
-        problems = _server_problems(art, run, budget, decision)
+        problems = _server_problems(run, budget, decision)
         about_p99 = bool(problems) and problems[0].startswith("p99 ")  # not a failed model or an unknown queue
         why = capacity_disagreement(art, run, budget, decision) if about_p99 else None
         return [f"{problems[0]}; {why}", *problems[1:]] if why else problems
-    if (art.get("traffic") or {}).get("scenario") == "server":
+    if art.traffic is not None and art.traffic.scenario == "server":
         return ["no run at the pipeline's traffic (latency.scenario server) in the report: re-run the bench stage"]
-    p99 = (art.get("latency_ms") or {}).get("p99")
-    if p99 is None:
-        return ["no p99 measured"]
+    p99 = art.latency_ms.p99
     if budget is None:
         return []
     if p99 > budget:
@@ -222,10 +231,11 @@ def _latency_problems(art: dict, budget: float | None, decision: str) -> list[st
     return []
 
 
-def _test_set_note(artifacts: list[dict], max_drop: float) -> str | None:
-    if any((a.get("accuracy_paired") or {}).get("method") == "paired-bootstrap" for a in artifacts):
+def _test_set_note(artifacts: list[Entry], max_drop: float) -> str | None:
+    paired = [a.accuracy_paired for a in artifacts if a.accuracy_paired is not None]
+    if any(p.method == "paired-bootstrap" for p in paired):
         return None  # a detector's mAP: each candidate's bootstrap says what test size would show it
-    sizes = {(a.get("accuracy_paired") or {}).get("n") for a in artifacts} - {None}
+    sizes = {p.n for p in paired} - {None}
     if len(sizes) != 1:
         return None
     n = sizes.pop()
@@ -239,51 +249,52 @@ def _test_set_note(artifacts: list[dict], max_drop: float) -> str | None:
             + (f"that takes ≥ {needed:,} test images" if needed else "no test set can show a red line this tight"))
 
 
-def rejudged(config: dict, budget_ms: float | None, rule: str) -> dict:
+def rejudged(config: SweepConfig, budget_ms: float | None, rule: str) -> dict:
     """A configuration's capacity judged again under another budget or rule: from its probes, then checked by its
     confirmation run where that ran at or below the new capacity (a rate a full-length run refuted stays refuted)."""
-    found = capacity(config["curve"], budget_ms, rule)
-    check = (config.get("capacity") or {}).get("confirmation")
-    if found["qps"] and check and check.get("offered_qps") and check["offered_qps"] <= found["qps"]:
-        if not passes(check, budget_ms, rule):
-            below = [r for r in config["curve"] if r["offered_qps"] < check["offered_qps"]]
+    curve = [run.written() for run in config.curve]
+    found = capacity(curve, budget_ms, rule)
+    check = config.capacity.confirmation if config.capacity is not None else None
+    if found["qps"] and check is not None and check.offered_qps and check.offered_qps <= found["qps"]:
+        if not passes(check.written(), budget_ms, rule):
+            below = [r for r in curve if r["offered_qps"] < check.offered_qps]
             return capacity(below, budget_ms, rule)
     return found
 
 
-def carried_load(art: dict, budget_ms: float | None = None, decision: str | None = None) -> float | None:
+def carried_load(art: Entry, budget_ms: float | None = None, decision: str | None = None) -> float | None:
     """The most traffic the artifact carries within the budget (its best serving configuration), if swept.
     Given a rule (``decision``) and budget other than the ones the sweep was judged by (a report re-gated),
     every configuration's capacity is judged again from its curve; LoadGen's validity then counts only where
     it was about this budget (serve_bench.load.capacity.passes)."""
-    sweep = (art.get("traffic") or {}).get("sweep") or {}
-    best = sweep.get("best")
+    sweep = art.traffic.sweep if art.traffic is not None else None
+    best = sweep.best if sweep is not None else None
     if decision is None:
-        return best["capacity"]["qps"] if best else None
+        return best.capacity.qps if best is not None else None
     rule = "confident" if decision == "confident" else "point"
-    stored = (best or {}).get("capacity") or {}
-    if best and stored.get("budget_ms") == budget_ms and stored.get("rule") == rule:
-        return stored["qps"]
-    loads = [rejudged(c, budget_ms, rule)["qps"] for c in sweep.get("configs") or []]
+    stored = best.capacity if best is not None else None
+    if stored is not None and stored.budget_ms == budget_ms and stored.rule == rule:
+        return stored.qps
+    loads = [rejudged(c, budget_ms, rule)["qps"] for c in _configs(art)]
     loads = [q for q in loads if q is not None]
     return max(loads) if loads else None
 
 
-def preferred(candidates: list[dict], budget_ms: float | None = None, decision: str | None = None) -> dict:
+def preferred(candidates: list[Entry], budget_ms: float | None = None, decision: str | None = None) -> Entry:
     """Where every candidate was swept, the one that carries the most traffic within the budget; otherwise the
     lowest p99 (at the pipeline's traffic for the server scenario, else closed loop)."""
     loads = [carried_load(a, budget_ms, decision) for a in candidates]
     if all(load is not None for load in loads):
         return candidates[max(range(len(candidates)), key=lambda i: (loads[i], -i))]  # ties: the first listed
 
-    def p99(art: dict) -> float:
+    def p99(art: Entry) -> float:
         run = server_run(art)
-        return (run or art)["latency_ms"]["p99"]
+        return run.latency_ms["p99"] if run is not None else art.latency_ms.p99
 
     return min(candidates, key=p99)
 
 
-def evaluate(artifacts: list[dict], limits: Limits, accuracy_meaningful: bool = True) -> dict:
+def evaluate(artifacts: list[Entry], limits: Limits, accuracy_meaningful: bool = True) -> dict:
     """``artifacts`` are report entries with ``accuracy_drop`` (points, positive = worse), ``latency_ms.p99``
     and, for ``decision="confident"``, ``accuracy_paired`` (the per-image agreement counts) and
     ``latency_ms.p99_ci_blocks``; ``limits`` are the red line, the budget and the rule, recorded in the result
@@ -298,10 +309,10 @@ def evaluate(artifacts: list[dict], limits: Limits, accuracy_meaningful: bool = 
         problems = _accuracy_problems(art, max_accuracy_drop, decision, notes) if accuracy_meaningful else []
         problems += _latency_problems(art, p99_budget_ms, decision)
         if problems:
-            reasons.append(f"{art['name']}: " + "; ".join(problems))
+            reasons.append(f"{art.name}: " + "; ".join(problems))
         else:
             candidates.append(art)
-    release = preferred(candidates, p99_budget_ms, decision)["name"] if candidates else None
+    release = preferred(candidates, p99_budget_ms, decision).name if candidates else None
     if release is None:
         what = "the accuracy red line and the p99 budget" if accuracy_meaningful else "the p99 budget"
         reasons.insert(0, f"no artifact meets {'both ' if accuracy_meaningful else ''}{what}"
@@ -337,22 +348,22 @@ def family_claim(judged: int) -> dict:
                       "4.5% a candidate (the search corrects its finalists for this)")}
 
 
-def _capacity_notes(candidates: list[dict], budget_ms: float | None, decision: str) -> list[str]:
+def _capacity_notes(candidates: list[Entry], budget_ms: float | None, decision: str) -> list[str]:
     """Where an artifact passed at the pipeline's traffic but its sweep shows less headroom than that rate (the
     probe grid's resolution, or noise between the two measurements), say so rather than rank it silently."""
     notes = []
     for art in candidates:
         run, load = server_run(art), carried_load(art, budget_ms, decision)
-        if run is not None and load is not None and load < run["offered_qps"]:
-            notes.append(f"{art['name']} passed at {run['offered_qps']:,.1f} queries/s, but its sweep's highest load "
+        if run is not None and load is not None and load < run.offered_qps:
+            notes.append(f"{art.name} passed at {run.offered_qps:,.1f} queries/s, but its sweep's highest load "
                          f"within the budget is {load:,.1f}/s: little headroom above the traffic it must carry")
     return notes
 
 
-def _latency_basis(artifacts: list[dict], candidates: list[dict], budget_ms: float | None, decision: str) -> dict:
+def _latency_basis(artifacts: list[Entry], candidates: list[Entry], budget_ms: float | None, decision: str) -> dict:
     """What "p99" meant for this gate and how the release was chosen among the artifacts that pass."""
-    server = [server_run(a) for a in artifacts if server_run(a)]
-    basis = (f"server scenario at {server[0]['offered_qps']:,.1f} queries/s (Poisson arrivals, MLPerf LoadGen)"
+    server = [server_run(a) for a in artifacts if server_run(a) is not None]
+    basis = (f"server scenario at {server[0].offered_qps:,.1f} queries/s (Poisson arrivals, MLPerf LoadGen)"
              if server else "single-stream (closed loop, one request at a time)")
     swept = bool(candidates) and all(carried_load(a, budget_ms, decision) is not None for a in candidates)
     return {"latency_basis": basis,

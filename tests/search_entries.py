@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from compress.search.contenders import BASELINE, TRIAL, Contender
 from serve_bench.limits import Limits
+from serve_bench.report_model import Report
+from tests.report_entries import as_report
 from serve_bench.stats.paired import PairedCounts, drop_interval
 
 BASELINE_P99 = 4.0
@@ -39,8 +41,8 @@ def baseline_entry(n: int = 1000) -> dict:
 
 
 def split_report(decision: str, entries: list[dict], split: str = "val", max_drop: float = 1.0,
-                 p99_budget_ms: float | None = 5.0, metric: str = "top1", n: int = 1000) -> dict:
+                 p99_budget_ms: float | None = 5.0, metric: str = "top1", n: int = 1000) -> Report:
     limits = Limits(metric=metric, max_drop=max_drop, p99_budget_ms=p99_budget_ms, decision=decision)
     base = baseline_entry(n)
-    return {"split": split, "baseline": base["name"], "metric": metric, "limits": limits.as_dict(),
-            "data": {"meaningful_accuracy": True}, "artifacts": [base, *entries]}
+    return as_report({"split": split, "baseline": base["name"], "metric": metric, "limits": limits.as_dict(),
+                      "data": {"meaningful_accuracy": True, "test_images": n}, "artifacts": [base, *entries]})

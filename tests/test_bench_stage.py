@@ -403,7 +403,7 @@ def test_the_report_is_typed_versioned_and_an_older_one_is_read_a_newer_one_refu
     """report.json fits its model (checked when written, schema beside it); a version-1 report (limits under their
     old names) is read in today's names; a newer version, or a report missing what readers rely on, is refused
     with the version or the field named."""
-    from serve_bench.report.model import REPORT_VERSION, SCHEMA_FILE, Report, ReportVersionError, checked
+    from serve_bench.report_model import REPORT_VERSION, SCHEMA_FILE, Report, ReportVersionError, checked
 
     _, _, run_dir = bench_run
     folder = run_dir / "bench" / "report"
@@ -421,7 +421,7 @@ def test_the_report_is_typed_versioned_and_an_older_one_is_read_a_newer_one_refu
     from compress.pipeline.bench_report import load_report
 
     read, _ = load_report(tmp_path / "v1.json")
-    assert read["gate"]["limits"] == limits and read["upgraded_from"] == 1
+    assert read.gate.limits.model_dump() == limits and read.upgraded_from == 1
     assert "red line" not in capsys.readouterr().err  # read, not refused
 
     newer = {**report, "report_version": REPORT_VERSION + 1}

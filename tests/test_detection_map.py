@@ -10,6 +10,7 @@ import pytest
 from pycocotools.cocoeval import COCOeval
 
 from serve_bench.limits import Limits
+from tests.report_entries import as_entries
 from serve_bench.gate import evaluate
 from train.detection.coco_map import (_coco_objects, bootstrap_weights, match, mean_ap, needed_for_bootstrap,
                                       paired_drop)
@@ -95,14 +96,14 @@ def test_the_confident_gate_reads_the_bootstrap_bound_and_says_which_test_size_w
     shown["latency_ms"] = {"p50": 0.5, "p99": 1.0, "p99_ci_blocks": [0.8, 1.2]}
     unshown = _entry("unshown", 0.6, [0.1, 1.4], needed_test_images=1234)
     unshown["latency_ms"] = {"p50": 0.7, "p99": 1.5, "p99_ci_blocks": [1.2, 1.8]}
-    gate = evaluate([base, unshown, shown], Limits(max_drop=1.0, p99_budget_ms=None, decision="confident"))
+    gate = evaluate(as_entries([base, unshown, shown]), Limits(max_drop=1.0, p99_budget_ms=None, decision="confident"))
     assert gate["release"] == "shown"
     why = " ".join(gate["reasons"])
     assert "unshown: accuracy drop 0.60 points, 95% upper bound 1.40 > red line 1" in why
     # the test size is worked out at the red line the gate is asked about, from the bootstrap's spread:
     # 300 · ((1.96 + 0.84) · 0.4 / (1.0 − 0.6))² ≈ 2,355
     assert f"≈ {needed_for_bootstrap(300, 0.6, 0.4, 1.0):,} test images" in why and "2,35" in why
-    wider = evaluate([base, unshown], Limits(max_drop=1.2, p99_budget_ms=None, decision="confident"))
+    wider = evaluate(as_entries([base, unshown]), Limits(max_drop=1.2, p99_budget_ms=None, decision="confident"))
     assert any(f"≈ {needed_for_bootstrap(300, 0.6, 0.4, 1.2):,} test images" in r for r in wider["reasons"])
-    point = evaluate([base, unshown], Limits(max_drop=1.0, p99_budget_ms=None, decision="point"))
+    point = evaluate(as_entries([base, unshown]), Limits(max_drop=1.0, p99_budget_ms=None, decision="point"))
     assert point["release"] == "unshown"

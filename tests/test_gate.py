@@ -6,6 +6,7 @@ import pytest
 
 from serve_bench.accuracy.classification import accuracy
 from serve_bench.limits import Limits
+from tests.report_entries import as_entries
 from serve_bench.gate import evaluate
 
 
@@ -14,44 +15,44 @@ def _art(name, drop, p99):
 
 
 def test_pass_picks_the_fastest_artifact_within_both_limits():
-    gate = evaluate([_art("torch", 0.0, 4.0), _art("onnx", 0.1, 1.5), _art("int8", 0.4, 0.9)], Limits(max_drop=0.5, p99_budget_ms=2.0))
+    gate = evaluate(as_entries([_art("torch", 0.0, 4.0), _art("onnx", 0.1, 1.5), _art("int8", 0.4, 0.9)]), Limits(max_drop=0.5, p99_budget_ms=2.0))
     assert gate["passed"] and gate["release"] == "int8"
     assert gate["reasons"] == ["torch: p99 4.000 ms > budget 2 ms"]
 
 
 def test_accuracy_fail():
-    gate = evaluate([_art("int8", 1.2, 0.5)], Limits(max_drop=0.5, p99_budget_ms=2.0))
+    gate = evaluate(as_entries([_art("int8", 1.2, 0.5)]), Limits(max_drop=0.5, p99_budget_ms=2.0))
     assert not gate["passed"] and gate["release"] is None
     assert gate["reasons"] == ["no artifact meets both the accuracy red line and the p99 budget",
                                "int8: accuracy drop 1.20 points > red line 0.5"]
 
 
 def test_latency_fail():
-    gate = evaluate([_art("onnx", 0.0, 3.0)], Limits(max_drop=0.5, p99_budget_ms=2.0))
+    gate = evaluate(as_entries([_art("onnx", 0.0, 3.0)]), Limits(max_drop=0.5, p99_budget_ms=2.0))
     assert not gate["passed"] and "onnx: p99 3.000 ms > budget 2 ms" in gate["reasons"]
 
 
 def test_both_fail_and_fastest_fails_accuracy():
-    gate = evaluate([_art("int8", 2.0, 0.5), _art("torch", 0.0, 9.0)], Limits(max_drop=0.5, p99_budget_ms=2.0))
+    gate = evaluate(as_entries([_art("int8", 2.0, 0.5), _art("torch", 0.0, 9.0)]), Limits(max_drop=0.5, p99_budget_ms=2.0))
     assert not gate["passed"]
     assert "int8: accuracy drop 2.00 points > red line 0.5" in gate["reasons"]
     assert "torch: p99 9.000 ms > budget 2 ms" in gate["reasons"]
 
 
 def test_no_budget_means_accuracy_alone_decides():
-    assert evaluate([_art("a", 0.2, 50.0)], Limits(max_drop=0.5, p99_budget_ms=None))["release"] == "a"
+    assert evaluate(as_entries([_art("a", 0.2, 50.0)]), Limits(max_drop=0.5, p99_budget_ms=None))["release"] == "a"
 
 
 def test_meaningless_accuracy_is_not_gated_and_the_result_says_so():
     artifacts = [_art("torch", 0.0, 4.0), _art("int8", 7.5, 0.9),
                  {**_art("refused", 9.0, 0.5), "refused": "no rung within the red line"}]
-    judged = evaluate(artifacts, Limits(max_drop=0.5, p99_budget_ms=2.0))
+    judged = evaluate(as_entries(artifacts), Limits(max_drop=0.5, p99_budget_ms=2.0))
     assert judged["release"] is None and judged["decided_on"] == "accuracy and latency" and not judged["notes"]
-    gate = evaluate(artifacts, Limits(max_drop=0.5, p99_budget_ms=2.0), accuracy_meaningful=False)
+    gate = evaluate(as_entries(artifacts), Limits(max_drop=0.5, p99_budget_ms=2.0), accuracy_meaningful=False)
     assert gate["passed"] and gate["release"] == "refused"  # the fastest within the budget: latency alone decides
     assert gate["decided_on"] == "latency only" and "random" in gate["notes"][0]
     assert gate["reasons"] == ["torch: p99 4.000 ms > budget 2 ms"]
-    slow = evaluate([_art("int8", 0.0, 3.0)], Limits(max_drop=0.5, p99_budget_ms=2.0), accuracy_meaningful=False)
+    slow = evaluate(as_entries([_art("int8", 0.0, 3.0)]), Limits(max_drop=0.5, p99_budget_ms=2.0), accuracy_meaningful=False)
     assert not slow["passed"] and slow["reasons"][0] == "no artifact meets the p99 budget"
 
 
@@ -88,9 +89,9 @@ def test_picking_among_candidates_at_the_budget_releases_one_past_it_at_most_as_
         return {"name": f"c{i}", "traffic": {"scenario": "server", "at_target": at_target}}
 
     picks = 150
-    released = sum(evaluate([candidate(i) for i in range(4)], Limits(max_drop=1.0, p99_budget_ms=budget, decision="confident"), accuracy_meaningful=False)["passed"] for _ in range(picks))
+    released = sum(evaluate(as_entries([candidate(i) for i in range(4)]), Limits(max_drop=1.0, p99_budget_ms=budget, decision="confident"), accuracy_meaningful=False)["passed"] for _ in range(picks))
     looser = 1.5 * budget  # the same candidates well within a looser budget are released
-    assert all(evaluate([candidate(i, looser) for i in range(4)], Limits(max_drop=1.0, p99_budget_ms=looser, decision="confident"), accuracy_meaningful=False)["passed"] for _ in range(10))
+    assert all(evaluate(as_entries([candidate(i, looser) for i in range(4)]), Limits(max_drop=1.0, p99_budget_ms=looser, decision="confident"), accuracy_meaningful=False)["passed"] for _ in range(10))
     bound = family_claim(4)["bound"]
     assert bound == pytest.approx(4 * 0.025, abs=1e-4)
     assert released / picks <= bound

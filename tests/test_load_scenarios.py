@@ -13,6 +13,7 @@ import yaml
 from compress.cli import main
 from compress.config import Latency
 from serve_bench.limits import Limits
+from tests.report_entries import as_entries, as_entry
 from serve_bench.gate import evaluate
 from serve_bench.load.capacity import best_config, capacity, passes
 from serve_bench.load.loadgen_scenarios import ScenarioSettings, run_scenario
@@ -76,15 +77,15 @@ def test_saturation_is_reported_as_not_sustainable():
 
 def test_a_run_too_short_for_a_p99_claim_is_refused_under_confident_and_said():
     tiny = server(100, 0.3, budget_ms=20.0, service_ms=1.0)  # ~30 queries: not even a verdict on the queue
-    refused = evaluate([artifact_with_run("a", tiny)], Limits(max_drop=1.0, p99_budget_ms=20.0, decision="point"), accuracy_meaningful=False)
+    refused = evaluate(as_entries([artifact_with_run("a", tiny)]), Limits(max_drop=1.0, p99_budget_ms=20.0, decision="point"), accuracy_meaningful=False)
     assert tiny["sustainable"] is None and not refused["passed"] and "unknown" in refused["reasons"][-1]
     run = server(100, 1.5, budget_ms=20.0, service_ms=1.0)  # ~150 queries: no claim about a 99th percentile
     assert not run["loadgen"]["valid"]
     assert any("more queries" in line or "queries" in line for line in run["loadgen"]["early_stopping"]), \
         run["loadgen"]
     art = artifact_with_run("a", run)
-    point = evaluate([art], Limits(max_drop=1.0, p99_budget_ms=20.0, decision="point"), accuracy_meaningful=False)
-    sure = evaluate([art], Limits(max_drop=1.0, p99_budget_ms=20.0, decision="confident"), accuracy_meaningful=False)
+    point = evaluate(as_entries([art]), Limits(max_drop=1.0, p99_budget_ms=20.0, decision="point"), accuracy_meaningful=False)
+    sure = evaluate(as_entries([art]), Limits(max_drop=1.0, p99_budget_ms=20.0, decision="confident"), accuracy_meaningful=False)
     assert point["passed"] and point["release"] == "a"
     assert not sure["passed"] and "INVALID" in sure["reasons"][-1] and "queries" in sure["reasons"][-1]
     assert "server scenario at 100.0 queries/s" in sure["latency_basis"]
@@ -179,23 +180,23 @@ def test_loadgen_validity_for_another_budget_is_not_taken_as_a_claim_about_this_
     run = run_at(100, 1.0, (0.9, 1.1), valid=False)
     run["loadgen"]["target_latency_ms"] = 0.5  # measured against a 0.5 ms budget: invalid for that claim
     art = artifact_with_run("a", run)
-    assert not evaluate([art], Limits(max_drop=1.0, p99_budget_ms=0.5, decision="confident"), accuracy_meaningful=False)["passed"]
+    assert not evaluate(as_entries([art]), Limits(max_drop=1.0, p99_budget_ms=0.5, decision="confident"), accuracy_meaningful=False)["passed"]
     # re-gated at 2 ms: LoadGen's claim was about 0.5 ms, so the p99 interval decides alone
-    assert evaluate([art], Limits(max_drop=1.0, p99_budget_ms=2.0, decision="confident"), accuracy_meaningful=False)["passed"]
+    assert evaluate(as_entries([art]), Limits(max_drop=1.0, p99_budget_ms=2.0, decision="confident"), accuracy_meaningful=False)["passed"]
 
 
 def test_the_gate_ranks_by_traffic_carried_when_every_candidate_was_swept():
     a = artifact_with_run("a", run_at(300, 1.0, (0.9, 1.1)), carried=400.0)
     b = artifact_with_run("b", run_at(300, 0.8, (0.7, 0.9)), carried=900.0)
-    gate = evaluate([a, b], Limits(max_drop=1.0, p99_budget_ms=2.0, decision="confident"), accuracy_meaningful=False)
+    gate = evaluate(as_entries([a, b]), Limits(max_drop=1.0, p99_budget_ms=2.0, decision="confident"), accuracy_meaningful=False)
     assert gate["release"] == "b" and gate["ranked_by"].startswith("most traffic")
     # re-gated at 3 ms on point estimates: each configuration's capacity is judged again from its curve
     a = artifact_with_run("a", run_at(300, 1.0, (0.9, 1.1)), carried=400.0, curve=CURVE)  # 400/s within 3 ms
     b = artifact_with_run("b", run_at(300, 0.8, (0.7, 0.9)), carried=900.0, curve=CURVE[:2])  # only 200/s probed
-    assert evaluate([a, b], Limits(max_drop=1.0, p99_budget_ms=3.0, decision="point"), accuracy_meaningful=False)["release"] == "a"
+    assert evaluate(as_entries([a, b]), Limits(max_drop=1.0, p99_budget_ms=3.0, decision="point"), accuracy_meaningful=False)["release"] == "a"
     late = artifact_with_run("late", run_at(300, 2.5, (2.2, 2.9)))
     stuck = artifact_with_run("stuck", run_at(300, 1.0, (0.9, 1.1), sustainable=False))
-    gate = evaluate([late, stuck], Limits(max_drop=1.0, p99_budget_ms=2.0, decision="point"), accuracy_meaningful=False)
+    gate = evaluate(as_entries([late, stuck]), Limits(max_drop=1.0, p99_budget_ms=2.0, decision="point"), accuracy_meaningful=False)
     assert not gate["passed"]
     assert any("p99 2.500 ms at 300.0 queries/s > budget 2 ms" in r for r in gate["reasons"])
     assert any("stuck: at 300.0 queries/s: not sustainable" in r for r in gate["reasons"])
@@ -253,7 +254,7 @@ def test_the_search_objective_for_the_most_traffic_ranks_by_load_carried():
     assert values(busy, MOST_TRAFFIC, "tpe") == [-900.0] and values(none, MOST_TRAFFIC, "tpe") == [0.0]
     assert sorted([idle, none, busy], key=lambda o: rank_key(o, MOST_TRAFFIC)) == [busy, idle, none]
     swept = {"accuracy_drop": 0.2, "traffic": {"sweep": {"best": {"capacity": {"qps": 700.0}}}}}
-    assert _objective_key(swept, MOST_TRAFFIC) == (-700.0, 0.2)
+    assert _objective_key(as_entry(swept), MOST_TRAFFIC) == (-700.0, 0.2)
 
 
 def test_loadgen_early_stopping_estimates_are_read_as_numbers():

@@ -8,6 +8,7 @@ import pytest
 from scipy import optimize
 
 from serve_bench.limits import Limits
+from tests.report_entries import as_entries
 from serve_bench.gate import evaluate
 from serve_bench.stats.paired import (PairedCounts, drop_interval, mcnemar_exact_p, needed_test_images, paired_counts,
                                 paired_summary, score_statistic, smallest_certifiable_drop, wilson_interval)
@@ -103,36 +104,36 @@ def _entry(name, counts, p99=1.0, p99_ci=(0.9, 1.1)):
 
 def test_confident_refuses_a_01_point_drop_against_a_03_point_red_line_on_1000_images():
     artifacts = [_entry("torch", None, p99=4.0, p99_ci=(3.5, 4.5)), _entry("int8", PairedCounts(1000, 3, 2))]
-    point = evaluate(artifacts, Limits(max_drop=0.3, p99_budget_ms=5.0, decision="point"))
+    point = evaluate(as_entries(artifacts), Limits(max_drop=0.3, p99_budget_ms=5.0, decision="point"))
     assert point["release"] == "int8"  # 0.1 < 0.3 on the point estimate...
     assert any("int8 is within the red line on the point estimate" in n and "≥ 10,808 test images for an 80% chance" in n
                for n in point["notes"])  # ...and the report says the test set cannot back that up
-    confident = evaluate(artifacts, Limits(max_drop=0.3, p99_budget_ms=5.0, decision="confident"))
+    confident = evaluate(as_entries(artifacts), Limits(max_drop=0.3, p99_budget_ms=5.0, decision="confident"))
     assert confident["release"] == "torch" and confident["decision"] == "confident"
     reason = next(r for r in confident["reasons"] if r.startswith("int8:"))
     assert "95% upper bound 0.70 > red line 0.3" in reason and "≥ 10,808 test images for an 80% chance" in reason
     assert "5 of 1,000 images" in reason
     note = confident["notes"][0]  # no artifact but the baseline can be shown within 0.3 on 1,000 images
     assert "cannot show any artifact but the baseline within a red line of 0.3" in note and "0.38" in note
-    alone = evaluate(artifacts[1:], Limits(max_drop=0.3, p99_budget_ms=5.0, decision="confident"))
+    alone = evaluate(as_entries(artifacts[1:]), Limits(max_drop=0.3, p99_budget_ms=5.0, decision="confident"))
     assert not alone["passed"] and alone["reasons"][0].endswith("at 95% confidence")  # exit 1, with the reason
 
 
 def test_confident_gates_the_p99_on_its_upper_bound():
     artifacts = [_entry("onnx", PairedCounts(20000, 3, 2), p99=1.8, p99_ci=(1.5, 2.6))]
-    assert evaluate(artifacts, Limits(max_drop=0.3, p99_budget_ms=2.0, decision="point"))["passed"]
-    confident = evaluate(artifacts, Limits(max_drop=0.3, p99_budget_ms=2.0, decision="confident"))
+    assert evaluate(as_entries(artifacts), Limits(max_drop=0.3, p99_budget_ms=2.0, decision="point"))["passed"]
+    confident = evaluate(as_entries(artifacts), Limits(max_drop=0.3, p99_budget_ms=2.0, decision="confident"))
     assert not confident["passed"]
     assert "p99 1.800 ms, 95% upper bound 2.600 ms (block bootstrap) > budget 2 ms" in confident["reasons"][1]
 
 
 def test_confident_on_a_report_without_intervals_says_what_to_do():
     old = [{"name": "onnx", "accuracy_drop": 0.1, "latency_ms": {"p99": 1.0}}]
-    gate = evaluate(old, Limits(max_drop=0.5, p99_budget_ms=2.0, decision="confident"))
+    gate = evaluate(as_entries(old), Limits(max_drop=0.5, p99_budget_ms=2.0, decision="confident"))
     assert not gate["passed"] and "written by an older version" in gate["reasons"][1]
-    assert evaluate(old, Limits(max_drop=0.5, p99_budget_ms=2.0, decision="point"))["passed"]
+    assert evaluate(as_entries(old), Limits(max_drop=0.5, p99_budget_ms=2.0, decision="point"))["passed"]
     with pytest.raises(ValueError, match="choose one of point, confident"):
-        evaluate(old, Limits(max_drop=0.5, p99_budget_ms=2.0, decision="strict"))
+        evaluate(as_entries(old), Limits(max_drop=0.5, p99_budget_ms=2.0, decision="strict"))
 
 
 def _shown_within_rate(n: int, counts: PairedCounts, max_drop: float, runs: int = 4000, seed: int = 0) -> float:

@@ -21,6 +21,7 @@ from compress.quantization.qdq_rewrite import WEIGHT_7BIT_MAX, int8_to_uint8_act
 from compress.stages.measurement import _refusal
 from compress.stages.int8_records import split_arrays
 from serve_bench.limits import Limits
+from tests.report_entries import as_entries
 from serve_bench.gate import evaluate, quantized_not_faster
 from export.onnx_export import export_onnx
 from tests.report_invariants import points_outside_intervals
@@ -352,18 +353,18 @@ def _entry(name, precision, p50, p99, source="prune.model", fmt="onnx", **extra)
 def test_an_int8_file_slower_than_its_fp32_onnx_is_flagged():
     entries = [_entry("export.onnx", "fp32", 1.0, 2.0), _entry("quantize.onnx_cpu", "int8", 1.2, 1.5),
                _entry("other.onnx_cpu", "int8", 0.5, 0.9, source="train.model")]
-    flags = quantized_not_faster(entries)
+    flags = quantized_not_faster(as_entries(entries))
     assert len(flags) == 1 and flags[0].startswith("quantize.onnx_cpu (int8) is not faster than export.onnx")
-    assert quantized_not_faster([_entry("export.onnx", "fp32", 1.0, 2.0), _entry("q", "int8", 0.4, 0.8)]) == []
+    assert quantized_not_faster(as_entries([_entry("export.onnx", "fp32", 1.0, 2.0), _entry("q", "int8", 0.4, 0.8)])) == []
 
 
 def test_the_flag_says_whether_the_instruction_set_explains_a_slow_int8_file():
     entries = [_entry("export.onnx", "fp32", 1.0, 2.0), _entry("quantize.onnx_cpu", "int8", 0.8, 2.5)]
-    avx2 = quantized_not_faster(entries, {"int8_dot_product": "AVX2 (no VNNI)"})[0]
+    avx2 = quantized_not_faster(as_entries(entries), {"int8_dot_product": "AVX2 (no VNNI)"})[0]
     assert "multiplies int8 with AVX2 (no VNNI)" in avx2 and "on a CPU with VNNI the same file is faster" in avx2
-    vnni = quantized_not_faster(entries, {"int8_dot_product": "AVX-512 VNNI"})[0]
+    vnni = quantized_not_faster(as_entries(entries), {"int8_dot_product": "AVX-512 VNNI"})[0]
     assert "has AVX-512 VNNI, so the int8 kernels are not the cause" in vnni
-    assert "not recorded" in quantized_not_faster(entries)[0]
+    assert "not recorded" in quantized_not_faster(as_entries(entries))[0]
 
 
 def test_the_gate_refuses_an_int8_file_that_missed_the_red_line():
@@ -371,7 +372,7 @@ def test_the_gate_refuses_an_int8_file_that_missed_the_red_line():
     assert reason and "no rung within the red line" in reason
     assert _refusal({"red_line": {"within": True}}, "onnxruntime") is None
     entries = [_entry("train.model", "fp32", 5.0, 6.0, fmt="torch"), _entry("q", "int8", 0.5, 0.6, refused=reason)]
-    gate = evaluate(entries, Limits(max_drop=1.0, p99_budget_ms=None))
+    gate = evaluate(as_entries(entries), Limits(max_drop=1.0, p99_budget_ms=None))
     assert gate["release"] == "train.model" and any(r.startswith("q: the quantize stage") for r in gate["reasons"])
 
 
@@ -456,13 +457,13 @@ def test_the_int8_flag_reads_the_block_paired_ratio_interval():
     fp32 = _entry("export.onnx", "fp32", 1.0, 2.0)
     faster = _entry("q", "int8", 1.0, 2.0, int8_vs_fp32={"reference": "export.onnx", "p50": ratio(0.5, 0.7, "faster"),
                                                             "p99": ratio(0.6, 0.9, "faster")})
-    assert quantized_not_faster([fp32, faster]) == []  # the interval decides, not the (equal) point estimates
+    assert quantized_not_faster(as_entries([fp32, faster])) == []  # the interval decides, not the (equal) point estimates
     unclear = _entry("q", "int8", 0.5, 1.0, int8_vs_fp32={"reference": "export.onnx",
                                                           "p50": ratio(0.5, 0.7, "faster"),
                                                           "p99": ratio(0.8, 1.2, "not distinguishable")})
-    flag = quantized_not_faster([fp32, unclear])[0]
+    flag = quantized_not_faster(as_entries([fp32, unclear]))[0]
     assert flag.startswith("q (int8) is not shown faster than export.onnx (fp32)")
     assert "p99 ×1.00 (95% CI 0.80–1.20): not distinguishable" in flag
     slower = _entry("q", "int8", 0.5, 1.0, int8_vs_fp32={"reference": "export.onnx", "p50": ratio(1.1, 1.3, "slower"),
                                                          "p99": ratio(0.8, 1.2, "not distinguishable")})
-    assert quantized_not_faster([fp32, slower])[0].startswith("q (int8) is slower than export.onnx")
+    assert quantized_not_faster(as_entries([fp32, slower]))[0].startswith("q (int8) is slower than export.onnx")

@@ -8,6 +8,7 @@ from compress.errors import ArtifactError
 from compress.pipeline.manifest import ArtifactRecord, Manifest, StageRecord
 from compress.release.bundle import _engines_of
 from compress.release.measured import engines_to_ship, measured_digests, require_measured
+from tests.report_entries import as_report
 
 
 def _record(name, kind, made_from=(), source=None, sha="0", precision=None):
@@ -27,13 +28,14 @@ def _entry(name, drop, p99):
     return {"name": name, "accuracy_drop": drop, "latency_ms": {"p99": p99}}
 
 
-REPORT = {"gate": {"passed": True, "release": "export.onnx", "decision": "point",
+FIELDS = {"gate": {"passed": True, "release": "export.onnx", "decision": "point", "reasons": [],
                    "limits": {"metric": "top1", "max_drop": 0.5, "p99_budget_ms": 1.0, "decision": "point"}},
           "data": {"meaningful_accuracy": True},
           "artifacts": [_entry("train.model", 0.0, 2.0), _entry("export.onnx", 0.1, 0.8),
                         _entry("export.engine", 0.1, 0.2),         # fp32 engine: within both limits
                         _entry("int8.engine", 2.0, 0.1),           # INT8 engine: past the red line
                         _entry("rebuilt.engine", 0.0, 0.1)]}       # measured, then built again
+REPORT = as_report(FIELDS)
 
 
 @pytest.fixture
@@ -64,7 +66,7 @@ def test_the_fp32_file_ships_only_the_engines_its_bench_measured_and_its_gate_pa
 
 
 def test_no_engine_ships_where_the_gate_passes_none(manifest):
-    report = {**REPORT, "gate": {**REPORT["gate"], "limits": {**REPORT["gate"]["limits"], "p99_budget_ms": 0.05}}}
+    report = as_report({**FIELDS, "gate": {**FIELDS["gate"], "limits": {**FIELDS["gate"]["limits"], "p99_budget_ms": 0.05}}})
     # every engine over the budget
     bench = _bench({"export.engine": "4", "int8.engine": "5"})
     choice = engines_to_ship(_engines_of(manifest, manifest.artifacts["export.onnx"]), report, measured_digests(bench))

@@ -20,6 +20,7 @@ from compress.search.search_report import final_table
 from compress.search.settings import load_search
 from compress.search.split_bench import deployables, entry_of
 from compress.search.trial_phases import TrialSpec, contenders_of
+from tests.report_entries import as_report
 from tests.test_search_plan import FULL, _write
 
 optuna = pytest.importorskip("optuna")
@@ -162,8 +163,8 @@ def test_contenders_are_identities_not_names_to_parse():
     with pytest.raises(ValueError, match="has no trial number"):
         Contender(HAND_SET, "export.onnx", "x", trial=1)
     # an entry is found by the identity stored beside it, whatever its display name says
-    report = {"artifacts": [{"name": "renamed for display", "contender": trial.as_dict()}]}
-    assert entry_of(report, trial)["name"] == "renamed for display"
+    report = as_report({"artifacts": [{"name": "renamed for display", "contender": trial.as_dict()}]})
+    assert entry_of(report, trial).name == "renamed for display"
     with pytest.raises(KeyError):
         entry_of(report, Contender(TRIAL, "quantize.onnx_cpu", "runs/s/trials/012", trial=13))
 

@@ -21,6 +21,8 @@ from compress.search import final_gate
 from serve_bench.limits import Limits
 from compress.search.final_gate import correction_for, judge_finalists
 from compress.search.objective import best_first, outcome_of
+from serve_bench.report_model import Report
+from tests.report_entries import as_entries, as_report
 from serve_bench.gate import evaluate
 from serve_bench.stats.paired import PairedCounts
 from tests.search_entries import baseline_entry
@@ -53,6 +55,8 @@ def _entry(trial: int, counts: tuple[int, int], n: int, p99: float) -> dict:
                                 "drop_ci": [low, high]},
             "latency_ms": {"p50": p99 / 2, "p99": p99, "p99_ci_blocks": [p99 * 0.9, p99 * 1.1]},
             "latency_ratio": {"p99": {"ratio": ratio, "ci": [ratio * 0.95, ratio * 1.05], "rounds": 12,
+                                      "verdict": "faster"},
+                              "p50": {"ratio": ratio, "ci": [ratio * 0.95, ratio * 1.05], "rounds": 12,
                                       "verdict": "faster"}}}
 
 
@@ -61,10 +65,10 @@ def _draw(rng, n: int, size: int) -> list[tuple[int, int]]:
     return [(int(b), int(c)) for b, c, _ in drawn]
 
 
-def _report(entry: dict, split: str, n: int) -> dict:
+def _report(entry: dict, split: str, n: int) -> Report:
     """A trial's split bench report (as split_bench writes it): the baseline and the trial's candidate."""
-    return {"split": split, "baseline": BASELINES[n]["name"], "metric": "top1", "limits": LIMITS.as_dict(),
-            "data": {"meaningful_accuracy": True}, "artifacts": [BASELINES[n], entry]}
+    return as_report({"split": split, "baseline": BASELINES[n]["name"], "metric": "top1", "limits": LIMITS.as_dict(),
+                      "data": {"meaningful_accuracy": True, "test_images": n}, "artifacts": [BASELINES[n], entry]})
 
 
 def _search(rng, rule: str) -> bool:
@@ -74,11 +78,11 @@ def _search(rng, rule: str) -> bool:
     if rule == "today":  # scored on the test split; the final gate re-judges the same test figures, uncorrected
         scores = [(t, outcome_of(_report(e, "test", TEST_N))) for t, e in enumerate(test)]
         finalists = best_first(scores, "fastest_within_red_line")[:FINALISTS]
-        return bool(finalists) and evaluate([test[t] for t in finalists], Limits(max_drop=MAX_DROP, p99_budget_ms=None, decision="confident"))["passed"]
+        return bool(finalists) and evaluate(as_entries([test[t] for t in finalists]), Limits(max_drop=MAX_DROP, p99_budget_ms=None, decision="confident"))["passed"]
     val = [_entry(t, counts, VAL_N, p99[t]) for t, counts in enumerate(_draw(rng, VAL_N, TRIALS))]
     scores = [(t, outcome_of(_report(e, "val", VAL_N))) for t, e in enumerate(val)]
     finalists = best_first(scores, "fastest_within_red_line")[:FINALISTS]
-    return bool(finalists) and judge_finalists([test[t] for t in finalists], LIMITS)["passed"]
+    return bool(finalists) and judge_finalists(as_entries([test[t] for t in finalists]), LIMITS)["passed"]
 
 
 def _rate(rule: str, searches: int, seed: int) -> float:
@@ -107,8 +111,8 @@ def test_the_final_gate_corrects_for_choosing_among_the_finalists(fast_intervals
     searches, corrected, uncorrected = 4000, 0, 0
     for _ in range(searches):
         entries = [_entry(t, counts, TEST_N, 1.0 + t) for t, counts in enumerate(_draw(rng, TEST_N, FINALISTS))]
-        corrected += judge_finalists(entries, LIMITS)["passed"]
-        uncorrected += evaluate(entries, Limits(max_drop=MAX_DROP, p99_budget_ms=None, decision="confident"))["passed"]
+        corrected += judge_finalists(as_entries(entries), LIMITS)["passed"]
+        uncorrected += evaluate(as_entries(entries), Limits(max_drop=MAX_DROP, p99_budget_ms=None, decision="confident"))["passed"]
     # 20,000 such searches gave 6.9% and 1.6%; 4,000 estimate each within about ±0.4 and ±0.2 point
     assert uncorrected / searches >= 0.04  # the error the correction is for
     assert corrected / searches <= 0.025
@@ -128,7 +132,7 @@ def test_the_released_finalist_is_the_fastest_by_its_ratio_to_the_baseline_in_th
     its absolute p99 (here: measured in another round mix) reads higher."""
     a, b = _entry(1, (0, 0), TEST_N, 1.0), _entry(2, (0, 0), TEST_N, 1.2)
     a["latency_ratio"]["p99"]["ratio"], b["latency_ratio"]["p99"]["ratio"] = 0.40, 0.30
-    decided = judge_finalists([a, b], Limits(metric="top1", max_drop=1.0, p99_budget_ms=None, decision="confident"))
+    decided = judge_finalists(as_entries([a, b]), Limits(metric="top1", max_drop=1.0, p99_budget_ms=None, decision="confident"))
     assert decided["release"] == "trial-2:export.onnx" and decided["ranked_on"].startswith("p99 ratio")
 
 
@@ -146,8 +150,8 @@ def test_a_trial_is_chosen_on_validation_by_its_point_estimates_not_certified_th
 def test_the_final_choice_follows_the_objective():
     fast, accurate = _entry(1, (3, 0), TEST_N, 1.0), _entry(2, (0, 0), TEST_N, 2.0)
     limits = Limits(metric="top1", max_drop=1.0, p99_budget_ms=None, decision="point")
-    assert judge_finalists([fast, accurate], limits)["release"] == fast["name"]
-    decided = judge_finalists([fast, accurate], limits, objective="most_accurate_within_budget")
+    assert judge_finalists(as_entries([fast, accurate]), limits)["release"] == fast["name"]
+    decided = judge_finalists(as_entries([fast, accurate]), limits, objective="most_accurate_within_budget")
     assert decided["release"] == accurate["name"] and decided["ranked_on"].startswith("accuracy drop")
 
 
@@ -169,8 +173,8 @@ def test_the_p99_at_the_pipelines_traffic_is_judged_at_the_corrected_level_too()
         "steady_state": steady, "sustainable": True, "sustainable_reason": "sustainable", "errors": [],
         "loadgen": {"valid": True, "invalid_reasons": [], "early_stopping": [], "target_latency_ms": budget}}}}
     limits = Limits(metric="top1", max_drop=MAX_DROP, p99_budget_ms=budget, decision="confident")
-    alone = judge_finalists([entry], limits, meaningful=False)
+    alone = judge_finalists(as_entries([entry]), limits, meaningful=False)
     assert alone["passed"], alone["reasons"]
     others = [{**entry, "name": f"other{i}"} for i in range(3)]
-    among_four = judge_finalists([entry, *others], limits, meaningful=False)
+    among_four = judge_finalists(as_entries([entry, *others]), limits, meaningful=False)
     assert not among_four["passed"] and "finalists) > budget" in among_four["reasons"][-1]

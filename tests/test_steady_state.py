@@ -11,6 +11,8 @@ import math
 import numpy as np
 import pytest
 
+from serve_bench.report_model import ServerRun
+from tests.report_entries import as_entry
 from serve_bench.gate import capacity_disagreement, carried_load
 from serve_bench.load import loadgen_scenarios
 from serve_bench.load.capacity import capacity, confirmed, passes
@@ -149,7 +151,7 @@ def test_a_capacity_its_full_length_run_refutes_falls_back_to_the_rate_below_and
     assert not refuted["confirmed"] and refuted["qps"] == 200 and "full-length run" in refuted["reason"]
     assert refuted["bracket"] == [200, 300] and refuted["ci"][1] <= 200  # its range from the probes below
     art = {"traffic": {"sweep": {"best": None, "configs": [{"curve": curve, "capacity": refuted}]}}}
-    assert carried_load(art, 10.0, "point") == 200  # judged again, the refuted rate stays refuted
+    assert carried_load(as_entry(art), 10.0, "point") == 200  # judged again, the refuted rate stays refuted
 
 
 def test_a_capped_interval_backs_no_confident_claim():
@@ -162,10 +164,10 @@ def test_a_refusal_the_same_capacity_table_contradicts_says_so():
     art = {"traffic": {"scenario": "server", "at_target": run, "sweep": {"configs": [
         {"label": "batch≤1", "serving": {"max_batch": 1, "max_queue_delay_us": 0, "instances": 1},
          "capacity": {"qps": 1669.0, "budget_ms": 10.0, "confirmed": True}}]}}}
-    said = capacity_disagreement(art, run, 10.0)
+    said = capacity_disagreement(as_entry(art), ServerRun.model_validate(run), 10.0)
     assert said and "1,669.0/s" in said and "disagree" in said
-    assert capacity_disagreement(art, {**run, "offered_qps": 2000}, 10.0) is None
-    assert capacity_disagreement(art, run, 10.0, "confident") is None  # the table was judged by another rule
+    assert capacity_disagreement(as_entry(art), ServerRun.model_validate({**run, "offered_qps": 2000}), 10.0) is None
+    assert capacity_disagreement(as_entry(art), ServerRun.model_validate(run), 10.0, "confident") is None  # the table was judged by another rule
 
 
 def test_the_sweep_finds_the_known_capacity_of_an_mm1_server(monkeypatch):

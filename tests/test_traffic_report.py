@@ -7,6 +7,8 @@ import copy
 import pytest
 
 from serve_bench.report import plots, tables as report_tables
+from serve_bench.report_model import Capacity
+from tests.report_entries import as_report
 from serve_bench.report.files import figures, render_html, render_markdown
 from serve_bench.report.traffic import (CAPACITY_TITLE, TRAFFIC_TITLE, capacity_table, capacity_text,
                                         overhead_line, traffic_sections, traffic_table)
@@ -86,7 +88,7 @@ def report() -> dict:
 
 
 def test_traffic_table_shows_each_run_at_the_target_rate(report):
-    head, rows = traffic_table(report)
+    head, rows = traffic_table(as_report(report))
     cells = {row[0]: dict(zip(head, row)) for row in rows}
     assert list(cells) == ["fp32", "int8"]  # the artifact without traffic has no row
     fp32, int8 = cells["fp32"], cells["int8"]
@@ -102,7 +104,7 @@ def test_traffic_table_shows_each_run_at_the_target_rate(report):
 
 
 def test_capacity_table_marks_the_best_configuration_and_says_why_a_config_has_none(report):
-    head, rows = capacity_table(report)
+    head, rows = capacity_table(as_report(report))
     cells = {row[1]: dict(zip(head, row)) for row in rows}
     assert list(cells) == ["b1", "b8 ★", "b8x2"] and {row[0] for row in rows} == {"int8"}
     b1, b8, b8x2 = cells["b1"], cells["b8 ★"], cells["b8x2"]
@@ -119,7 +121,7 @@ def test_capacity_table_marks_the_best_configuration_and_says_why_a_config_has_n
 def test_capacity_without_a_best_configuration_still_states_the_batching_gain(report):
     sweep = report["artifacts"][1]["traffic"]["sweep"]
     sweep["best"] = None
-    rows = capacity_table(report)[1]
+    rows = capacity_table(as_report(report))[1]
     assert not any("★" in row[1] for row in rows)
     assert rows[-1][1] == "batching gain" and rows[-1][7] == "2.50× [1.90, —] over b1"
 
@@ -127,30 +129,30 @@ def test_capacity_without_a_best_configuration_still_states_the_batching_gain(re
 def test_capacity_text_names_the_reason_when_nothing_is_within_budget():
     none = _cap(None, [None, None], [None, 200.0], "none within budget: p99 5.000 ms > 2 ms even at the lowest "
                                                    "probed rate, 200.0/s")
-    assert capacity_text(none) == "none within budget"
+    assert capacity_text(Capacity.model_validate(none)) == "none within budget"
     assert capacity_text(None) == "—"
 
 
 def test_overhead_line_gives_the_null_models_figures(report):
-    assert overhead_line(report) == (
+    assert overhead_line(as_report(report)) == (
         "Harness overhead: the same serving loop around a model that does nothing measures "
         "p50 0.081 ms, p99 0.212 ms single-stream; p50 0.150 ms, p99 0.900 ms in the server scenario at 500.0/s. "
         "That is the harness's own share of every latency above.")
     report["traffic"]["sut_overhead"]["server"] = None
-    assert overhead_line(report).count("p50") == 1 and "server" not in overhead_line(report)
+    assert overhead_line(as_report(report)).count("p50") == 1 and "server" not in overhead_line(as_report(report))
     report["traffic"]["sut_overhead"] = None
-    assert overhead_line(report) is None
+    assert overhead_line(as_report(report)) is None
 
 
 def test_sections_end_with_the_traffic_tables(report):
-    titles = [title for title, _ in report_tables.sections(report)]
+    titles = [title for title, _ in report_tables.sections(as_report(report))]
     assert titles[-2:] == [TRAFFIC_TITLE, CAPACITY_TITLE]
 
 
 def test_latency_load_curve_draws_one_panel_per_swept_artifact(report, monkeypatch):
     drawn = []
     monkeypatch.setattr(plots, "to_png", lambda fig: drawn.append(fig) or b"png")
-    assert plots.latency_load_curve(report["artifacts"], 2.0) == b"png"
+    assert plots.latency_load_curve(as_report(report).artifacts, 2.0) == b"png"
     axes = [ax for ax in drawn[0].axes if ax.get_visible()]
     assert len(axes) == 1 and axes[0].get_title().startswith("int8:")
     lines = axes[0].get_lines()
@@ -165,43 +167,43 @@ def test_latency_load_curve_draws_one_panel_per_swept_artifact(report, monkeypat
 
 
 def test_latency_load_curve_is_none_without_a_curve(report):
-    assert plots.latency_load_curve(_plain_report()["artifacts"], 2.0) is None
+    assert plots.latency_load_curve(as_report(_plain_report()).artifacts, 2.0) is None
     for config in report["artifacts"][1]["traffic"]["sweep"]["configs"]:
         config["curve"] = [_run(300.0, 1.0, 2.0) | {"latency_ms": None}]
-    assert plots.latency_load_curve(report["artifacts"], 2.0) is None
+    assert plots.latency_load_curve(as_report(report).artifacts, 2.0) is None
 
 
 def test_rendered_report_shows_the_traffic_section_overhead_and_curve(report):
-    markdown = render_markdown(report)
+    markdown = render_markdown(as_report(report))
     lines = markdown.splitlines()
     at = lines.index(f"## {TRAFFIC_TITLE}")
     table_end = next(i for i in range(at + 2, len(lines)) if not lines[i].startswith("|"))
-    assert lines[table_end + 1] == overhead_line(report)  # under the table
+    assert lines[table_end + 1] == overhead_line(as_report(report))  # under the table
     assert f"## {CAPACITY_TITLE}" in markdown and "| int8 | b8 ★ |" in markdown
     assert "INVALID: Reduce target QPS to improve latency" in markdown
-    figs = figures(report, {})
+    figs = figures(as_report(report), {})
     assert "latency_vs_load.png" in figs and figs["latency_vs_load.png"].startswith(b"\x89PNG")
-    page = render_html(report, figs)
+    page = render_html(as_report(report), figs)
     assert f"<h2>{TRAFFIC_TITLE}</h2>" in page and '<img alt="latency_vs_load.png"' in page
     assert "harness&#x27;s own share" in page and "<td>b8 ★</td>" in page
 
 
 def test_a_report_without_traffic_renders_as_before(report):
     plain = _plain_report()
-    assert traffic_sections(plain) == [] and overhead_line(plain) is None
-    assert [title for title, _ in report_tables.sections(plain)] == []
-    markdown = render_markdown(plain)
+    assert traffic_sections(as_report(plain)) == [] and overhead_line(as_report(plain)) is None
+    assert [title for title, _ in report_tables.sections(as_report(plain))] == []
+    markdown = render_markdown(as_report(plain))
     assert "traffic" not in markdown.lower() and "capacity" not in markdown.lower()
-    figs = figures(plain, {})
+    figs = figures(as_report(plain), {})
     assert list(figs) == ["accuracy_vs_p99.png", "size_by_artifact.png"]
-    assert render_html(plain, figs).count("<img") == 2
+    assert render_html(as_report(plain), figs).count("<img") == 2
     # traffic keys that hold nothing change nothing either
     empty = copy.deepcopy(plain)
     empty["traffic"] = {"scenario": "server", "target_qps": None, "p99_budget_ms": None, "sut_overhead": None}
     for art in empty["artifacts"]:
         art["traffic"] = {"scenario": "server", "target_qps": None, "at_target": None, "sweep": None}
     empty["artifacts"][0]["traffic"] = None
-    assert render_markdown(empty) == markdown and render_html(empty, figs) == render_html(plain, figs)
+    assert render_markdown(as_report(empty)) == markdown and render_html(as_report(empty), figs) == render_html(as_report(plain), figs)
 
 
 def test_partial_runs_render_with_dashes():
@@ -213,7 +215,7 @@ def test_partial_runs_render_with_dashes():
                                           "sweep": {"configs": [{"label": "b1", "serving": None, "offline": None,
                                                                  "curve": [], "capacity": None}],
                                                     "best": None, "batching_gain": None}}
-    head, rows = traffic_table(partial)
+    head, rows = traffic_table(as_report(partial))
     assert rows == [["fp32", "single-stream"] + ["—"] * 12]
-    assert capacity_table(partial)[1] == [["fp32", "b1", "—", "—", "—", "—", "—", "", "no capacity recorded"]]
-    assert "## " + TRAFFIC_TITLE in render_markdown(partial)
+    assert capacity_table(as_report(partial))[1] == [["fp32", "b1", "—", "—", "—", "—", "—", "", "no capacity recorded"]]
+    assert "## " + TRAFFIC_TITLE in render_markdown(as_report(partial))

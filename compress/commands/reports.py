@@ -8,11 +8,16 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from typing import TYPE_CHECKING
+
 from compress.commands.common import console
 from compress.errors import ConfigError
 
+if TYPE_CHECKING:
+    from serve_bench.report_model import Report
 
-def _warn_if_foreign(report: dict, path: Path) -> None:
+
+def _warn_if_foreign(report: Report, path: Path) -> None:
     from compress.pipeline.bench_report import foreign_isa_note
 
     if note := foreign_isa_note(report, path):
@@ -21,7 +26,7 @@ def _warn_if_foreign(report: dict, path: Path) -> None:
 
 def _cmd_gate(args: argparse.Namespace) -> int:
     from serve_bench.gate import evaluate
-    from serve_bench.limits import Limits
+    from serve_bench.report_model import Gate
 
     from compress.pipeline.bench_report import load_report, print_gate
 
@@ -35,12 +40,12 @@ def _cmd_gate(args: argparse.Namespace) -> int:
                               "in that range")
     report, path = load_report(Path(args.target))
     _warn_if_foreign(report, path)
-    limits = Limits.from_dict(report["gate"]["limits"]).replace(p99_budget_ms=args.p99_ms, max_drop=args.max_drop,
-                                                                  decision=args.decision)
-    result = evaluate(report["artifacts"], limits,
-                      accuracy_meaningful=(report.get("data") or {}).get("meaningful_accuracy", True))
-    print_gate(result, path, console(stderr=False))
-    return 0 if result["passed"] else 1
+    limits = report.gate.limits.limits().replace(p99_budget_ms=args.p99_ms, max_drop=args.max_drop,
+                                                 decision=args.decision)
+    gate = Gate.model_validate(evaluate(report.artifacts, limits,
+                                        accuracy_meaningful=report.data.meaningful_accuracy))
+    print_gate(gate, path, console(stderr=False))  # a judgement under other limits: the saved report is kept
+    return 0 if gate.passed else 1
 
 
 def _cmd_compare(args: argparse.Namespace) -> int:

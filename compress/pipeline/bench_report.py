@@ -10,7 +10,7 @@ from rich.table import Table
 
 from compress.errors import ArtifactError
 from compress.pipeline.manifest import Manifest
-from serve_bench.report import model as report_model
+from serve_bench import report_model
 from serve_bench.accuracy.predictions import PREDICTIONS_FILE
 from serve_bench.report.files import REPORT_JSON, SAMPLES_FILE, write_report
 from train.atomic_io import atomic_dir
@@ -37,7 +37,8 @@ def find_report(target: Path) -> Path:
     return target / "report" / REPORT_JSON  # a run directory written before reports moved into their stage
 
 
-def load_report(target: Path) -> tuple[dict, Path]:
+def load_report(target: Path) -> tuple[report_model.Report, Path]:
+    """The report of ``target`` read as the typed model (an older version in today's names), and where it was."""
     path = find_report(target)
     if not path.is_file():
         raise ArtifactError(f"{path} does not exist: give a run directory with a completed bench stage, its report "
@@ -49,15 +50,15 @@ def load_report(target: Path) -> tuple[dict, Path]:
     if not isinstance(report, dict) or not {"artifacts", "gate", "baseline"} <= set(report):
         raise ArtifactError(f"{path} is not a compress report (needs artifacts, gate and baseline)")
     try:  # an older version is read in today's names; a newer one, or one that does not fit, is refused
-        return report_model.readable(report, str(path)), path
+        return report_model.read(report, str(path)), path
     except report_model.ReportVersionError as exc:
         raise ArtifactError(str(exc)) from exc
 
 
-def foreign_isa_note(report: dict, source: Path) -> str | None:
+def foreign_isa_note(report: report_model.Report, source: Path) -> str | None:
     """A warning when a saved report's latency figures come from another instruction set than this
     machine's: INT8 and bf16 speed depend on VNNI and AVX-512 BF16, so they do not carry over."""
-    recorded = (report.get("environment") or {}).get("isa")
+    recorded = report.environment.isa
     here = isa_facts()
     if not recorded:
         return (f"note: {source} does not record the instruction set it was measured on (written by an older "
@@ -71,7 +72,7 @@ def foreign_isa_note(report: dict, source: Path) -> str | None:
             "describe that machine; re-run the bench stage here to gate on this one")
 
 
-def rerender(report: dict, path: Path) -> Path:
+def rerender(report: report_model.Report, path: Path) -> Path:
     """Re-write the report files beside ``path`` (a loaded report.json) from ``report``."""
     folder = path.parent
     with atomic_dir(folder) as fresh:
@@ -82,17 +83,17 @@ def rerender(report: dict, path: Path) -> Path:
     return folder
 
 
-def print_gate(result: dict, source: Path, console: Console) -> None:
+def print_gate(gate: report_model.Gate, source: Path, console: Console) -> None:
     table = Table(title=f"release gate for {source}")
     table.add_column("verdict")
     table.add_column("release")
     table.add_column("p99 budget ms", justify="right")
     table.add_column("max drop", justify="right")
     table.add_column("decision")
-    table.add_row("[green]PASSED[/]" if result["passed"] else "[red]FAILED[/]", str(result["release"]),
-                  str(result["limits"]["p99_budget_ms"]), str(result["limits"]["max_drop"]), result["limits"]["decision"])
+    table.add_row("[green]PASSED[/]" if gate.passed else "[red]FAILED[/]", str(gate.release),
+                  str(gate.limits.p99_budget_ms), str(gate.limits.max_drop), gate.limits.decision)
     console.print(table)
-    for note in result.get("notes", []):
+    for note in gate.notes:
         console.print(f"note: {note}", style="yellow", highlight=False)
-    for reason in result["reasons"]:
+    for reason in gate.reasons:
         console.print(f"- {reason}", highlight=False)

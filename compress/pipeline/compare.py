@@ -29,6 +29,7 @@ from compress.stages.bench_stage import BenchConfig
 from compress.stages.measurement import (bench_settings, candidates_of, measure_and_judge, runtime_options,
                                          summary_table, test_set_of)
 from compress.stages.provenance import runs_independence
+from serve_bench import report_model
 from serve_bench.bench import BenchSettings, TestSet
 from serve_bench.runners import RUNNER_OF_KIND
 from serve_bench.report.files import write_report
@@ -43,7 +44,7 @@ class ComparedRun:
     run_dir: Path
     label: str  # the run directory's name, made unique
     pipeline: Pipeline
-    report: dict | None  # its last bench report, where it has one
+    report: report_model.Report | None  # its last bench report, where it has one
     artifact: InputArtifact
     candidate: str  # the candidate picked (file on runtime), e.g. export.onnx@openvino as a gate released it
     test: TestSet
@@ -54,16 +55,17 @@ def default_out() -> Path:
     return Path("runs") / time.strftime("compare-%Y%m%d-%H%M%S")
 
 
-def _chosen(run_dir: Path, manifest: Manifest, report: dict | None, name: str | None) -> tuple[InputArtifact, str]:
+def _chosen(run_dir: Path, manifest: Manifest, report: report_model.Report | None,
+            name: str | None) -> tuple[InputArtifact, str]:
     """The artifact to compare and the candidate picked: a released ``file@runtime`` names the file ``file``."""
     if name is None:
         if report is None:
             raise ConfigError(f"{run_dir}: it has no bench report, so no released artifact to compare; name one "
                               "with --artifact (e.g. --artifact train.model)")
-        name = report["gate"].get("release")
+        name = report.gate.release
         if name is None:
             raise ConfigError(f"{run_dir}: its gate released nothing, so there is no default artifact to compare; "
-                              f"name one with --artifact (e.g. --artifact {report['baseline']})")
+                              f"name one with --artifact (e.g. --artifact {report.baseline})")
     candidate = name
     if name not in manifest.artifacts and "@" in name:  # a file on another runtime than the first
         name = name.rsplit("@", 1)[0]
@@ -78,9 +80,11 @@ def _chosen(run_dir: Path, manifest: Manifest, report: dict | None, name: str | 
             candidate)
 
 
-def _pick_entry(run: "ComparedRun") -> dict | None:
+def _pick_entry(run: "ComparedRun") -> report_model.Entry | None:
     """The run's own report entry of its pick, where its report measured it."""
-    return next((e for e in (run.report or {}).get("artifacts", []) if e["name"] == run.candidate), None)
+    if run.report is None:
+        return None
+    return next((e for e in run.report.artifacts if e.name == run.candidate), None)
 
 
 def _runtime_of(run: "ComparedRun") -> str:
@@ -88,7 +92,7 @@ def _runtime_of(run: "ComparedRun") -> str:
     else the runtime that loads its kind of artifact first."""
     entry = _pick_entry(run)
     if entry is not None:
-        return entry["backend"]
+        return entry.backend
     if "@" in run.candidate:
         return run.candidate.rsplit("@", 1)[1]
     return RUNNER_OF_KIND.get(run.artifact.kind, "")
@@ -131,7 +135,8 @@ def load_runs(run_dirs: list[Path], artifact: str | None, picks: list[str | None
 
 def _settings(first: ComparedRun, repeats: int) -> tuple[BenchSettings, BenchConfig]:
     """The reference run's measurement protocol (its bench settings), so the figures are comparable to its report."""
-    saved = {k: v for k, v in (first.report or {}).get("settings", {}).items() if k in BenchConfig.model_fields}
+    own = first.report.settings if first.report is not None else {}
+    saved = {k: v for k, v in own.items() if k in BenchConfig.model_fields}
     saved.update(name="compare", kind="bench", repeats=repeats)
     try:
         cfg = BenchConfig(**saved)
@@ -158,7 +163,7 @@ def compare_runs(run_dirs: list[Path], out: Path, console: Console, artifact: st
                               "name another with --artifact")
         # the pick runs with the options its own bench stage was configured with (OpenVINO's hint and precision,
         # as set, not as resolved on the machine that measured it); threads follow the comparison's protocol
-        own = runtime_options(_settings(run, repeats)[1]).get(mine.backend) if run.report else None
+        own = runtime_options(_settings(run, repeats)[1]).get(mine.backend) if run.report is not None else None
         if own:
             if own != (theirs := runtime_options(cfg).get(mine.backend)):
                 console.print(f"{run.label}:{mine.name} runs with its own run's {mine.backend} options {own}, not the "
@@ -189,8 +194,9 @@ def compare_runs(run_dirs: list[Path], out: Path, console: Console, artifact: st
                              "reference": reference}}
     with atomic_dir(out) as folder:
         write_report(folder, report, result.latencies, result.predictions)
-    console.print(summary_table(report))
-    console.print(_console_table(report))
+    written = report_model.model_of(report)  # the tables read the model
+    console.print(summary_table(written))
+    console.print(_console_table(written))
     for name, why in result.unpaired.items():
         console.print(f"pairing refused: {name}: {why}", style="yellow", highlight=False)
     console.print(f"comparison report in {out}", highlight=False)
@@ -201,11 +207,11 @@ CONSOLE_COLUMNS = ("run", "M MACs", "drop vs reference [95% CI]", "only referenc
                    "p50 ratio [95% CI]", "p99 ratio [95% CI]")
 
 
-def _console_table(report: dict) -> Table:
+def _console_table(report: report_model.Report) -> Table:
     """The comparison's deciding columns (report.md has them all)."""
     head, rows = comparison_table(report)
     keep = [head.index(c) for c in CONSOLE_COLUMNS]
-    table = Table(title="comparison against " + report["baseline"])
+    table = Table(title="comparison against " + report.baseline)
     for i in keep:
         table.add_column(head[i], justify="left" if head[i] == "run" else "right")
     for row in rows:

@@ -27,6 +27,7 @@ from compress import __version__
 from compress.config import MlflowSettings, PipelineConfig
 from compress.errors import ConfigError
 from compress.pipeline.manifest import Manifest, StageRecord, now
+from serve_bench import report_model
 
 logger = logging.getLogger(__name__)
 STORE_FILE, ARTIFACT_FOLDER = "mlflow.db", "mlartifacts"
@@ -173,11 +174,11 @@ class MlflowRun:
                 self.curves([(_key(f"{name}.{k}"), float(v), int(row.get("epoch", i))) for i, row in enumerate(rows)
                              for k, v in row.items() if k not in ("epoch", "step") and isinstance(v, (int, float))])
             if record.kind == "bench" and (folder / "report.json").is_file():
-                report = json.loads((folder / "report.json").read_text())
-                self.metrics(numeric({f"{name}.{a['name']}.{k}": v for a in report["artifacts"]
+                report = report_model.read(json.loads((folder / "report.json").read_text()), str(folder))
+                self.metrics(numeric({f"{name}.{a.name}.{k}": v for a in report.artifacts
                                       for k, v in _headline(a).items()}))
-                self.tags({f"{name}.release": report["gate"].get("release"),
-                           f"{name}.gate": "passed" if report["gate"].get("passed") else "FAILED"})
+                self.tags({f"{name}.release": report.gate.release,
+                           f"{name}.gate": "passed" if report.gate.passed else "FAILED"})
                 self.files(folder, f"{name}/report")
 
     def end(self, run_dir: Path, status: str) -> None:
@@ -186,11 +187,10 @@ class MlflowRun:
         self._safe("the run's end", lambda: self.client.set_terminated(self.run_id, status=status))
 
 
-def _headline(artifact: dict) -> dict:
-    lat = artifact.get("latency_ms") or {}
-    acc = artifact.get("accuracy") or {}
-    return {**{k: v for k, v in acc.items() if k.startswith("top")}, "p50_ms": lat.get("p50"),
-            "p99_ms": lat.get("p99"), "drop": artifact.get("accuracy_drop"), "size_bytes": artifact.get("size_bytes")}
+def _headline(artifact: report_model.Entry) -> dict:
+    lat = artifact.latency_ms
+    return {**{k: v for k, v in artifact.accuracy.items() if k.startswith("top")}, "p50_ms": lat.p50,
+            "p99_ms": lat.p99, "drop": artifact.accuracy_drop, "size_bytes": artifact.size_bytes}
 
 
 class StageLog:

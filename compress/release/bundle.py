@@ -28,6 +28,7 @@ from export.tensorrt_engine import ENGINE_FILE
 from export.onnx_metadata import CLASSES_KEY, PREPROCESSING_KEY, input_description, read_deployment
 from serve_bench.gate import preferred
 from serve_bench.report.files import environment_line
+from serve_bench.report_model import Entry, Report
 from train.atomic_io import atomic_dir
 from train.file_digest import file_sha256
 from train.model_io import read_description
@@ -65,8 +66,8 @@ def make_release(run_dir: Path, to: Path, *, anyway: bool = False, artifact: str
         raise ArtifactError(f"{run_dir} has no manifest.json: give the run directory of a finished `compress run`")
     report, report_path = load_report(run_dir)
     name = _chosen(report, artifact, anyway, report_path)
-    entry = next(a for a in report["artifacts"] if a["name"] == name)
-    file_name = entry.get("artifact") or name  # a candidate "file on runtime" names the manifest's file
+    entry = report.entry(name)
+    file_name = entry.artifact or name  # a candidate "file on runtime" names the manifest's file
     record = manifest.artifacts.get(file_name)
     if record is None:
         raise ArtifactError(f"{report_path} released {name}, whose file {file_name} {run_dir}/manifest.json does not list; "
@@ -85,25 +86,24 @@ def make_release(run_dir: Path, to: Path, *, anyway: bool = False, artifact: str
     return Release(to, name, card)
 
 
-def _chosen(report: dict, artifact: str | None, anyway: bool, report_path: Path) -> str:
-    gate, names = report["gate"], [a["name"] for a in report["artifacts"]]
+def _chosen(report: Report, artifact: str | None, anyway: bool, report_path: Path) -> str:
+    gate, names = report.gate, [a.name for a in report.artifacts]
     if artifact is not None and artifact not in names:
         raise ConfigError(f"--artifact {artifact}: not in {report_path}; measured: {', '.join(names)}")
-    released = gate.get("release") if gate.get("passed") else None
+    released = gate.release if gate.passed else None
     if released is not None and artifact in (None, released):
         return released
     why = (f"the gate released {released}, not {artifact}" if released else
-           "the release gate FAILED: " + ("; ".join(gate.get("reasons") or []) or "no artifact passed"))
+           "the release gate FAILED: " + ("; ".join(gate.reasons) or "no artifact passed"))
     if not anyway:
         raise ReleaseRefused(f"{report_path}: {why}. Nothing was written; pass --anyway to bundle it regardless "
                              "(the bundle is marked as not passed)")
     if artifact is not None:
         return artifact
-    candidates = [a for a in report["artifacts"] if a["name"] != report["baseline"] and not a.get("refused")
-                  and a.get("latency_ms")]
+    candidates = [a for a in report.artifacts if a.name != report.baseline and not a.refused]  # each has its latency
     if not candidates:
         raise ConfigError(f"{report_path}: no measured artifact besides the baseline; name one with --artifact")
-    return preferred(candidates)["name"]
+    return preferred(candidates).name
 
 
 def _decisive_config(manifest: Manifest, run_dir: Path, report_path: Path) -> Path:
@@ -176,8 +176,8 @@ def _input_of(source: Path, record: ArtifactRecord, manifest: Manifest) -> tuple
     return input_description(preprocessing), list(manifest.data.get("class_names") or [])
 
 
-def _assemble(work: Path, run_dir: Path, manifest: Manifest, record: ArtifactRecord, report: dict,
-              report_path: Path, entry: dict, anyway: bool, choice: EngineChoice) -> dict:
+def _assemble(work: Path, run_dir: Path, manifest: Manifest, record: ArtifactRecord, report: Report,
+              report_path: Path, entry: Entry, anyway: bool, choice: EngineChoice) -> dict:
     folder = FOLDERS.get(record.kind)
     if folder is None:
         raise ArtifactError(f"{record.name} is a {record.kind!r}; a release holds an onnx file, a torch model or a "
@@ -191,8 +191,8 @@ def _assemble(work: Path, run_dir: Path, manifest: Manifest, record: ArtifactRec
         serving = work / folder / ENGINE_FILE if record.kind == "trt-engine" else work / folder
     input_spec, classes = _input_of(source, record, manifest)
     released = {"artifact": record.name, "kind": record.kind, "file": serving.relative_to(work).as_posix(),
-                "files": [f"{folder}/{f}" for f in files], "backend": entry.get("backend"), "candidate": entry["name"],
-                "precision": entry.get("precision"), "sha256": record.sha256, "size_bytes": record.size_bytes,
+                "files": [f"{folder}/{f}" for f in files], "backend": entry.backend, "candidate": entry.name,
+                "precision": entry.precision, "sha256": record.sha256, "size_bytes": record.size_bytes,
                 "run_dir": str(run_dir)}
     engines = []
     for engine in choice.shipped:
@@ -210,17 +210,17 @@ def _assemble(work: Path, run_dir: Path, manifest: Manifest, record: ArtifactRec
               for r in manifest.stages.values()]
     pipeline = {"file": PIPELINE_FILE, "sha256": file_sha256(resolved), "stages": stages,
                 "data_split_digest": manifest.data.get("split_hash")}
-    gate_passed = bool(report["gate"].get("passed")) and report["gate"].get("release") == entry["name"]
+    gate_passed = report.gate.passed and report.gate.release == entry.name
     card = build_card(report=report, entry=entry, released=released, input_spec=input_spec, classes=classes,
                       tensorrt=engines, tensorrt_withheld=withheld, pipeline=pipeline,
                       lineage=_lineage(manifest, record.name), anyway=anyway and not gate_passed, created=now(),
                       version=__version__)
     (work / CARD_JSON).write_text(json.dumps(card, indent=2))
-    (work / CARD_MD).write_text(render_markdown(card, environment_line(report.get("environment") or {})))
+    (work / CARD_MD).write_text(render_markdown(card, environment_line(report.environment.written())))
     if card["released_anyway"]:
         (work / GATE_FAILED_FILE).write_text(
             f"{record.name} was bundled with --anyway: the release gate of {report_path} did not release it.\n"
-            + "".join(f"- {reason}\n" for reason in report["gate"].get("reasons") or []))
+            + "".join(f"- {reason}\n" for reason in report.gate.reasons))
     for engine, reason in choice.withheld:
         logger.info("TensorRT engine %s not shipped: %s", engine.name, reason)
     logger.info("bundled %s from %s", record.name, run_dir)

@@ -19,7 +19,7 @@ from pathlib import Path
 from compress.errors import ArtifactError
 from compress.pipeline.manifest import ArtifactRecord, Manifest, StageRecord
 from serve_bench.gate import evaluate
-from serve_bench.limits import Limits
+from serve_bench.report_model import Report
 
 
 def report_artifacts(manifest: Manifest, report_path: Path, run_dir: Path) -> list[str]:
@@ -70,18 +70,18 @@ class EngineChoice:
     withheld: list[tuple[ArtifactRecord, str]]
 
 
-def engines_to_ship(engines: list[ArtifactRecord], report: dict, measured: dict[str, str]) -> EngineChoice:
+def engines_to_ship(engines: list[ArtifactRecord], report: Report, measured: dict[str, str]) -> EngineChoice:
     """Of ``engines`` (the same model's), those the deciding bench measured byte for byte and the gate passes
     under the report's own limits and decision rule."""
-    gate, entries = report["gate"], {a["name"]: a for a in report["artifacts"]}
-    meaningful = (report.get("data") or {}).get("meaningful_accuracy", True)
+    limits, entries = report.gate.limits.limits(), {a.name: a for a in report.artifacts}
+    meaningful = report.data.meaningful_accuracy
     shipped, withheld = [], []
     for engine in engines:
         entry = entries.get(engine.name)
         if entry is None or engine.sha256 not in measured.values():
             withheld.append((engine, "the bench the gate decided on did not measure this engine"))
             continue
-        verdict = evaluate([entry], Limits.from_dict(gate["limits"]), accuracy_meaningful=meaningful)
+        verdict = evaluate([entry], limits, accuracy_meaningful=meaningful)
         if verdict["passed"]:
             shipped.append(engine)
         else:

@@ -8,79 +8,101 @@ from __future__ import annotations
 
 import json
 
+from serve_bench.report_model import Entry, Environment, Interval, Report, ServerRun
+
 CARD_FORMAT = "compress-model-card/2"  # 2: the gate's limits under the pipeline file's names
 READABLE_CARD_FORMATS = ("compress-model-card/1", CARD_FORMAT)  # verify reads both: it reads no limit
 LATENCY_KEYS = ("p50", "p90", "p95", "p99", "p99.9", "mean", "max")
+LATENCY_INTERVALS = ("p50_ci", "p99_ci", "p50_ci_blocks", "p99_ci_blocks")
 
 
-def build_card(*, report: dict, entry: dict, released: dict, input_spec: dict, classes: list[str],
+def build_card(*, report: Report, entry: Entry, released: dict, input_spec: dict, classes: list[str],
                tensorrt: list[dict], tensorrt_withheld: list[dict], pipeline: dict, lineage: list[dict],
                anyway: bool, created: str, version: str) -> dict:
     """``entry``: the released artifact's row of the report; ``released``: what the bundle holds of it;
     ``tensorrt``: the engines of the same model it ships, ``tensorrt_withheld`` those it does not, with why."""
-    gate, data, metric = report["gate"], report.get("data") or {}, report["metric"]
-    accuracy = {"metric": metric, "data": data.get("name"), "split": "test", "test_images": data.get("test_images"),
-                "test_digest": data.get("test_digest"), "meaningful": data.get("meaningful_accuracy", True),
-                **{k: v for k, v in entry["accuracy"].items() if k.startswith(("top", "map"))},
-                # a detector's intervals are bootstrap percentiles over test images, a classifier's Wilson
-                "interval": ("bootstrap" if (entry.get("accuracy_paired") or {}).get("method") == "paired-bootstrap"
-                             else "wilson"),
-                **({"nms": (report.get("settings") or {}).get("nms")} if metric in ("map", "map50") else {}),
-                **{f"{k}_ci": v for k, v in (entry.get("accuracy_ci") or {}).items()},
-                "baseline": report["baseline"], "drop": entry.get("accuracy_drop"),
-                "drop_ci": (entry.get("accuracy_paired") or {}).get("drop_ci"),
-                "eval_batch": entry.get("eval_batch") or (report.get("settings") or {}).get("eval_batch", 64),
-                # where the model came from outside the run: what the test split's independence rests on
-                "test_independence": data.get("test_independence"),
-                # the answers at the batch the serving section recommends, where the runtime's answers depend on it
-                "at_serving_batch": entry.get("accuracy_at_serving_batch")}
-    lat = entry["latency_ms"]
-    latency = {"batch_size": (report.get("settings") or {}).get("batch_size", 1),
-               **{k: lat[k] for k in LATENCY_KEYS if k in lat},
-               **{k: lat[k] for k in ("p50_ci", "p99_ci", "p50_ci_blocks", "p99_ci_blocks") if k in lat},
-               "samples": lat.get("n"), "throughput_per_s": entry.get("throughput"), "runner": entry.get("runner"),
-               "environment": report.get("environment")}
-    return {"format": CARD_FORMAT, "name": report.get("pipeline"), "created": created, "compress_version": version,
+    gate = report.gate
+    return {"format": CARD_FORMAT, "name": report.pipeline, "created": created, "compress_version": version,
             "released": released, "released_anyway": anyway,
-            "gate": {k: gate.get(k) for k in ("passed", "release", "decision", "confidence", "limits", "reasons",
-                                              "notes")},
-            "input": input_spec, "classes": classes, "accuracy": accuracy, "latency": latency,
-            "serving": serving_of(entry), "runtime": runtime_of(entry, report.get("environment") or {}),
-            "size_bytes": entry.get("size_bytes"), "params": entry.get("params"), "macs": entry.get("macs"),
-            "quantization": entry.get("quantization"), "tensorrt": tensorrt,
-            "tensorrt_withheld": tensorrt_withheld, "pipeline": pipeline,
-            "lineage": lineage, "flags": report.get("flags", []), "report": "report/report.json"}
+            "gate": {"passed": gate.passed, "release": gate.release, "decision": gate.decision,
+                     "confidence": gate.confidence, "limits": gate.limits.model_dump(), "reasons": gate.reasons,
+                     "notes": gate.notes},
+            "input": input_spec, "classes": classes, "accuracy": accuracy_of(report, entry),
+            "latency": latency_of(report, entry), "serving": serving_of(entry),
+            "runtime": runtime_of(entry, report.environment), "size_bytes": entry.size_bytes, "params": entry.params,
+            "macs": entry.macs, "quantization": entry.quantization.written() if entry.quantization else None,
+            "tensorrt": tensorrt, "tensorrt_withheld": tensorrt_withheld, "pipeline": pipeline,
+            "lineage": lineage, "flags": report.flags, "report": "report/report.json"}
 
 
-def runtime_of(entry: dict, environment: dict) -> dict:
+def accuracy_of(report: Report, entry: Entry) -> dict:
+    """The released file's accuracy on the test split, with its intervals and the drop against the baseline."""
+    data, metric, paired = report.data, report.metric, entry.accuracy_paired
+    return {"metric": metric, "data": data.name, "split": "test", "test_images": data.test_images,
+            "test_digest": data.test_digest, "meaningful": data.meaningful_accuracy,
+            **{k: v for k, v in entry.accuracy.items() if k.startswith(("top", "map"))},
+            # a detector's intervals are bootstrap percentiles over test images, a classifier's Wilson
+            "interval": "bootstrap" if paired is not None and paired.method == "paired-bootstrap" else "wilson",
+            **({"nms": report.settings.get("nms")} if metric in ("map", "map50") else {}),
+            **{f"{k}_ci": _listed(v) for k, v in entry.accuracy_ci.items()},
+            "baseline": report.baseline, "drop": entry.accuracy_drop,
+            "drop_ci": _listed(paired.drop_ci) if paired is not None else None,
+            "eval_batch": entry.eval_batch or report.settings.get("eval_batch", 64),
+            # where the model came from outside the run: what the test split's independence rests on
+            "test_independence": data.test_independence.written() if data.test_independence else None,
+            # the answers at the batch the serving section recommends, where the runtime's answers depend on it
+            "at_serving_batch": entry.accuracy_at_serving_batch}
+
+
+def latency_of(report: Report, entry: Entry) -> dict:
+    """The released file's closed-loop latency as recorded (a percentile the bench did not record stays absent),
+    with the runner and the machine it was measured on."""
+    figures = entry.latency_ms.written()  # by the report's names: p99.9
+    return {"batch_size": report.settings.get("batch_size", 1),
+            **{k: figures[k] for k in LATENCY_KEYS if k in figures},
+            **{k: figures[k] for k in LATENCY_INTERVALS if k in figures},
+            "samples": entry.latency_ms.n, "throughput_per_s": entry.throughput, "runner": entry.runner,
+            "environment": report.environment.written()}
+
+
+def runtime_of(entry: Entry, environment: Environment) -> dict:
     """The runtime the gate released the file on, with its version: the same bytes run faster or slower, and can
     answer differently, in another runtime, so the card's figures hold for this one."""
-    runner = entry.get("runner") or {}
-    backend = entry.get("backend") or runner.get("backend")
-    version = (runner.get("version") or (environment.get("packages") or {}).get(backend)
-               or (environment.get(backend) or {}).get("version"))  # a runtime the environment describes apart
+    runner = entry.runner
+    backend = entry.backend or runner.get("backend")
+    described = getattr(environment, backend, None) if backend else None  # a runtime the environment describes apart
+    version = (runner.get("version") or environment.packages.get(backend)
+               or (described.get("version") if isinstance(described, dict) else None))
     settings = {k: runner[k] for k in ("device", "threads", "providers", "hint", "inference_precision") if runner.get(k)}
     if runner.get("threads_used"):  # what OpenVINO actually ran with, which its hint may lower
         settings["threads"] = runner["threads_used"]
     return {"name": backend, "version": version, **settings}
 
 
-def serving_of(entry: dict) -> dict | None:
+def serving_of(entry: Entry) -> dict | None:
     """How the released file should be served, from the bench's traffic measurement: the scenario the gate read
     (and its figures), and the serving configuration that carried the most traffic within the budget."""
-    traffic = entry.get("traffic")
-    if not traffic:
+    traffic = entry.traffic
+    if traffic is None:
         return None
-    run, best = traffic.get("at_target"), (traffic.get("sweep") or {}).get("best")
-    return {"scenario": traffic.get("scenario"), "target_qps": traffic.get("target_qps"),
-            "at_target": None if not run else {
-                "serving": run.get("serving"), "p50_ms": (run.get("latency_ms") or {}).get("p50"),
-                "p99_ms": (run.get("latency_ms") or {}).get("p99"), "p99_ci": run.get("p99_ci"),
-                "loadgen_valid": run["loadgen"]["valid"], "queue_mean_ms": (run.get("queue_ms") or {}).get("mean"),
-                "model_mean_ms": (run.get("compute_ms") or {}).get("mean")},
-            "best_configuration": None if not best else {"serving": best["serving"], "label": best["label"],
-                                                         "capacity_qps": best["capacity"]["qps"],
-                                                         "capacity_ci": best["capacity"]["ci"]}}
+    run, best = traffic.at_target, traffic.sweep.best if traffic.sweep is not None else None
+    return {"scenario": traffic.scenario, "target_qps": traffic.target_qps,
+            "at_target": None if run is None else _at_target(run),
+            "best_configuration": None if best is None else {
+                "serving": best.serving.written(), "label": best.label, "capacity_qps": best.capacity.qps,
+                "capacity_ci": _listed(best.capacity.ci)}}
+
+
+def _at_target(run: ServerRun) -> dict:
+    """The server run at the pipeline's arrival rate, as the card states it."""
+    return {"serving": run.serving.written() if run.serving else None, "p50_ms": run.latency("p50"),
+            "p99_ms": run.latency("p99"), "p99_ci": _listed(run.p99_ci),
+            "loadgen_valid": run.loadgen.valid if run.loadgen is not None else None, "queue_mean_ms": (run.queue_ms or {}).get("mean"), "model_mean_ms": (run.compute_ms or {}).get("mean")}
+
+
+def _listed(interval: Interval | tuple | None) -> list | None:
+    """An interval as the card's JSON holds it (the model reads it as a tuple)."""
+    return None if interval is None else list(interval)
 
 
 def _serving_lines(serving: dict | None) -> list[str]:

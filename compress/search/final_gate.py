@@ -19,11 +19,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from serve_bench.limits import Limits
-from serve_bench.gate import carried_load, evaluate, server_run
+from serve_bench.gate import carried_load, evaluate
+from serve_bench.report_model import Entry
 from serve_bench.stats.latency_intervals import BlockedSamples, block_bootstrap_ci
 from serve_bench.load.steady_state import LEVEL as STEADY_LEVEL
 from serve_bench.load.steady_state import upper_at
-from serve_bench.stats.paired import LEVEL, counts_of, drop_interval
+from serve_bench.stats.paired import LEVEL, PairedCounts, drop_interval
 
 BONFERRONI, NO_CORRECTION = "bonferroni", "none"
 
@@ -60,38 +61,45 @@ def correction_for(finalists: int, decision: str) -> Correction:
     return Correction(NO_CORRECTION, finalists, LEVEL)
 
 
-def p99_ratio(entry: dict) -> float:
+def p99_ratio(entry: Entry) -> float:
     """The entry's p99 over the baseline's in the same bench (its own p99 where it is the baseline)."""
-    ratio = (entry.get("latency_ratio") or {}).get("p99")
-    return ratio["ratio"] if ratio else 1.0
+    return entry.latency_ratio.p99.ratio if entry.latency_ratio is not None else 1.0
 
 
-def _objective_key(entry: dict, objective: str) -> tuple[float, float]:
-    drop = entry.get("accuracy_drop")
-    drop = 0.0 if drop is None else drop
+def _objective_key(entry: Entry, objective: str) -> tuple[float, float]:
+    drop = 0.0 if entry.accuracy_drop is None else entry.accuracy_drop
     if objective == "most_traffic_within_budget":
         return -(carried_load(entry) or 0.0), drop
     return (drop, p99_ratio(entry)) if objective == "most_accurate_within_budget" else (p99_ratio(entry), drop)
 
 
-def _corrected_problems(entry: dict, limits: Limits, correction: Correction, meaningful: bool,
+def _counts(entry: Entry) -> PairedCounts | None:
+    """The entry's per-image agreement with the baseline, where it was paired."""
+    paired = entry.accuracy_paired
+    if paired is None or paired.n is None or paired.baseline_only is None or paired.artifact_only is None:
+        return None
+    return PairedCounts(paired.n, paired.baseline_only, paired.artifact_only)
+
+
+def _corrected_problems(entry: Entry, limits: Limits, correction: Correction, meaningful: bool,
                         blocked: BlockedSamples | None) -> list[str]:
     problems = []
-    paired = entry.get("accuracy_paired") or {}
-    if meaningful and {"n", "baseline_only", "artifact_only"} <= set(paired):
-        upper = drop_interval(counts_of(paired), correction.level)[1]
+    counts = _counts(entry)
+    if meaningful and counts is not None:
+        upper = drop_interval(counts, correction.level)[1]
         if upper > limits.max_drop:
-            problems.append(f"accuracy drop {entry.get('accuracy_drop'):.2f} points, {100 * correction.level:.2f}% "
+            problems.append(f"accuracy drop {entry.accuracy_drop:.2f} points, {100 * correction.level:.2f}% "
                             f"upper bound {upper:.2f} ({correction.method} over {correction.finalists} finalists) > "
                             f"red line {limits.max_drop:g}")
-    run = server_run(entry)
-    if limits.p99_budget_ms is not None and run is not None and run.get("steady_state"):
+    run = entry.server_run()
+    if limits.p99_budget_ms is not None and run is not None and run.steady_state is not None:
         # the p99 at the pipeline's traffic: its interval is at the steady-state level (99%), corrected the same way
         level = 1 - (1 - STEADY_LEVEL) / correction.finalists
-        upper = upper_at(run["steady_state"], correction.finalists)
+        # upper_at reads the record as written (its tail and standard error are facts the model keeps untyped)
+        upper = upper_at(run.steady_state.model_dump(exclude_unset=True), correction.finalists)
         if upper is None or upper > limits.p99_budget_ms:
             said = "unknown" if upper is None else f"{upper:.3f} ms"
-            problems.append(f"p99 at {run['offered_qps']:,.1f}/s: {100 * level:.2f}% upper bound {said} "
+            problems.append(f"p99 at {run.offered_qps:,.1f}/s: {100 * level:.2f}% upper bound {said} "
                             f"({correction.method} over {correction.finalists} finalists) > budget "
                             f"{limits.p99_budget_ms:g} ms")
     elif limits.p99_budget_ms is not None and blocked is not None and run is None:
@@ -102,7 +110,7 @@ def _corrected_problems(entry: dict, limits: Limits, correction: Correction, mea
     return problems
 
 
-def judge_finalists(finalists: list[dict], limits: Limits, meaningful: bool = True,
+def judge_finalists(finalists: list[Entry], limits: Limits, meaningful: bool = True,
                     blocked: dict[str, BlockedSamples] | None = None, objective: str = "fastest_within_red_line") -> dict:
     """The gate over the finalists' test-split entries (measured in one bench against the baseline).
 
@@ -115,21 +123,21 @@ def judge_finalists(finalists: list[dict], limits: Limits, meaningful: bool = Tr
     passing, reasons, notes, verdicts = [], [], [], {}
     for entry in finalists:
         verdict = evaluate([entry], limits, accuracy_meaningful=meaningful)
-        problems = [r.split(": ", 1)[1] for r in verdict["reasons"] if r.startswith(f"{entry['name']}: ")]
+        problems = [r.split(": ", 1)[1] for r in verdict["reasons"] if r.startswith(f"{entry.name}: ")]
         if verdict["passed"] and correction.method == BONFERRONI:
-            problems += _corrected_problems(entry, limits, correction, meaningful, (blocked or {}).get(entry["name"]))
+            problems += _corrected_problems(entry, limits, correction, meaningful, (blocked or {}).get(entry.name))
         notes += [n for n in verdict["notes"] if n not in notes]
-        if correction.method == BONFERRONI and server_run(entry) is not None \
-                and not server_run(entry).get("steady_state"):
+        run = entry.server_run()
+        if correction.method == BONFERRONI and run is not None and run.steady_state is None:
             note = ("the p99 at the pipeline's traffic (server scenario) is judged at 95%, not at the corrected "
                     "level: this report predates the steady-state record a corrected interval is read from")
             notes += [note] if note not in notes else []
-        verdicts[entry["name"]] = {"passed": not problems, "problems": problems}
+        verdicts[entry.name] = {"passed": not problems, "problems": problems}
         if problems:
-            reasons.append(f"{entry['name']}: " + "; ".join(problems))
+            reasons.append(f"{entry.name}: " + "; ".join(problems))
         else:
             passing.append(entry)
-    release = min(passing, key=lambda e: _objective_key(e, objective))["name"] if passing else None
+    release = min(passing, key=lambda e: _objective_key(e, objective)).name if passing else None
     if release is None:
         reasons.insert(0, "no finalist meets the limits" + (" at the corrected level" if correction.method ==
                                                             BONFERRONI else ""))

@@ -17,10 +17,11 @@ import yaml
 
 from compress.search.contenders import HAND_SET, TRIAL, Contender
 from compress.search.final_gate import judge_finalists
-from compress.search.objective import best_first
+from compress.search.objective import best_first, listed
 from compress.search.search_report import REPORT_DIR, write_search_report
-from compress.search.split_bench import entry_of, measure_split, still_stands
+from compress.search.split_bench import entry_of, measure_split, read_split_report, still_stands
 from serve_bench.gate import evaluate
+from serve_bench.report_model import Entry
 from serve_bench.stats.latency_intervals import paired_ratio
 from serve_bench.report.files import load_blocked
 from train.atomic_io import atomic_write_text
@@ -42,22 +43,23 @@ def ranked(study, objective: str) -> list:
     return [measured[n] for n in order]
 
 
-def _entry_summary(entry: dict) -> dict:
-    lat, paired = entry["latency_ms"], entry.get("accuracy_paired") or {}
-    return {"name": entry["name"], "contender": entry.get("contender"), "run": entry.get("run"),
-            "artifact": entry.get("run_artifact"), "macs": entry.get("macs"), "size_bytes": entry.get("size_bytes"),
-            "accuracy": entry.get("accuracy"), "accuracy_ci": entry.get("accuracy_ci"),
-            "drop": entry.get("accuracy_drop"), "drop_ci": paired.get("drop_ci"),
-            "p50": lat.get("p50"), "p50_ci": lat.get("p50_ci_blocks"), "p99": lat.get("p99"),
-            "p99_ci": lat.get("p99_ci_blocks"), "latency_ratio": entry.get("latency_ratio")}
+def _entry_summary(entry: Entry) -> dict:
+    """An entry of the final bench as the search's record keeps it (its intervals and ratios as written)."""
+    lat, paired = entry.latency_ms, entry.accuracy_paired
+    ratio = entry.latency_ratio
+    return {"name": entry.name, "contender": entry.contender, "run": entry.run,
+            "artifact": entry.run_artifact, "macs": entry.macs, "size_bytes": entry.size_bytes,
+            "accuracy": entry.accuracy, "accuracy_ci": {k: listed(v) for k, v in entry.accuracy_ci.items()},
+            "drop": entry.accuracy_drop, "drop_ci": listed(paired.drop_ci if paired is not None else None),
+            "p50": lat.p50, "p50_ci": listed(lat.p50_ci_blocks), "p99": lat.p99,
+            "p99_ci": listed(lat.p99_ci_blocks),
+            "latency_ratio": ratio.model_dump(mode="json", exclude_unset=True) if ratio is not None else None}
 
 
 def contenders_for(search, best: list, reference: dict) -> list[Contender]:
     """The baseline, the hand-set result and every finalist, each from its own run directory."""
     ref_dir = str(search.dir / "reference")
-    ref_report = json.loads(Path(reference["report"]).read_text())
-    baseline = Contender.from_dict(next(e for e in ref_report["artifacts"]
-                                        if e["name"] == ref_report["baseline"])["contender"])
+    baseline = Contender.from_dict(read_split_report(Path(reference["report"])).reference_entry().contender)
     hand_set = reference["outcome"]
     return [baseline, Contender(HAND_SET, hand_set["candidate"], ref_dir, runtime=hand_set.get("runtime"))] + [
         Contender(TRIAL, t.user_attrs["outcome"]["candidate"], str(search.dir / t.user_attrs["dir"]), trial=t.number,
@@ -74,20 +76,20 @@ def final_bench(search, best: list, reference: dict) -> dict:
     report = measure_split(contenders, search.plan.base, limits, "test", out)
     hand_set = entry_of(report, contenders[1])
     finalists = [entry_of(report, c) for c in contenders[2:]]
-    meaningful = (report.get("data") or {}).get("meaningful_accuracy", True)
+    meaningful = report.data.meaningful_accuracy
     latencies = load_blocked(out)
     decided = judge_finalists(finalists, limits, meaningful, latencies, search.settings.objective)
     hand_set_gate = evaluate([hand_set], limits, accuracy_meaningful=meaningful)
-    chosen = next((Contender.from_dict(e["contender"]) for e in finalists if e["name"] == decided["release"]), None)
+    chosen = next((Contender.from_dict(e.contender) for e in finalists if e.name == decided["release"]), None)
     result = {"folder": out.name, "split": "test", "limits": limits.as_dict(), "decision": limits.decision,
               "max_drop": limits.max_drop, "p99_budget_ms": limits.p99_budget_ms, "metric": limits.metric,
               "finalists": [t.number for t in best], "contenders": [c.as_dict() for c in contenders],
-              "entries": [_entry_summary(e) for e in report["artifacts"]], "gate": decided,
+              "entries": [_entry_summary(e) for e in report.artifacts], "gate": decided,
               "hand_set_passes": hand_set_gate["passed"], "chosen": chosen.as_dict() if chosen else None,
-              "flags": report.get("flags", [])}
+              "flags": list(report.flags)}
     if chosen is not None:
         result["chosen_vs_hand_set"] = {
-            q: paired_ratio(latencies[chosen.name], latencies[hand_set["name"]], p).as_dict()
+            q: paired_ratio(latencies[chosen.name], latencies[hand_set.name], p).as_dict()
             for q, p in (("p50", 50.0), ("p99", 99.0))}
     return result
 

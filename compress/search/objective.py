@@ -22,27 +22,36 @@ learn where the line runs.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from serve_bench.limits import Limits
 from compress.search.contenders import BASELINE
 from compress.search.final_gate import p99_ratio
-from serve_bench.gate import carried_load, evaluate, server_run
+from serve_bench.gate import carried_load, evaluate
+from serve_bench.report_model import Entry, Report
 
 FASTEST, MOST_ACCURATE, MOST_TRAFFIC = ("fastest_within_red_line", "most_accurate_within_budget",
                                        "most_traffic_within_budget")
 CHOOSING_RULE = "point"  # how a trial is judged on the validation split: a choice, certified later on test
 
 
-def _bounded(entry: dict, decision: str) -> tuple[float | None, float | None]:
+def _bounded(entry: Entry, decision: str) -> tuple[float | None, float | None]:
     """(drop, p99) as the rule judges them: upper bounds under `confident`, estimates under `point`; the p99 the
     gate reads: at the pipeline's traffic under the server scenario, else closed loop."""
-    run = server_run(entry)
-    drop, p99 = entry.get("accuracy_drop"), ((run or entry).get("latency_ms") or {}).get("p99")
+    run = entry.server_run()
+    drop = entry.accuracy_drop
+    p99 = run.latency("p99") if run is not None else entry.latency_ms.p99
     if decision == "confident":
-        drop_ci = (entry.get("accuracy_paired") or {}).get("drop_ci")
-        p99_ci = run.get("p99_ci") if run else (entry.get("latency_ms") or {}).get("p99_ci_blocks")
+        drop_ci = entry.accuracy_paired.drop_ci if entry.accuracy_paired is not None else None
+        p99_ci = run.p99_ci if run is not None else entry.latency_ms.p99_ci_blocks
         drop = drop_ci[1] if drop_ci else drop
         p99 = p99_ci[1] if p99_ci else p99
     return drop, p99
+
+
+def listed(interval: Sequence[float] | None) -> list[float] | None:
+    """An interval as the search's records hold it (a JSON list, as the report had it), or None."""
+    return None if interval is None else list(interval)
 
 
 def constraints(limits: Limits, drop: float | None, p99_ms: float | None, meaningful: bool = True) -> list[float]:
@@ -58,36 +67,46 @@ def _on_split(reason: str, split: str) -> str:
     return reason.replace("test set", "validation set").replace("test images", "validation images")
 
 
-def outcome_of(report: dict) -> dict:
+def _limits_of(report: Report) -> Limits:
+    """The limits a split bench was keyed on and judged under (every split bench report records them)."""
+    if report.limits is None:
+        raise ValueError("not a split bench report: it records no limits")
+    return report.limits.limits()
+
+
+def outcome_of(report: Report) -> dict:
     """The trial's candidate and its figures, from its split bench report."""
-    limits = Limits.from_dict(report["limits"])
-    meaningful = (report.get("data") or {}).get("meaningful_accuracy", True)
-    others = [e for e in report["artifacts"] if e["name"] != report["baseline"]
-              and (e.get("contender") or {}).get("role") != BASELINE]  # the reference on any runtime
+    limits = _limits_of(report)
+    meaningful = report.data.meaningful_accuracy
+    others = [e for e in report.artifacts if e.name != report.baseline
+              and (e.contender or {}).get("role") != BASELINE]  # the reference on any runtime
     if not others:
         return {"candidate": None, "feasible": False, "why": "the bench measured nothing but the baseline"}
-    split = report.get("split", "test")
+    split = report.split or "test"
     rule = CHOOSING_RULE if split == "val" else limits.decision
     judged = evaluate(others, limits.replace(decision=rule), accuracy_meaningful=meaningful)
-    chosen = next((e for e in others if e["name"] == judged["release"]), None)
-    entry = chosen or min(others, key=p99_ratio)
-    lat, ratio = entry["latency_ms"], (entry.get("latency_ratio") or {}).get("p99") or {}
+    chosen = next((e for e in others if e.name == judged["release"]), None)
+    entry = chosen if chosen is not None else min(others, key=p99_ratio)
+    lat = entry.latency_ms
+    ratio = entry.latency_ratio.p99 if entry.latency_ratio is not None else None
+    paired = entry.accuracy_paired
     drop_used, p99_used = _bounded(entry, rule)
     metric = limits.metric
     return {
-        "candidate": entry["contender"]["artifact"] if "contender" in entry else entry["name"],
+        "candidate": entry.contender["artifact"] if entry.contender is not None else entry.name,
         # the runtime it was scored on: the final bench measures the finalist there, as its gate would ship it
-        "runtime": (entry.get("contender") or {}).get("runtime"),
-        "split": report.get("split", "test"), "feasible": chosen is not None,
-        "why": None if chosen else _on_split(next((r for r in judged["reasons"] if r.startswith(f"{entry['name']}:")),
-                                                  judged["reasons"][0]), report.get("split", "test")),
+        "runtime": (entry.contender or {}).get("runtime"),
+        "split": split, "feasible": chosen is not None,
+        "why": None if chosen is not None else _on_split(next(
+            (r for r in judged["reasons"] if r.startswith(f"{entry.name}:")), judged["reasons"][0]), split),
         "decision": rule, "max_drop": limits.max_drop, "p99_budget_ms": limits.p99_budget_ms,
-        "macs": entry.get("macs"), "params": entry.get("params"), "size_bytes": entry.get("size_bytes"),
-        "metric": metric, "accuracy": (entry.get("accuracy") or {}).get(metric),
-        "accuracy_ci": (entry.get("accuracy_ci") or {}).get(metric),
-        "drop": entry.get("accuracy_drop"), "drop_ci": (entry.get("accuracy_paired") or {}).get("drop_ci"),
-        "p50": lat.get("p50"), "p50_ci": lat.get("p50_ci_blocks"), "p99": lat.get("p99"),
-        "p99_ci": lat.get("p99_ci_blocks"), "p99_ratio": ratio.get("ratio"), "p99_ratio_ci": ratio.get("ci"),
+        "macs": entry.macs, "params": entry.params, "size_bytes": entry.size_bytes,
+        "metric": metric, "accuracy": entry.accuracy.get(metric),
+        "accuracy_ci": listed(entry.accuracy_ci.get(metric)),
+        "drop": entry.accuracy_drop, "drop_ci": listed(paired.drop_ci if paired is not None else None),
+        "p50": lat.p50, "p50_ci": listed(lat.p50_ci_blocks), "p99": lat.p99,
+        "p99_ci": listed(lat.p99_ci_blocks), "p99_ratio": ratio.ratio if ratio is not None else None,
+        "p99_ratio_ci": listed(ratio.ci) if ratio is not None else None,
         "constraints": constraints(limits, drop_used, p99_used, meaningful),
         "carried_qps": carried_load(entry),  # with a traffic sweep: its best serving configuration's capacity
     }

@@ -16,6 +16,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from compress.pipeline.fingerprint import environment  # noqa: E402
 from compress.search.objective import candidate_name  # noqa: E402
+from compress.search.split_bench import read_split_report  # noqa: E402
 from serve_bench.report.plots import pareto_front, to_png  # noqa: E402
 from train.atomic_io import atomic_dir  # noqa: E402
 
@@ -207,10 +208,9 @@ def write_search_report(search, study, optuna, reference: dict, final: dict | No
     counts: dict[str, int] = {}
     for t in trials:
         counts[t["status"]] = counts.get(t["status"], 0) + 1
-    ref_report = json.loads(Path(reference["report"]).read_text())  # the reference run's validation bench
-    baseline = next(e for e in ref_report["artifacts"] if e["name"] == ref_report["baseline"])
+    baseline = read_split_report(Path(reference["report"])).reference_entry()  # the reference run's validation bench
     limits = search.limits
-    base_acc = (baseline.get("accuracy") or {}).get(limits.metric)
+    base_acc = baseline.accuracy.get(limits.metric)
     report = {"format": "compress-search/2", "name": s.name, "search_file": str(search.plan.path),
               "pipeline": str(search.plan.base_path), "objective": s.objective, "sampler": s.sampler,
               "space": s.space_dict(), "scored_on": "validation split; the final bench on the test split",

@@ -34,7 +34,7 @@ from compress.stages.provenance import test_independence
 from compress.stages.runtime_choice import onnx_runtimes
 from serve_bench.bench import BenchSettings, TestSet
 from serve_bench.report.files import REPORT_JSON, save_samples, write_report
-from serve_bench.report.model import checked
+from serve_bench.report_model import Entry, Report, checked, read
 from train.atomic_io import atomic_dir
 from train.data import BatchStream, DataBundle
 
@@ -112,12 +112,19 @@ def _key(inputs: list[InputArtifact], contenders: list[Contender], cfg: BenchCon
     return hashlib.sha256(json.dumps(material, sort_keys=True, default=str).encode()).hexdigest()
 
 
-def measured_before(out: Path, key: str) -> dict | None:
+def read_split_report(path: Path) -> Report:
+    """A split bench's report.json read as the report model (``ReportVersionError``, a ``ValueError``, where it
+    does not fit)."""
+    return read(json.loads(path.read_text()), str(path))
+
+
+def measured_before(out: Path, key: str) -> Report | None:
+    """The report in ``out`` where it stands for ``key``; one that is unreadable or does not fit the model does not."""
     try:
-        report = json.loads((out / REPORT_JSON).read_text())
+        report = read_split_report(out / REPORT_JSON)
     except (OSError, ValueError):
         return None
-    return report if report.get("key") == key else None
+    return report if report.key == key else None
 
 
 def _prepare(contenders: list[Contender], pipeline: Pipeline, limits: Limits, split: str) -> tuple:
@@ -143,10 +150,11 @@ def still_stands(contenders: list[Contender], pipeline: Pipeline, limits: Limits
 
 
 def measure_split(contenders: list[Contender], pipeline: Pipeline, limits: Limits, split: str, out: Path,
-                  reuse: bool = False) -> dict:
+                  reuse: bool = False) -> Report:
     """Measure ``contenders`` (the first is the baseline) on ``split`` of ``pipeline``'s data, with its bench
-    stage's protocol, judged under ``limits``; the report is written to ``out`` and returned. ``reuse``: a
-    report already in ``out`` for the same files, protocol, images, limits and machine stands."""
+    stage's protocol, judged under ``limits``; the report is written to ``out`` and returned as it reads back
+    from there (a fresh report and a cached one are the same model). ``reuse``: a report already in ``out`` for
+    the same files, protocol, images, limits and machine stands."""
     data, images, cfg, inputs, key = _prepare(contenders, pipeline, limits, split)
     if reuse and (cached := measured_before(out, key)) is not None:
         return cached
@@ -186,15 +194,14 @@ def measure_split(contenders: list[Contender], pipeline: Pipeline, limits: Limit
         if split == "test":
             write_report(folder, report, result.latencies, result.predictions)
         else:  # the figures a trial is scored by; the readable report of a search is the search report
-            report = checked(report)
-            (folder / REPORT_JSON).write_text(json.dumps(report, indent=2, default=str) + "\n")
+            (folder / REPORT_JSON).write_text(json.dumps(checked(report), indent=2, default=str) + "\n")
             save_samples(folder, result.latencies)
-    return report
+    return read_split_report(out / REPORT_JSON)
 
 
-def entry_of(report: dict, contender: Contender) -> dict:
+def entry_of(report: Report, contender: Contender) -> Entry:
     """A contender's entry in a split bench report, found by its identity (never by parsing a name)."""
-    for entry in report["artifacts"]:
-        if Contender.from_dict(entry["contender"]) == contender:
+    for entry in report.artifacts:
+        if entry.contender is not None and Contender.from_dict(entry.contender) == contender:
             return entry
     raise KeyError(f"{contender.name} was not measured in this bench")

@@ -30,6 +30,7 @@ from compress.search.objective import outcome_of
 from compress.search.split_bench import VALIDATION_BENCH, baseline_of, deployables, measure_split
 from compress.search.trial_dirs import seed_trial
 from serve_bench.report.files import REPORT_JSON
+from serve_bench.report_model import Report
 
 LOG_FILE = "log.txt"
 
@@ -139,7 +140,7 @@ def contenders_of(spec: TrialSpec, pipeline: Pipeline) -> list[Contender]:
         made_here(name) for name in deployables(pipeline) if name != baseline and name in manifest.artifacts]
 
 
-def validation_bench(spec: TrialSpec, pipeline: Pipeline) -> tuple[dict, Path]:
+def validation_bench(spec: TrialSpec, pipeline: Pipeline) -> tuple[Report, Path]:
     """The run's validation bench (a cached one stands where nothing it measured changed)."""
     out = Path(spec.run_dir) / VALIDATION_BENCH
     report = measure_split(contenders_of(spec, pipeline), pipeline, Limits.from_dict(spec.limits), "val", out, reuse=True)

@@ -27,6 +27,7 @@ from serve_bench.gate import evaluate, quantized_not_faster
 from serve_bench.latency.harness import HarnessSettings, short_of_floors_flag
 from serve_bench.stats.latency_intervals import too_few_blocks
 from serve_bench.limits import Limits
+from serve_bench import report_model
 from serve_bench.latency.machine_load import busy_machine_flag
 from serve_bench.report.profile import profile_failures, unfused_qdq_flags
 from serve_bench.report.files import test_set_facts
@@ -164,8 +165,9 @@ def measure_and_judge(specs: list[ArtifactSpec], baseline: str, test: TestSet, s
     result = run_benchmark(specs, baseline, test, settings, own_tests=own_tests, say=say)
     for entry in result.entries:
         entry["path"] = run_relative(entry["path"], run_dir_of(entry))
-    gate = evaluate(result.entries, settings.limits, accuracy_meaningful=meaningful)
-    gate["notes"] += profile_failures(result.entries)
+    entries = report_model.entries(result.entries)
+    gate = evaluate(entries, settings.limits, accuracy_meaningful=meaningful)
+    gate["notes"] += profile_failures(entries)
     gate["notes"] += [n for n in (runtime_choice_note(result.entries, gate["release"]),) if n]
     report = {"baseline": baseline, "metric": settings.limits.metric, "artifacts": result.entries, "gate": gate,
               "flags": flags_of(result, environment, independence, test, class_names, settings.limits),
@@ -177,12 +179,12 @@ def measure_and_judge(specs: list[ArtifactSpec], baseline: str, test: TestSet, s
 def flags_of(result: BenchResult, environment: dict, independence: dict | None, test: TestSet,
              class_names: list[str] | None = None, limits: Limits | None = None) -> list[str]:
     """Every flag a judged measurement can raise, in one list: what a reader must know before trusting a figure."""
-    entries = result.entries
+    entries, judged = result.entries, report_model.entries(result.entries)
     flags = [f"{name}: {why}" for name, why in result.unpaired.items()]
-    flags += quantized_not_faster(entries, environment.get("isa"))
+    flags += quantized_not_faster(judged, environment.get("isa"))
     flags += [f for f in (too_few_blocks(entries), short_of_floors_flag(entries), busy_machine_flag(entries),
                           independence_flag(independence)) if f]
-    flags += unfused_qdq_flags(entries)
+    flags += unfused_qdq_flags(judged)
     if test.targets is not None and class_names is not None:
         flags += [f for f in (thin_classes(test.targets, class_names),) if f]
     if limits is not None:
@@ -209,15 +211,16 @@ CONSOLE_COLUMNS = ("artifact", "% [95% CI]", "drop points [95% CI]", "p50 ms", "
                    "speed-up p99 [CI]")
 
 
-def summary_table(report: dict) -> Table:
+def summary_table(report: dict | report_model.Report) -> Table:
     """The report's main table, the columns the gate decides on."""
+    report = report_model.model_of(report)
     head, rows = main_table(report)
     keep = [i for i, h in enumerate(head) if any(h.endswith(c) for c in CONSOLE_COLUMNS)]
-    gate = report["gate"]
-    table = Table(title=f"benchmark — gate {'passed' if gate['passed'] else 'FAILED'} "
-                        f"({gate.get('decision', 'point')}), release {gate['release']}")
+    gate = report.gate
+    table = Table(title=f"benchmark — gate {'passed' if gate.passed else 'FAILED'} "
+                        f"({gate.decision}), release {gate.release}")
     for i in keep:
         table.add_column(head[i], justify="left" if head[i] in ("artifact", "backend") else "right")
     for row in rows:
-        table.add_row(*(row[i] for i in keep), style="bold green" if row[0] == gate["release"] else None)
+        table.add_row(*(row[i] for i in keep), style="bold green" if row[0] == gate.release else None)
     return table

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from serve_bench.report import plots
-from serve_bench.report import model as report_model
+from serve_bench import report_model
 from serve_bench.report import tables
 from serve_bench.report import traffic as traffic_report
 from serve_bench.stats.latency_intervals import BlockedSamples
@@ -65,29 +65,32 @@ def test_set_facts(name: str, test, meaningful_accuracy: bool) -> dict:
     return facts
 
 
-def _budget(gate: dict) -> str:
-    budget = gate["limits"]["p99_budget_ms"]
+def _budget(gate: report_model.Gate) -> str:
+    budget = gate.limits.p99_budget_ms
     return "no p99 budget" if budget is None else f"p99 budget {budget} ms"
 
 
-def environment_line(env: dict) -> str:
-    """The machine behind the figures, in one line: CPU, cores, instruction set, runtimes, GPU."""
-    isa, ort = env.get("isa") or {}, env.get("onnxruntime") or {}
+def environment_line(env: report_model.Environment | dict) -> str:
+    """The machine behind the figures, in one line: CPU, cores, instruction set, runtimes, GPU. A dict (an
+    environment not read from a report, e.g. a run's fingerprint) is read as the model first."""
+    if not isinstance(env, report_model.Environment):
+        env = report_model.Environment.model_validate(env)
+    isa, ort = env.isa or {}, env.onnxruntime or {}
     cores = (f"{isa['physical_cores']} physical cores" if isa.get("physical_cores") else
-             f"{env.get('cpu_count', '?')} CPUs")
+             f"{traffic_report.given(env, 'cpu_count', '?')} CPUs")
     runtime = (f"onnxruntime {ort.get('version')} ({', '.join(ort.get('providers', []))})" if ort
                else "onnxruntime not recorded")
-    gpu = (env.get("gpu") or {}).get("name", "none")
-    return (f"{env.get('cpu', '?')}, {cores}; instruction set: {env.get('isa_summary') or 'not recorded'}"
+    gpu = (env.gpu or {}).get("name", "none")
+    return (f"{traffic_report.given(env, 'cpu', '?')}, {cores}; instruction set: {env.isa_summary or 'not recorded'}"
             + (f"; int8 dot product: {isa['int8_dot_product']}" if isa.get("int8_dot_product") else "")
-            + f"; torch {env.get('packages', {}).get('torch', '?')}; {runtime}; GPU: {gpu}")
+            + f"; torch {env.packages.get('torch', '?')}; {runtime}; GPU: {gpu}")
 
 
-def _gate_line(gate: dict, metric: str, baseline: str) -> str:
-    rule = gate.get("decision", "point")
+def _gate_line(gate: report_model.Gate, metric: str, baseline: str) -> str:
+    rule = gate.decision
     rule_words = ("95% upper bounds within the limits" if rule == "confident" else "point estimates")
-    return (f"release candidate: `{gate['release'] or 'none'}` ({_budget(gate)}, max {metric} drop "
-            f"{gate['limits']['max_drop']} points vs `{baseline}`; decision: {rule}, on {rule_words})")
+    return (f"release candidate: `{gate.release or 'none'}` ({_budget(gate)}, max {metric} drop "
+            f"{gate.limits.max_drop} points vs `{baseline}`; decision: {rule}, on {rule_words})")
 
 
 def _md_table(table: tables.Table) -> list[str]:
@@ -96,22 +99,22 @@ def _md_table(table: tables.Table) -> list[str]:
             + ["| " + " | ".join(row) + " |" for row in rows])
 
 
-def render_markdown(report: dict) -> str:
-    gate, metric = report["gate"], report.get("metric", "top1")
-    lines = [f"# Release report: {report.get('pipeline', '')}", "",
-             f"**Gate: {'PASSED' if gate['passed'] else 'FAILED'}** — {_gate_line(gate, metric, report['baseline'])}",
-             "", f"Measured on: {environment_line(report.get('environment', {}))}", ""]
-    if gate.get("notes"):
-        lines += [f"> note: {note}" for note in gate["notes"]] + [""]
-    if gate["reasons"]:
-        lines += [f"- {reason}" for reason in gate["reasons"]] + [""]
+def render_markdown(report: report_model.Report) -> str:
+    gate, metric = report.gate, report.metric
+    lines = [f"# Release report: {report.pipeline}", "",
+             f"**Gate: {'PASSED' if gate.passed else 'FAILED'}** — {_gate_line(gate, metric, report.baseline)}",
+             "", f"Measured on: {environment_line(report.environment)}", ""]
+    if gate.notes:
+        lines += [f"> note: {note}" for note in gate.notes] + [""]
+    if gate.reasons:
+        lines += [f"- {reason}" for reason in gate.reasons] + [""]
     lines += _md_table(tables.main_table(report))
-    if report.get("flags"):
-        lines += ["", "**Flags**", ""] + [f"- ⚠ {flag}" for flag in report["flags"]]
+    if report.flags:
+        lines += ["", "**Flags**", ""] + [f"- ⚠ {flag}" for flag in report.flags]
     notes = {**traffic_report.section_notes(report), "Same file, another runtime": tables.RUNTIME_NOTE}
     for title, table in tables.sections(report):
         lines += ["", f"## {title}", ""] + _md_table(table) + (["", notes[title]] if title in notes else [])
-    lines += ["", intervals_note(report), "", f"Settings: {json.dumps(report.get('settings', {}))}.", ""]
+    lines += ["", intervals_note(report), "", f"Settings: {json.dumps(report.settings)}.", ""]
     return "\n".join(lines)
 
 
@@ -124,8 +127,8 @@ DETECTION_INTERVALS_NOTE = ("Intervals are 95%: mAP and its drop are percentile 
                             "over the rounds both artifacts were measured in. Every request ends after NMS.")
 
 
-def intervals_note(report: dict) -> str:
-    return DETECTION_INTERVALS_NOTE if str(report.get("metric", "")).startswith("map") else INTERVALS_NOTE
+def intervals_note(report: report_model.Report) -> str:
+    return DETECTION_INTERVALS_NOTE if report.metric.startswith("map") else INTERVALS_NOTE
 
 
 def _img(png: bytes, alt: str) -> str:
@@ -141,21 +144,21 @@ def _html_table(table: tables.Table, release: str | None = None) -> str:
             + f"</tr></thead><tbody>{body}</tbody></table>")
 
 
-def render_html(report: dict, figures: dict[str, bytes]) -> str:
-    gate, metric = report["gate"], report.get("metric", "top1")
-    reasons = "".join(f"<li class=\"flag\">note: {html.escape(n)}</li>" for n in gate.get("notes", [])) + \
-        "".join(f"<li>{html.escape(r)}</li>" for r in gate["reasons"])
-    verdict = "passed" if gate["passed"] else "failed"
+def render_html(report: report_model.Report, figures: dict[str, bytes]) -> str:
+    gate, metric = report.gate, report.metric
+    reasons = "".join(f"<li class=\"flag\">note: {html.escape(n)}</li>" for n in gate.notes) + \
+        "".join(f"<li>{html.escape(r)}</li>" for r in gate.reasons)
+    verdict = "passed" if gate.passed else "failed"
     figs = "".join(f"<figure>{_img(png, name)}</figure>" for name, png in figures.items())
-    flags = "".join(f"<li class=\"flag\">⚠ {html.escape(f)}</li>" for f in report.get("flags", []))
+    flags = "".join(f"<li class=\"flag\">⚠ {html.escape(f)}</li>" for f in report.flags)
     notes = {title: f'<p class="environment">{html.escape(line)}</p>'
              for title, line in {**traffic_report.section_notes(report),
                                  "Same file, another runtime": tables.RUNTIME_NOTE}.items()}
     more = "".join(f"<h2>{html.escape(title)}</h2>{_html_table(table)}{notes.get(title, '')}"
                    for title, table in tables.sections(report))
-    gate_line = html.escape(_gate_line(gate, metric, report["baseline"]).replace("`", ""))
+    gate_line = html.escape(_gate_line(gate, metric, report.baseline).replace("`", ""))
     return f"""<!doctype html>
-<html lang="en"><head><meta charset="utf-8"><title>Release report: {html.escape(report.get('pipeline', ''))}</title>
+<html lang="en"><head><meta charset="utf-8"><title>Release report: {html.escape(report.pipeline or '')}</title>
 <style>
 body {{ font-family: system-ui, sans-serif; margin: 2rem auto; max-width: 1100px; color: #222; }}
 .verdict {{ padding: .8rem 1rem; border-radius: 6px; font-size: 1.2rem; }}
@@ -167,43 +170,42 @@ figure {{ display: inline-block; margin: .5rem; }} img {{ max-width: 520px; }}
 footer {{ color: #666; font-size: .8rem; }} li.flag {{ color: #a15c00; }}
 p.environment {{ color: #444; font-size: .9rem; }}
 </style></head><body>
-<h1>Release report: {html.escape(report.get('pipeline', ''))}</h1>
-<p class="environment">Measured on: {html.escape(environment_line(report.get('environment', {})))}</p>
+<h1>Release report: {html.escape(report.pipeline or '')}</h1>
+<p class="environment">Measured on: {html.escape(environment_line(report.environment))}</p>
 <div class="verdict {verdict}">Gate <b>{verdict.upper()}</b> — {gate_line}</div>
 <ul>{reasons}{flags}</ul>
-{_html_table(tables.main_table(report), gate['release'])}
+{_html_table(tables.main_table(report), gate.release)}
 {more}
 <p class="environment">{html.escape(intervals_note(report))}</p>
 {figs}
-<footer>Environment: {html.escape(json.dumps(report.get('environment', {})))}<br>
-Settings: {html.escape(json.dumps(report.get('settings', {})))}</footer>
+<footer>Environment: {html.escape(json.dumps(report.environment.written()))}<br>
+Settings: {html.escape(json.dumps(report.settings))}</footer>
 </body></html>
 """
 
 
-def figures(report: dict, latencies: dict[str, np.ndarray]) -> dict[str, bytes]:
-    gate, metric = report["gate"], report.get("metric", "top1")
-    baseline = next(a for a in report["artifacts"] if a["name"] == report["baseline"])
-    limits = gate["limits"]
-    red_line = baseline["accuracy"][metric] - limits["max_drop"]
+def figures(report: report_model.Report, latencies: dict[str, np.ndarray]) -> dict[str, bytes]:
+    metric, limits = report.metric, report.gate.limits
+    red_line = report.reference_entry().accuracy[metric] - limits.max_drop
     out = {}
     if latencies:
-        out["latency_cdf.png"] = plots.latency_cdf(latencies, limits["p99_budget_ms"])
-    out["accuracy_vs_p99.png"] = plots.accuracy_vs_p99(report["artifacts"], metric, red_line, limits["p99_budget_ms"])
-    out["size_by_artifact.png"] = plots.size_by_artifact(report["artifacts"])
-    budget = (report.get("traffic") or {}).get("p99_budget_ms") or limits["p99_budget_ms"]
-    curve = plots.latency_load_curve(report["artifacts"], budget)
+        out["latency_cdf.png"] = plots.latency_cdf(latencies, limits.p99_budget_ms)
+    out["accuracy_vs_p99.png"] = plots.accuracy_vs_p99(report.artifacts, metric, red_line, limits.p99_budget_ms)
+    out["size_by_artifact.png"] = plots.size_by_artifact(report.artifacts)
+    budget = (report.traffic.p99_budget_ms if report.traffic is not None else None) or limits.p99_budget_ms
+    curve = plots.latency_load_curve(report.artifacts, budget)
     if curve is not None:
         out["latency_vs_load.png"] = curve
     return out
 
 
-def write_report(folder: Path, report: dict, latencies: dict[str, BlockedSamples] | None = None,
+def write_report(folder: Path, report: dict | report_model.Report, latencies: dict[str, BlockedSamples] | None = None,
                  predictions: Predictions | None = None) -> None:
     """Write every report file into ``folder`` (the caller makes the folder swap atomic): the report checked
     against its model first (a report that does not fit is refused before anything is written), its JSON schema
-    beside it."""
-    report = report_model.checked(report)
+    beside it; report.md, report.html and the plots are drawn from the model."""
+    document = report.document() if isinstance(report, report_model.Report) else report_model.checked(report)
+    report = report_model.Report.model_validate(document)
     folder.mkdir(parents=True, exist_ok=True)
     if latencies is not None:
         save_samples(folder, latencies)
@@ -213,7 +215,7 @@ def write_report(folder: Path, report: dict, latencies: dict[str, BlockedSamples
     figs = figures(report, flat)
     for name, png in figs.items():
         (folder / name).write_bytes(png)
-    (folder / REPORT_JSON).write_text(json.dumps(report, indent=2) + "\n")
+    (folder / REPORT_JSON).write_text(json.dumps(document, indent=2) + "\n")
     (folder / report_model.SCHEMA_FILE).write_text(report_model.schema_text())
     (folder / "report.md").write_text(render_markdown(report))
     (folder / "report.html").write_text(render_html(report, figs))

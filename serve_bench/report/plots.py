@@ -9,6 +9,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
+from serve_bench.report_model import Entry, EntryTraffic, ServerRun, SweepConfig  # noqa: E402
+
 
 def to_png(fig) -> bytes:
     buffer = io.BytesIO()
@@ -54,17 +56,17 @@ def _error(value: float, interval) -> list[list[float]]:
     return [[max(value - interval[0], 0.0)], [max(interval[1] - value, 0.0)]]
 
 
-def accuracy_vs_p99(entries: list[dict], metric: str, red_line: float | None, budget_ms: float | None) -> bytes:
+def accuracy_vs_p99(entries: list[Entry], metric: str, red_line: float | None, budget_ms: float | None) -> bytes:
     """Each artifact with its 95% intervals as error bars: the p99's over blocks (else per request) and the
     accuracy's, against the red line and the budget."""
     fig, ax = plt.subplots(figsize=(8.5, 4.5))
-    points = [(e["latency_ms"]["p99"], e["accuracy"][metric]) for e in entries]
+    points = [(e.latency_ms.p99, e.accuracy[metric]) for e in entries]
     for (x, y), entry in zip(points, entries):
-        lat = entry["latency_ms"]
-        xerr = _error(x, lat.get("p99_ci_blocks") or lat.get("p99_ci"))
-        yerr = _error(y, (entry.get("accuracy_ci") or {}).get(metric))
+        lat = entry.latency_ms
+        xerr = _error(x, lat.p99_ci_blocks or lat.p99_ci)
+        yerr = _error(y, entry.accuracy_ci.get(metric))
         ax.errorbar(x, y, xerr=xerr, yerr=yerr, fmt="o", markersize=6, capsize=3, zorder=3)
-        ax.annotate(entry["name"], (x, y), textcoords="offset points", xytext=(5, 4), fontsize=8)
+        ax.annotate(entry.name, (x, y), textcoords="offset points", xytext=(5, 4), fontsize=8)
     front = pareto_front(points)
     ax.plot([points[i][0] for i in front], [points[i][1] for i in front], color="black", linewidth=1,
             label="Pareto front", zorder=2)
@@ -80,15 +82,15 @@ def accuracy_vs_p99(entries: list[dict], metric: str, red_line: float | None, bu
     return to_png(fig)
 
 
-def size_by_artifact(entries: list[dict]) -> bytes:
+def size_by_artifact(entries: list[Entry]) -> bytes:
     fig, ax = plt.subplots(figsize=(7, 4))
-    names = [e["name"] for e in entries]
-    sizes = [e["size_bytes"] / 2**20 for e in entries]
+    names = [e.name for e in entries]
+    sizes = [e.size_bytes / 2**20 for e in entries]
     bars = ax.bar(names, sizes, color="steelblue")
     for bar, entry in zip(bars, entries):
-        label = f"{entry['params']:,} params" if entry.get("params") else ""
-        if entry.get("macs"):
-            label += f"\n{entry['macs'] / 1e6:,.1f} M MACs"
+        label = f"{entry.params:,} params" if entry.params else ""
+        if entry.macs:
+            label += f"\n{entry.macs / 1e6:,.1f} M MACs"
         ax.annotate(label, (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center", va="bottom", fontsize=7)
     ax.set_ylabel("size on disk (MB)")
     ax.set_title("Size per artifact")
@@ -96,44 +98,49 @@ def size_by_artifact(entries: list[dict]) -> bytes:
     return to_png(fig)
 
 
-def _curve_points(curve: list[dict]) -> list[dict]:
+def _curve_points(curve: list[ServerRun]) -> list[ServerRun]:
     """The runs that can be drawn (a rate and a p99), by offered rate."""
-    drawable = [r for r in curve or [] if r.get("offered_qps") is not None
-                and (r.get("latency_ms") or {}).get("p99") is not None]
-    return sorted(drawable, key=lambda r: r["offered_qps"])
+    drawable = [r for r in curve if r.offered_qps is not None and (r.latency_ms or {}).get("p99") is not None]
+    return sorted(drawable, key=lambda r: r.offered_qps)
 
 
-def _draw_config(ax, config: dict, color, best: bool) -> None:
+def _draw_config(ax, config: SweepConfig, color, best: bool) -> None:
     """One serving configuration's curve: p99 solid with its 95% interval, p50 dotted, points the queue could
     not keep up with hollow red rings (a dot of the line's colour inside), the capacity a dashed vertical line."""
-    runs = _curve_points(config.get("curve"))
+    runs = _curve_points(config.curve)
     if not runs:
         return
-    x = [r["offered_qps"] for r in runs]
-    p99 = [r["latency_ms"]["p99"] for r in runs]
-    label = f"{config.get('label', '?')}{' ★' if best else ''} p99"
+    x = [r.offered_qps for r in runs]
+    p99 = [r.latency_ms["p99"] for r in runs]
+    label = f"{'?' if config.label is None else config.label}{' ★' if best else ''} p99"
     ax.plot(x, p99, color=color, linewidth=1.4, label=label, zorder=2)
-    p50 = [(r["offered_qps"], r["latency_ms"].get("p50")) for r in runs if r["latency_ms"].get("p50") is not None]
+    p50 = [(r.offered_qps, r.latency_ms.get("p50")) for r in runs if r.latency_ms.get("p50") is not None]
     if p50:
         ax.plot(*zip(*p50), color=color, linewidth=1, linestyle=":", alpha=0.9, zorder=2)
     for run, xi, yi in zip(runs, x, p99):
-        yerr = _error(yi, run.get("p99_ci"))
-        if run.get("sustainable") is True:
+        yerr = _error(yi, run.p99_ci)
+        if run.sustainable is True:
             ax.errorbar(xi, yi, yerr=yerr, fmt="o", color=color, markersize=4, capsize=2, zorder=3)
         else:
             ax.errorbar(xi, yi, yerr=yerr, fmt="o", color="red", mfc="none", markersize=7, capsize=2, zorder=3)
             ax.plot(xi, yi, ".", color=color, markersize=3, zorder=4)  # whose point it is
-    qps = (config.get("capacity") or {}).get("qps")
+    qps = config.capacity.qps if config.capacity is not None else None
     if qps is not None:
         ax.axvline(qps, color=color, linestyle="--", linewidth=1, alpha=0.9)
 
 
-def latency_load_curve(entries: list[dict], budget_ms: float | None) -> bytes | None:
+def _swept(entry: Entry) -> EntryTraffic | None:
+    """The entry's traffic where its sweep has a curve to draw."""
+    traffic = entry.traffic
+    if traffic is None or traffic.sweep is None:
+        return None
+    return traffic if any(_curve_points(c.curve) for c in traffic.sweep.configs) else None
+
+
+def latency_load_curve(entries: list[Entry], budget_ms: float | None) -> bytes | None:
     """Latency against offered load (LoadGen server runs), one panel per artifact with a sweep, one line per
     serving configuration; None when no artifact has a curve."""
-    swept = [(e["name"], (e.get("traffic") or {})) for e in entries]
-    swept = [(name, t) for name, t in swept if any(_curve_points(c.get("curve"))
-                                                  for c in (t.get("sweep") or {}).get("configs") or [])]
+    swept = [(e.name, t) for e in entries if (t := _swept(e)) is not None]
     if not swept:
         return None
     cols = min(len(swept), 2)
@@ -141,15 +148,15 @@ def latency_load_curve(entries: list[dict], budget_ms: float | None) -> bytes | 
     fig, axes = plt.subplots(rows, cols, figsize=(6.2 * cols, 4.0 * rows), squeeze=False)
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for ax, (name, traffic) in zip(axes.flat, swept):
-        sweep = traffic["sweep"]
-        best, configs = (sweep.get("best") or {}).get("label"), sweep.get("configs") or []
+        sweep = traffic.sweep
+        best, configs = sweep.best.label if sweep.best is not None else None, sweep.configs
         for i, config in enumerate(configs):
-            _draw_config(ax, config, colors[i % len(colors)], best is not None and config.get("label") == best)
+            _draw_config(ax, config, colors[i % len(colors)], best is not None and config.label == best)
         if budget_ms:
             ax.axhline(budget_ms, color="crimson", linewidth=1.2, label=f"p99 budget {budget_ms:g} ms")
-        if traffic.get("target_qps"):
-            ax.axvline(traffic["target_qps"], color="grey", linestyle="-.", label=f"target {traffic['target_qps']:g}/s")
-        if any(r.get("sustainable") is not True for c in configs for r in _curve_points(c.get("curve"))):
+        if traffic.target_qps:
+            ax.axvline(traffic.target_qps, color="grey", linestyle="-.", label=f"target {traffic.target_qps:g}/s")
+        if any(r.sustainable is not True for c in configs for r in _curve_points(c.curve)):
             ax.plot([], [], "o", color="red", mfc="none", label="saturation (not sustainable, or unknown)")
         ax.set_yscale("log")
         ax.set_xlabel("offered load (queries/s, Poisson)")

@@ -5,6 +5,8 @@ module only renders them, so the report can be re-rendered from report.json alon
 """
 from __future__ import annotations
 
+from serve_bench.report_model import Entry, Report
+
 Table = tuple[list[str], list[list[str]]]
 
 
@@ -38,26 +40,26 @@ def unfused_qdq_line(name: str, profile: dict, shown: int = 3) -> str | None:
             "left around operators that did not become integer kernels.")
 
 
-def profile_sections(report: dict) -> list[tuple[str, Table]]:
+def profile_sections(report: Report) -> list[tuple[str, Table]]:
     """One table per profiled artifact ("Where the time goes: NAME"), with what the times are in its title."""
     out = []
-    for art in report.get("artifacts", []):
-        profile = art.get("operator_profile")
+    for art in report.artifacts:
+        profile = art.operator_profile
         if not profile or profile.get("error") or not profile.get("ops"):
             continue
         run = f", {profile['run_ms']:.3f} ms per run under the profiler" if profile.get("run_ms") else ""
-        out.append((f"Where the time goes: {art['name']} ({profile['backend']}, batch {profile['batch_size']}"
+        out.append((f"Where the time goes: {art.name} ({profile['backend']}, batch {profile['batch_size']}"
                     f"{run})", profile_table(profile)))
     return out
 
 
-def unfused_qdq_flags(entries: list[dict]) -> list[str]:
+def unfused_qdq_flags(entries: list[Entry]) -> list[str]:
     """A report flag per artifact whose runtime ran Q/DQ nodes unfused, naming them."""
-    lines = [unfused_qdq_line(e["name"], e["operator_profile"]) for e in entries if e.get("operator_profile")]
+    lines = [unfused_qdq_line(e.name, e.operator_profile) for e in entries if e.operator_profile]
     return [line for line in lines if line]
 
 
-def profile_failures(entries: list[dict]) -> list[str]:
+def profile_failures(entries: list[Entry]) -> list[str]:
     """Why an artifact has no profile (its runtime's profiler failed or is absent here), for the notes."""
-    return [f"{e['name']}: not profiled ({e['operator_profile']['error']})" for e in entries
-            if (e.get("operator_profile") or {}).get("error")]
+    return [f"{e.name}: not profiled ({e.operator_profile['error']})" for e in entries
+            if (e.operator_profile or {}).get("error")]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from serve_bench.report.profile import profile_sections
 from serve_bench.report.traffic import traffic_sections
+from serve_bench.report_model import Entry, Ratio, Report
 
 Table = tuple[list[str], list[list[str]]]
 
@@ -20,141 +21,145 @@ def interval(pair, digits: int = 3) -> str:
     return "—" if not pair else f"{pair[0]:.{digits}f}–{pair[1]:.{digits}f}"
 
 
-def _drop(art: dict) -> str:
-    paired = art.get("accuracy_paired") or {}
-    if paired.get("reference"):
+def _ratio(ratio: Ratio) -> str:
+    """A latency ratio with its interval, as every ratio column shows it."""
+    return f"{ratio.ratio:.3f} [{ratio.ci[0]:.3f}, {ratio.ci[1]:.3f}]"
+
+
+def _drop(art: Entry) -> str:
+    paired = art.accuracy_paired
+    if paired is not None and paired.reference:
         return "0 (reference)"
-    if "unpaired" in paired:
+    if paired is not None and paired.unpaired is not None:
         return "not paired"
-    if "drop_ci" not in paired:
-        return fmt(art.get("accuracy_drop"), 2)
-    lo, hi = paired["drop_ci"]
-    return f"{art['accuracy_drop']:.2f} [{lo:.2f}, {hi:.2f}]"
+    if paired is None or paired.drop_ci is None:
+        return fmt(art.accuracy_drop, 2)
+    lo, hi = paired.drop_ci
+    return f"{art.accuracy_drop:.2f} [{lo:.2f}, {hi:.2f}]"
 
 
-def _disagree(art: dict) -> str:
-    paired = art.get("accuracy_paired") or {}
-    if "baseline_only" not in paired or paired.get("reference"):
+def _disagree(art: Entry) -> str:
+    paired = art.accuracy_paired
+    if paired is None or paired.baseline_only is None or paired.reference:
         return "—"
-    return f"{paired['baseline_only']} / {paired['artifact_only']}"
+    return f"{paired.baseline_only} / {paired.artifact_only}"
 
 
-def _speedup(art: dict) -> str:
-    ci = art.get("speedup_p99_ci")
-    return f"{art['speedup_p99']:.2f}×" + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci and art.get("latency_ratio") else "")
+def _speedup(art: Entry) -> str:
+    ci = art.speedup_p99_ci
+    return f"{art.speedup_p99:.2f}×" + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci and art.latency_ratio is not None else "")
 
 
-def main_table(report: dict) -> Table:
-    metric = report.get("metric", "top1")
+def main_table(report: Report) -> Table:
+    metric = report.metric
     head = ["artifact", "backend", "precision", f"{metric} % [95% CI]", "drop points [95% CI]",
             "only baseline / only artifact right", "p50 ms", "p99 ms", "p99 CI per request", "p99 CI blocks",
             "speed-up p99 [CI]", "throughput /s", "size MB"]
     rows = []
     # † : the model came from outside and nothing vouches that the test images are new to it (see the flag)
-    mark = " †" if ((report.get("data") or {}).get("test_independence") or {}).get("status") == "unknown" else ""
-    for a in report["artifacts"]:
-        lat, acc_ci = a["latency_ms"], (a.get("accuracy_ci") or {}).get(metric)
-        accuracy = fmt(a["accuracy"].get(metric), 2) + (f" [{acc_ci[0]:.2f}, {acc_ci[1]:.2f}]" if acc_ci else "") + mark
-        rows.append([a["name"], a["backend"], a["precision"], accuracy, _drop(a), _disagree(a), fmt(lat["p50"]),
-                     fmt(lat["p99"]), interval(lat.get("p99_ci")), interval(lat.get("p99_ci_blocks")), _speedup(a),
-                     f"{a['throughput']:,.0f}", f"{a['size_bytes'] / 2**20:.2f}"])
+    independence = report.data.test_independence
+    mark = " †" if independence is not None and independence.status == "unknown" else ""
+    for a in report.artifacts:
+        lat, acc_ci = a.latency_ms, a.accuracy_ci.get(metric)
+        accuracy = fmt(a.accuracy.get(metric), 2) + (f" [{acc_ci[0]:.2f}, {acc_ci[1]:.2f}]" if acc_ci else "") + mark
+        rows.append([a.name, a.backend, a.precision, accuracy, _drop(a), _disagree(a), fmt(lat.p50),
+                     fmt(lat.p99), interval(lat.p99_ci), interval(lat.p99_ci_blocks), _speedup(a),
+                     f"{a.throughput:,.0f}", f"{a.size_bytes / 2**20:.2f}"])
     return head, rows
 
 
-def ratio_table(report: dict) -> Table:
+def ratio_table(report: Report) -> Table:
     """Each artifact's latency over the baseline's (below 1: faster), intervals from block pairing."""
     head = ["artifact", "p50 ratio [95% CI]", "p50 verdict", "p99 ratio [95% CI]", "p99 verdict", "paired rounds"]
     rows = []
-    for a in report["artifacts"]:
-        ratio = a.get("latency_ratio")
-        if not ratio:
+    for a in report.artifacts:
+        ratio = a.latency_ratio
+        if ratio is None:
             continue
-        cells = [f"{ratio[k]['ratio']:.3f} [{ratio[k]['ci'][0]:.3f}, {ratio[k]['ci'][1]:.3f}]" for k in ("p50", "p99")]
-        rows.append([a["name"], cells[0], ratio["p50"]["verdict"], cells[1], ratio["p99"]["verdict"],
-                     str(ratio["p99"]["rounds"])])
+        rows.append([a.name, _ratio(ratio.p50), ratio.p50.verdict, _ratio(ratio.p99), ratio.p99.verdict,
+                     str(ratio.p99.rounds)])
     return head, rows
 
 
-def repeat_table(report: dict) -> Table:
+def repeat_table(report: Report) -> Table:
     head = ["artifact", "repeats", "p50 min–max ms", "p99 min–max ms", "p99 max/min"]
     rows = []
-    for a in report["artifacts"]:
-        rep = a.get("repeats")
-        if not rep:
+    for a in report.artifacts:
+        rep = a.repeats
+        if rep is None:
             continue
-        spread = rep["spread"]
-        rows.append([a["name"], str(rep["k"]), f"{spread['p50']['min']:.3f}–{spread['p50']['max']:.3f}",
-                     f"{spread['p99']['min']:.3f}–{spread['p99']['max']:.3f}",
-                     fmt(spread["p99"]["max_over_min"], 2)])
+        spread = rep.spread
+        rows.append([a.name, str(rep.k), f"{spread['p50'].min:.3f}–{spread['p50'].max:.3f}",
+                     f"{spread['p99'].min:.3f}–{spread['p99'].max:.3f}",
+                     fmt(spread["p99"].max_over_min, 2)])
     return head, rows
 
 
-def ladder_table(report: dict) -> Table:
+def ladder_table(report: Report) -> Table:
     """One row per INT8 rung tried: artifact, rung, verdict, validation accuracy and drop per flavour,
     layers kept in float, file sizes, the in-stage latency of the CPU file against its fp32 ONNX,
     and why the ladder climbed past the rung."""
-    metric, rows = report.get("metric", "top1"), []
+    metric, rows = report.metric, []
     head = ["artifact", "rung", "red line (val)", "val accuracy (drop) per flavour", "float layers", "size KB",
             "p50 ms int8 / fp32", "why it climbed"]
-    for art in report["artifacts"]:
-        ladder = art.get("quantization")
-        if not ladder:
+    for art in report.artifacts:
+        ladder = art.quantization
+        if ladder is None:
             continue
-        climbed = ladder.get("climbed", [])
-        for i, rung in enumerate(ladder.get("rungs", [])):
+        climbed = ladder.climbed
+        for i, rung in enumerate(ladder.rungs):
             flavours = ", ".join(f"{f} {r.get(f'val_{metric}', float('nan')):.2f}% ({r['drop']:+.2f})"
-                                 for f, r in rung["flavours"].items())
-            sizes = ", ".join(f"{f} {r['size_bytes'] / 1024:.0f}" for f, r in rung["flavours"].items()
+                                 for f, r in rung.flavours.items())
+            sizes = ", ".join(f"{f} {r['size_bytes'] / 1024:.0f}" for f, r in rung.flavours.items()
                               if "size_bytes" in r)  # a flavour's file on another runtime (cpu@openvino) is the same file
-            lat = rung.get("latency") or {}
+            lat = rung.latency or {}
             latency = f"{lat['int8_p50_ms']:.3f} / {lat['fp32_p50_ms']:.3f}" if lat else "—"
-            chosen = " ← shipped" if rung["rung"] == ladder["rung"] else ""
+            chosen = " ← shipped" if rung.rung == ladder.rung else ""
             why = climbed[i].split(": ", 1)[-1] if i < len(climbed) else ""
-            rows.append([art["name"], rung["rung"] + chosen, "within" if rung["within_red_line"] else "over",
-                         flavours, str(rung["float_layers"]), sizes, latency, why])
+            rows.append([art.name, rung.rung + chosen, "within" if rung.within_red_line else "over",
+                         flavours, str(rung.float_layers), sizes, latency, why])
     return head, rows
 
 
-def comparison_table(report: dict) -> Table:
+def comparison_table(report: Report) -> Table:
     """`compress compare`: each run's file on each runtime against the reference (the first run's pick),
     accuracy paired image by image where the test splits match, latency as block-paired ratios."""
-    metric, runs = report.get("metric", "top1"), (report.get("comparison") or {}).get("runs", [])
+    metric = report.metric
+    runs = report.comparison.runs if report.comparison is not None else []
     head = ["run", "artifact", "M MACs", "params", f"{metric} % [95% CI]", "drop vs reference [95% CI]",
             "only reference / only this right", "p99 ms [CI blocks]", "p50 ratio [95% CI]", "p99 ratio [95% CI]"]
-    rows, label_of = [], {r["run"]: r["label"] for r in runs}
-    for a in report["artifacts"] if runs else []:  # every run's file on every runtime measured: a row per candidate
-        label = label_of.get(a.get("run"), "")
-        ratio = a.get("latency_ratio") or {}
-        ratios = [f"{ratio[k]['ratio']:.3f} [{ratio[k]['ci'][0]:.3f}, {ratio[k]['ci'][1]:.3f}]" if k in ratio
-                  else "1 (reference)" for k in ("p50", "p99")]
-        acc_ci = (a.get("accuracy_ci") or {}).get(metric)
-        lat = a["latency_ms"]
-        rows.append([label, a["name"].removeprefix(f"{label}:"), fmt(a["macs"] / 1e6 if a.get("macs") else None, 2),
-                     f"{a['params']:,}" if a.get("params") else "—",
-                     fmt(a["accuracy"].get(metric), 2) + (f" [{acc_ci[0]:.2f}, {acc_ci[1]:.2f}]" if acc_ci else ""),
-                     _drop(a), _disagree(a), f"{lat['p99']:.3f} [{interval(lat.get('p99_ci_blocks'))}]", *ratios])
+    rows, label_of = [], {r.run: r.label for r in runs}
+    for a in report.artifacts if runs else []:  # every run's file on every runtime measured: a row per candidate
+        label = label_of.get(a.run, "")
+        ratio = a.latency_ratio
+        ratios = ["1 (reference)"] * 2 if ratio is None else [_ratio(ratio.p50), _ratio(ratio.p99)]
+        acc_ci = a.accuracy_ci.get(metric)
+        lat = a.latency_ms
+        rows.append([label, a.name.removeprefix(f"{label}:"), fmt(a.macs / 1e6 if a.macs else None, 2),
+                     f"{a.params:,}" if a.params else "—",
+                     fmt(a.accuracy.get(metric), 2) + (f" [{acc_ci[0]:.2f}, {acc_ci[1]:.2f}]" if acc_ci else ""),
+                     _drop(a), _disagree(a), f"{lat.p99:.3f} [{interval(lat.p99_ci_blocks)}]", *ratios])
     return head, rows
 
 
-def runtime_table(report: dict) -> Table:
+def runtime_table(report: Report) -> Table:
     """The same file on two runtimes, paired: where their answers differ and how their latencies compare."""
     head = ["candidate", "same file on", "top-1 differs: images (% [95% CI])", "accuracy vs there [95% CI]",
             "only there / only here right", "max |Δlogit| / max |logit|", "p50 ratio [95% CI]", "p99 ratio [95% CI]"]
     rows = []
-    for a in report["artifacts"]:
-        parity = a.get("runtime_parity")
-        if not parity:
+    for a in report.artifacts:
+        parity = a.runtime_parity
+        if parity is None:
             continue
-        paired, ratio = parity["accuracy_vs_reference"], parity.get("latency_ratio") or {}
-        ci = parity["top1_differs_ci"]
-        rows.append([a["name"], parity["reference"],
-                     f"{parity['top1_differs']} of {parity['n']} ({parity['top1_differs_pct']:.2f}% "
+        paired, ratio = parity.accuracy_vs_reference, parity.latency_ratio
+        ci = parity.top1_differs_ci
+        rows.append([a.name, parity.reference,
+                     f"{parity.top1_differs} of {parity.n} ({parity.top1_differs_pct:.2f}% "
                      f"[{ci[0]:.2f}, {ci[1]:.2f}])",
-                     f"{-paired['drop']:+.2f} [{-paired['drop_ci'][1]:+.2f}, {-paired['drop_ci'][0]:+.2f}]",
-                     f"{paired['baseline_only']} / {paired['artifact_only']}",
-                     f"{parity['max_abs_logit_diff_relative']:.2e}",
-                     *[f"{ratio[k]['ratio']:.3f} [{ratio[k]['ci'][0]:.3f}, {ratio[k]['ci'][1]:.3f}]" if k in ratio
-                       else "—" for k in ("p50", "p99")]])
+                     f"{-paired.drop:+.2f} [{-paired.drop_ci[1]:+.2f}, {-paired.drop_ci[0]:+.2f}]",
+                     f"{paired.baseline_only} / {paired.artifact_only}",
+                     f"{parity.max_abs_logit_diff_relative:.2e}",
+                     *(["—"] * 2 if ratio is None else [_ratio(ratio.p50), _ratio(ratio.p99)])])
     return head, rows
 
 
@@ -163,7 +168,7 @@ RUNTIME_NOTE = ("The same bytes run by another runtime: its answers paired image
                 "runtime, and the red line is checked on the runtime a file is released on.")
 
 
-def sections(report: dict) -> list[tuple[str, Table]]:
+def sections(report: Report) -> list[tuple[str, Table]]:
     """The tables after the main one, each with its heading; empty ones left out; then latency under traffic and
     where each artifact's time goes."""
     out = [("Comparison of runs", comparison_table(report)), ("Latency against the baseline (block-paired)", ratio_table(report)),

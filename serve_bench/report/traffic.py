@@ -1,12 +1,18 @@
 """Latency under traffic in the report: the LoadGen run at the pipeline's target rate, the capacity of each
 serving configuration the sweep tried, and the harness's own share of every latency.
 
-Every part of ``entry["traffic"]`` and ``report["traffic"]`` is optional: what is missing reads "—" and a
+Every part of ``Entry.traffic`` and ``Report.traffic`` is optional: what is missing reads "—" and a
 table with no rows is left out. This module draws nothing (``plots.latency_load_curve`` does) and imports
-nothing of the report's, so ``report_tables.sections`` can append these tables without an import cycle;
+only the report's model, so ``report_tables.sections`` can append these tables without an import cycle;
 a ``Table`` here is the same shape as ``report_tables.Table``.
 """
 from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel
+
+from serve_bench.report_model import Capacity, Entry, Report, Serving, ServerRun, SteadyState
 
 Table = tuple[list[str], list[list[str]]]
 
@@ -26,123 +32,130 @@ def _bounds(ci, digits: int = 3) -> str:
     return f" [{_num(ci[0], digits)}, {_num(ci[1], digits)}]"
 
 
-def serving_text(serving: dict | None) -> str:
+def given(model: BaseModel | None, field: str, default: Any = None) -> Any:
+    """``field`` where the report gave it, or ``default`` where it did not: a model's default is no measured fact
+    (a serving setting not recorded reads "?", not the default's value)."""
+    return getattr(model, field) if model is not None and field in model.model_fields_set else default
+
+
+def serving_text(serving: Serving | None) -> str:
     """A serving configuration in a few words: batch cap, queue delay, instances × threads."""
-    if not serving:
+    if serving is None:
         return "—"
-    return (f"batch ≤{serving.get('max_batch', '?')}, wait {serving.get('max_queue_delay_us', '?')} µs, "
-            f"{serving.get('instances', '?')} inst × {serving.get('threads', '?')} thr")
+    return (f"batch ≤{given(serving, 'max_batch', '?')}, wait {given(serving, 'max_queue_delay_us', '?')} µs, "
+            f"{given(serving, 'instances', '?')} inst × {given(serving, 'threads', '?')} thr")
 
 
-def verdict(run: dict) -> str:
+def verdict(run: ServerRun) -> str:
     """LoadGen's own verdict: VALID (with its early-stopping p99 estimate where it gives one), or INVALID with its
     first reason."""
-    loadgen = run.get("loadgen")
-    if not loadgen:
+    loadgen = run.loadgen
+    if loadgen is None:
         return "—"
-    estimate = (loadgen.get("early_stopping_ms") or {}).get("p99")
-    if loadgen.get("valid"):
+    estimate = (loadgen.early_stopping_ms or {}).get("p99")
+    if loadgen.valid:
         return "VALID" + (f" (early-stopping p99 ≤ {estimate:.3f} ms)" if estimate is not None else "")
-    reasons = loadgen.get("invalid_reasons") or []
+    reasons = loadgen.invalid_reasons
     return f"INVALID: {reasons[0]}" if reasons else "INVALID"
 
 
-def _sustainable(run: dict) -> str:
-    if "sustainable" not in run:
+def _sustainable(run: ServerRun) -> str:
+    if "sustainable" not in run.model_fields_set:
         return "—"  # single-stream and offline runs: the question does not arise
-    if run["sustainable"] is None:
-        return run.get("sustainable_reason") or "unknown"
-    if run["sustainable"]:
+    if run.sustainable is None:
+        return run.sustainable_reason or "unknown"
+    if run.sustainable:
         return "yes"
-    reason = run.get("sustainable_reason") or ""
+    reason = run.sustainable_reason or ""
     return reason if reason.startswith("not sustainable") else "not sustainable"
 
 
-def _within(run: dict) -> str:
-    within = run.get("within_budget") or {}
+def _within(run: ServerRun) -> str:
+    within = run.within_budget or {}
     point, confident = within.get("point"), within.get("confident")
     if point is None and confident is None:
         return "—"
     if confident:
-        level = (run.get("steady_state") or {}).get("level")
+        level = run.steady_state.level if run.steady_state is not None else None
         return f"yes ({level:.0%} interval)" if level else "yes (95% sure)"
     return "yes (point only)" if point else "no"
 
 
-def steady_text(steady: dict | None) -> str:
+def steady_text(steady: SteadyState | None) -> str:
     """How the p99 of a server run was reached: its level, queries, what was left out, and whether it is precise."""
-    if not steady:
+    if steady is None:
         return "—"
-    said = (f"{steady['level']:.0%} CI; {steady['queries']:,} queries, {steady['discarded']:,} in open busy periods "
-            f"left out; {steady['tail_cycles']} busy periods reach the p99")
-    if steady.get("precise"):
+    said = (f"{steady.level:.0%} CI; {steady.queries:,} queries, {steady.discarded:,} in open busy periods "
+            f"left out; {steady.tail_cycles} busy periods reach the p99")
+    if steady.precise:
         return f"precise ({said})"
-    return f"NOT precise{' (stopped at the cap)' if steady.get('capped') else ''}: {steady.get('reason')} ({said})"
+    return f"NOT precise{' (stopped at the cap)' if steady.capped else ''}: {steady.reason} ({said})"
 
 
-def _mean(part) -> float | None:
+def _mean(part: dict[str, float | None] | None) -> float | None:
     return (part or {}).get("mean")
 
 
-def traffic_table(report: dict) -> Table | None:
+def traffic_table(report: Report) -> Table | None:
     """One row per LoadGen test of an artifact at a given rate (the target, then the fixed ``loads``, so rows of
     one rate compare artifacts at the same traffic); None when there is none."""
     head = ["artifact", "scenario", "serving", "offered /s", "completed /s", "p50 ms", "p99 ms [CI]", "steady state",
             "LoadGen verdict", "queue mean ms", "model mean ms", "mean batch", "within p99 budget", "sustainable"]
     rows = []
     for art, run in _runs_at_rates(report):
-        lat = run.get("latency_ms") or {}
-        p99 = _num(lat.get("p99")) + (_bounds(run.get("p99_ci")) if lat.get("p99") is not None else "")
-        rows.append([art["name"], run.get("scenario") or "—", serving_text(run.get("serving")),
-                     _num(run.get("offered_qps"), 1), _num(run.get("completed_qps"), 1), _num(lat.get("p50")), p99,
-                     steady_text(run.get("steady_state")), verdict(run), _num(_mean(run.get("queue_ms"))),
-                     _num(_mean(run.get("compute_ms"))),
-                     _num(run.get("mean_batch"), 2), _within(run), _sustainable(run)])
+        lat = run.latency_ms or {}  # a run whose model failed has no latencies
+        p99 = _num(lat.get("p99")) + (_bounds(run.p99_ci) if lat.get("p99") is not None else "")
+        rows.append([art.name, run.scenario or "—", serving_text(run.serving),
+                     _num(run.offered_qps, 1), _num(run.completed_qps, 1), _num(lat.get("p50")), p99,
+                     steady_text(run.steady_state), verdict(run), _num(_mean(run.queue_ms)),
+                     _num(_mean(run.compute_ms)),
+                     _num(run.mean_batch, 2), _within(run), _sustainable(run)])
     return (head, rows) if rows else None
 
 
-def _runs_at_rates(report: dict) -> list[tuple[dict, dict]]:
+def _runs_at_rates(report: Report) -> list[tuple[Entry, ServerRun]]:
     out = []
-    for art in report.get("artifacts", []):
-        traffic = art.get("traffic") or {}
-        out += [(art, run) for run in [traffic.get("at_target"), *(traffic.get("loads") or [])] if run]
+    for art in report.artifacts:
+        traffic = art.traffic
+        if traffic is not None:
+            out += [(art, run) for run in [traffic.at_target, *(traffic.loads or [])] if run is not None]
     return out
 
 
-def capacity_text(cap: dict | None) -> str:
+def capacity_text(cap: Capacity | None) -> str:
     """The capacity and its interval, or why there is none ("not sustainable", "none within budget"...)."""
-    if not cap:
+    if cap is None:
         return "—"
-    if cap.get("qps") is not None:
-        return _num(cap["qps"], 1) + _bounds(cap.get("ci"), 1)
+    if cap.qps is not None:
+        return _num(cap.qps, 1) + _bounds(cap.ci, 1)
     words = {"model_failed": "model failed", "not_sustainable": "not sustainable",
              "none_within_budget": "none within budget", "not_confident": "not shown within the budget",
              "unknown": "queue unknown",
              "no_rate_probed": "no rate probed", "not_confirmed": "not confirmed by a full-length run"}
-    return words.get(cap.get("status"), "none within budget")
+    return words.get(cap.status, "none within budget")
 
 
-def _bracket(cap: dict | None) -> str:
-    bracket = (cap or {}).get("bracket") or [None, None]
+def _bracket(cap: Capacity | None) -> str:
+    bracket = (cap.bracket if cap is not None else None) or (None, None)
     if all(v is None for v in bracket):
         return "—"
     return f"{_num(bracket[0], 1)} / {'none failed' if bracket[1] is None else _num(bracket[1], 1)}"
 
 
-def _note(cap: dict | None) -> str:
-    if not cap:
+def _note(cap: Capacity | None) -> str:
+    if cap is None:
         return "no capacity recorded"
-    if cap.get("qps") is None:
-        return cap.get("reason") or ""
-    if cap.get("confirmed") is False:
-        return cap.get("reason") or "not confirmed by a full-length run"
+    if cap.qps is None:
+        return cap.reason or ""
+    if cap.confirmed is False:
+        return cap.reason or "not confirmed by a full-length run"
     said = []
-    if cap.get("confirmed"):
-        run = cap.get("confirmation") or {}
-        p99 = (run.get("latency_ms") or {}).get("p99")
-        said.append("confirmed by a full-length run" + (f" (p99 {p99:.3f} ms{_bounds(run.get('p99_ci'))})"
+    if cap.confirmed:
+        run = cap.confirmation
+        p99 = (run.latency_ms or {}).get("p99") if run is not None else None
+        said.append("confirmed by a full-length run" + (f" (p99 {p99:.3f} ms{_bounds(run.p99_ci)})"
                                                          if p99 is not None else ""))
-    if cap.get("censored", (cap.get("bracket") or [None, None])[1] is None):
+    if given(cap, "censored", (cap.bracket or (None, None))[1] is None):
         said.append("every probed rate passed: the capacity may be higher")
     return "; ".join(said)
 
@@ -154,43 +167,43 @@ def gain_text(gain: dict | None) -> str:
     return f"{gain['ratio']:.2f}×" + _bounds(gain.get("ci"), 2) + over
 
 
-def capacity_table(report: dict) -> Table | None:
+def capacity_table(report: Report) -> Table | None:
     """One row per artifact × serving configuration of the sweep, the best one marked ★, the batching gain
     (its capacity over the batch-1 configuration's) on the best row; None when nothing was swept."""
     head = ["artifact", "configuration", "serving", "offline /s", "capacity /s [sure, possible]",
             "last pass / first fail /s", "decided on", "batching gain [range]", "note"]
     rows = []
-    for art in report.get("artifacts", []):
-        sweep = (art.get("traffic") or {}).get("sweep")
-        if not sweep:
+    for art in report.artifacts:
+        sweep = art.traffic.sweep if art.traffic is not None else None
+        if sweep is None:
             continue
-        best_label = (sweep.get("best") or {}).get("label")
-        gain, gain_placed = sweep.get("batching_gain"), False
-        for config in sweep.get("configs") or []:
-            cap, best = config.get("capacity"), best_label is not None and config.get("label") == best_label
-            offline = ((config.get("offline") or {}).get("completed_qps"))
+        best_label = sweep.best.label if sweep.best is not None else None
+        gain, gain_placed = sweep.batching_gain, False
+        for config in sweep.configs:
+            cap, best = config.capacity, best_label is not None and config.label == best_label
+            offline = config.offline.completed_qps if config.offline is not None else None
             gain_cell = gain_text(gain) if best else ""
-            if not best and gain and config.get("label") == gain.get("over"):
+            if not best and gain and config.label == gain.get("over"):
                 gain_cell = "1 (reference)"
             gain_placed |= best and bool(gain_cell)
-            rows.append([art["name"], (config.get("label") or "—") + (f" {BEST_MARK}" if best else ""),
-                         serving_text(config.get("serving")), _num(offline, 1), capacity_text(cap), _bracket(cap),
-                         (cap or {}).get("rule") or "—", gain_cell, _note(cap)])
+            rows.append([art.name, (config.label or "—") + (f" {BEST_MARK}" if best else ""),
+                         serving_text(given(config, "serving")), _num(offline, 1), capacity_text(cap),
+                         _bracket(cap), given(cap, "rule") or "—", gain_cell, _note(cap)])
         if gain_text(gain) and not gain_placed:  # no best configuration to carry it
-            rows.append([art["name"], "batching gain", "—", "—", "—", "—", "—", gain_text(gain), ""])
+            rows.append([art.name, "batching gain", "—", "—", "—", "—", "—", gain_text(gain), ""])
     return (head, rows) if rows else None
 
 
-def _run_words(run: dict | None) -> str | None:
-    lat = (run or {}).get("latency_ms") or {}
+def _run_words(run: ServerRun | None) -> str | None:
+    lat = (run.latency_ms if run is not None else None) or {}
     if lat.get("p50") is None and lat.get("p99") is None:
         return None
     return f"p50 {_num(lat.get('p50'))} ms, p99 {_num(lat.get('p99'))} ms"
 
 
-def overhead_line(report: dict) -> str | None:
+def overhead_line(report: Report) -> str | None:
     """One sentence: the null model's latencies through the same harness, i.e. the harness's own share."""
-    overhead = (report.get("traffic") or {}).get("sut_overhead") or {}
+    overhead = (report.traffic.sut_overhead if report.traffic is not None else None) or {}
     parts = []
     single = _run_words(overhead.get("single-stream"))
     if single:
@@ -198,7 +211,7 @@ def overhead_line(report: dict) -> str | None:
     server = overhead.get("server")
     words = _run_words(server)
     if words:
-        rate = server.get("offered_qps")
+        rate = server.offered_qps
         parts.append(f"{words} in the server scenario" + (f" at {rate:,.1f}/s" if rate is not None else ""))
     if not parts:
         return None
@@ -206,13 +219,13 @@ def overhead_line(report: dict) -> str | None:
             + "; ".join(parts) + ". That is the harness's own share of every latency above.")
 
 
-def traffic_sections(report: dict) -> list[tuple[str, Table]]:
+def traffic_sections(report: Report) -> list[tuple[str, Table]]:
     """The traffic tables with their headings, for ``report_tables.sections``; empty when there is no traffic."""
     out = [(TRAFFIC_TITLE, traffic_table(report)), (CAPACITY_TITLE, capacity_table(report))]
     return [(title, table) for title, table in out if table]
 
 
-def section_notes(report: dict) -> dict[str, str]:
+def section_notes(report: Report) -> dict[str, str]:
     """Lines to print under a section, by its title: the harness overhead under the first traffic table."""
     line, titles = overhead_line(report), [title for title, _ in traffic_sections(report)]
     return {titles[0]: line} if line and titles else {}

@@ -1,0 +1,497 @@
+"""The report as a typed model: what ``report.json`` holds, checked when it is written and read as this model.
+
+The gate, the release, the card, compare, the search and the renderers all read the same file. As a
+dict whose shape only the writer knew, a renamed key broke a reader without a word; as a model, a
+report that does not fit is refused where it is written, with the field named, every reader reads
+attributes a type checker and a test can follow, and the JSON schema beside every ``report.json``
+(``report.schema.json``) tells another tool what to expect.
+
+Every report carries ``report_version``. Version 1 is a report written before the version was (its
+gate's limits under the old names ``max_accuracy_drop`` and ``p99_budget_ms``): it is read, its
+limits moved to the names the pipeline file gives them. A report of a newer version than this code
+knows is refused with both versions named.
+
+The models type every field a reader of this project relies on and keep the rest as written (each
+section allows facts it does not name: a runtime's own settings, a profile's rows), so a runtime
+can add a fact without a schema bump, and a report reads back as the dict it was written from
+(``Report.document``). This module is its own floor in ``serve_bench``: the gate judges entries of
+this model, and the renderers, the release and the search read it; it imports only ``limits``.
+"""
+from __future__ import annotations
+
+import json
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
+
+from serve_bench.limits import Limits
+
+REPORT_VERSION = 2
+SCHEMA_FILE = "report.schema.json"
+Interval = tuple[float, float]
+Decision = Literal["point", "confident"]
+
+
+class ReportVersionError(ValueError):
+    """A report this code cannot read as it is: its version is newer, or it does not fit the model."""
+
+
+class _Open(BaseModel):
+    """A section whose named fields are typed and whose other facts are kept as written."""
+
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
+
+    def written(self) -> dict:
+        """The section as the dict it was written as, for the measuring code below this floor that reads dicts."""
+        return self.model_dump(mode="json", by_alias=True, exclude_unset=True)
+
+
+class LimitsModel(BaseModel):
+    """The pipeline file's limits the gate judged under (``serve_bench.limits.Limits``)."""
+
+    model_config = ConfigDict(extra="forbid")
+    metric: str
+    max_drop: float
+    p99_budget_ms: float | None
+    decision: Decision
+
+    def limits(self) -> Limits:
+        return Limits(**self.model_dump())
+
+
+class LatencyFigures(_Open):
+    """Closed-loop service time of one candidate (ms), with its intervals."""
+
+    p50: float
+    p99: float
+    n: int = Field(description="timed requests")
+    p90: float | None = None
+    p95: float | None = None
+    p99_9: float | None = Field(None, alias="p99.9")
+    mean: float | None = None
+    std: float | None = None
+    min: float | None = None
+    max: float | None = None
+    blocks: int | None = None
+    p50_ci: Interval | None = None
+    p99_ci: Interval | None = None
+    p50_ci_blocks: Interval | None = None
+    p99_ci_blocks: Interval | None = None
+
+
+class Ratio(_Open):
+    """One percentile of a candidate over another's, from the rounds both were measured in (below 1: faster)."""
+
+    ratio: float
+    ci: Interval
+    verdict: str
+    rounds: int | None = None
+    method: str | None = None
+
+
+class RatioPair(_Open):
+    """p50 and p99 ratios of one candidate over a reference (the baseline, the fp32 file, another runtime)."""
+
+    p50: Ratio
+    p99: Ratio
+    reference: str | None = Field(None, description="the candidate divided by, where it is not the baseline")
+
+
+class Paired(_Open):
+    """The accuracy drop of a candidate against the baseline, image by image (or by bootstrap for mAP)."""
+
+    reference: bool = Field(False, description="this is the baseline itself")
+    unpaired: str | None = Field(None, description="why it could not be paired (then there is no drop)")
+    n: int | None = None
+    drop: float | None = None
+    drop_ci: Interval | None = None
+    baseline_only: int | None = Field(None, description="images only the baseline got right")
+    artifact_only: int | None = Field(None, description="images only this candidate got right")
+    discordant: int | None = None
+    method: str | None = None
+    sd: float | None = Field(None, description="a bootstrap's spread of the drop (mAP)")
+    level: float | None = None
+    mcnemar_p: float | None = None
+
+
+class RuntimeParity(_Open):
+    """The same file on another runtime, paired with this one: answers that differ and relative speed."""
+
+    reference: str
+    n: int
+    top1_differs: int
+    top1_differs_pct: float
+    top1_differs_ci: Interval
+    max_abs_logit_diff: float | None = None
+    max_abs_logit_diff_relative: float
+    accuracy_vs_reference: Paired
+    latency_ratio: RatioPair | None = None
+
+
+class Serving(_Open):
+    max_batch: int = 1
+    max_queue_delay_us: int = 0
+    instances: int = 1
+    threads: int | None = None
+
+
+class SteadyState(_Open):
+    """The regenerative p99 of a server run (serve_bench.load.steady_state)."""
+
+    point: float | None = None
+    ci: Interval | None = None
+    queries: int | None = None
+    discarded: int | None = None
+    cycles: int | None = None
+    tail_cycles: int | None = None
+    precise: bool = False
+    capped: bool = False
+    reason: str | None = None
+    level: float | None = None
+    upper_among: dict[str, float | None] | None = None
+
+
+class LoadGenVerdict(_Open):
+    valid: bool | None = None
+    invalid_reasons: list[str] = Field(default_factory=list)
+    early_stopping: list[str] = Field(default_factory=list)
+    target_latency_ms: float | None = None
+    early_stopping_ms: dict[str, float | None] | None = Field(None, description="LoadGen's early-stopping "
+                                                                               "percentile estimates, {'p99': ms}")
+
+
+class ServerRun(_Open):
+    """One LoadGen run at one arrival rate (or single-stream), as the serving loop measured it."""
+
+    scenario: str | None = None
+    offered_qps: float | None = None
+    completed_qps: float | None = None
+    queries: int | None = None
+    sustainable: bool | None = None
+    sustainable_reason: str | None = None
+    errors: list[str] = Field(default_factory=list)
+    latency_ms: dict[str, float | None] | None = Field(None, description="None where the model could not keep up")
+    p99_ci: Interval | None = None
+    serving: Serving | None = None
+    loadgen: LoadGenVerdict | None = None
+    steady_state: SteadyState | None = None
+    mean_batch: float | None = None
+
+    def latency(self, key: str) -> float | None:
+        """A percentile of this run's latency (ms), None where the run has none (it could not keep up)."""
+        return (self.latency_ms or {}).get(key)
+    queue_ms: dict[str, float | None] | None = Field(None, description="time in the queue: mean, p50, p99")
+    compute_ms: dict[str, float | None] | None = Field(None, description="time in the model: mean, p50, p99")
+    within_budget: dict[str, bool | None] | None = Field(None, description="within the p99 budget by each rule: "
+                                                                           "point, confident")
+
+
+class Capacity(_Open):
+    """The most traffic a serving configuration carried within the budget, by one rule."""
+
+    qps: float | None = None
+    budget_ms: float | None = None
+    rule: str = "point"
+    confirmed: bool | None = None
+    confirmation: ServerRun | None = None
+    ci: tuple[float | None, float | None] | None = Field(None, description="[sure, possible]: either end unknown")
+    bracket: tuple[float | None, float | None] | None = Field(None, description="[last pass, first fail]")
+    status: str | None = None
+    reason: str | None = None
+    censored: bool | None = Field(None, description="every probed rate passed: the capacity may be higher")
+
+
+class SweepConfig(_Open):
+    label: str | None = None
+    serving: Serving | None = None
+    curve: list[ServerRun] = Field(default_factory=list)
+    capacity: Capacity | None = None
+    offline: ServerRun | None = None
+
+
+class Sweep(_Open):
+    configs: list[SweepConfig] = Field(default_factory=list)
+    best: SweepConfig | None = None
+    batching_gain: dict[str, Any] | None = Field(None, description="the best batching configuration's capacity "
+                                                                   "over batch 1's: ratio, ci, over, config")
+
+
+class EntryTraffic(_Open):
+    """A candidate under traffic: the run at the pipeline's rate, the load curve and the serving sweep."""
+
+    scenario: str | None = None
+    target_qps: float | None = None
+    at_target: ServerRun | None = None
+    loads: list[ServerRun] | None = None
+    sweep: Sweep | None = None
+
+
+class Rung(_Open):
+    rung: str
+    within_red_line: bool
+    float_layers: int
+    flavours: dict[str, dict[str, Any]]
+    latency: dict[str, float] | None = None
+
+
+class Quantization(_Open):
+    """The INT8 ladder the quantize stage climbed for this file (an NNCF stage's file names no rung)."""
+
+    rung: str | None = None
+    flavour: str | None = None
+    float_layers: list[str] = Field(default_factory=list)
+    climbed: list[str] = Field(default_factory=list)
+    rungs: list[Rung] = Field(default_factory=list)
+
+
+class Spread(_Open):
+    min: float
+    max: float
+    max_over_min: float | None = None
+
+
+class Repeats(_Open):
+    k: int
+    spread: dict[str, Spread]
+
+
+class Entry(_Open):
+    """One candidate (a file on a runtime) as measured and judged."""
+
+    name: str
+    artifact: str | None = None
+    stage: str | None = None
+    backend: str
+    runtime: str | None = None
+    precision: str
+    format: str
+    path: str
+    size_bytes: int
+    params: int | None = None
+    macs: int | None = None
+    source_model: str | None = None
+    run: str | None = Field(None, description="compress compare: the run this file came from")
+    run_artifact: str | None = Field(None, description="compress compare and a search's split bench: the file's "
+                                                       "artifact name in its run")
+    accuracy: dict[str, Any] = Field(description="metric → value (percent, or mAP), with n")
+    accuracy_ci: dict[str, Interval] = Field(default_factory=dict)
+    accuracy_drop: float | None = Field(description="points below the baseline; None where not paired")
+    accuracy_paired: Paired | None = None
+    eval_batch: int | None = None
+    refused: str | None = Field(None, description="why the quantize stage refused this file on this runtime")
+    latency_ms: LatencyFigures
+    throughput: float | None = None
+    speedup_p99: float | None = None
+    speedup_p99_ci: Interval | None = None
+    latency_ratio: RatioPair | None = None
+    int8_vs_fp32: RatioPair | None = None
+    repeats: Repeats | None = None
+    runtime_parity: RuntimeParity | None = None
+    quantization: Quantization | None = None
+    accuracy_at_serving_batch: dict[str, Any] | None = None
+    machine_load: dict[str, Any] | None = None
+    operator_profile: dict[str, Any] | None = None
+    runner: dict[str, Any] = Field(default_factory=dict, description="what the runtime ran with, read back from it")
+    traffic: EntryTraffic | None = None
+    contender: dict[str, Any] | None = Field(None, description="a search's split bench: the trial it stands for")
+
+    def server_run(self) -> ServerRun | None:
+        """The run at the pipeline's traffic when the pipeline gates on the server scenario."""
+        traffic = self.traffic
+        return traffic.at_target if traffic is not None and traffic.scenario == "server" else None
+
+
+class Gate(_Open):
+    limits: LimitsModel
+    passed: bool
+    release: str | None
+    reasons: list[str]
+    notes: list[str] = Field(default_factory=list)
+    decision: Decision
+    decided_on: str | None = None
+    confidence: float | None = None
+    family_error_bound: float | None = None
+    latency_basis: str | None = None
+    ranked_by: str | None = None
+
+
+class TestIndependence(_Open):
+    status: str | None = None
+
+
+class DataFacts(_Open):
+    name: str
+    test_images: int
+    meaningful_accuracy: bool = True
+    test_digest: str
+    smallest_certifiable_drop: float | None = None
+    test_independence: TestIndependence | None = None
+
+
+class Environment(_Open):
+    """The machine behind the figures (train.hardware's facts); read by the console, the card and the release.
+
+    Declared in the order ``compress.pipeline.fingerprint.environment`` writes them, so the section dumps back
+    (``written``) with its keys as written: the model card copies it verbatim."""
+
+    python: str | None = None
+    platform: str | None = None
+    machine: str | None = None
+    cpu: str | None = None
+    cpu_count: int | None = None
+    isa: dict[str, Any] | None = None
+    isa_summary: str | None = None
+    onnxruntime: dict[str, Any] | None = None
+    torch_threads: int | None = None
+    packages: dict[str, str] = Field(default_factory=dict)
+    cuda: str | None = None
+    gpu: dict[str, Any] | None = None
+
+
+class Traffic(_Open):
+    """The pipeline's traffic as the bench measured it: the scenario, its rate and budget, the serving settings."""
+
+    scenario: str | None = None
+    target_qps: float | None = None
+    p99_budget_ms: float | None = None
+    settings: dict[str, Any] | None = None
+    sut_overhead: dict[str, ServerRun | None] | None = None
+
+
+class ComparedRun(_Open):
+    run: str
+    label: str
+    artifact: str
+    candidate: str | None = None
+    options: dict[str, Any] | None = None
+    test_digest: str | None = None
+    paired: bool | None = None
+
+
+class Comparison(_Open):
+    runs: list[ComparedRun]
+    reference: str
+
+
+class Report(BaseModel):
+    """A bench report: the bench stage's, ``compress compare``'s, or a search's split bench (which adds its key,
+    split, limits and contenders)."""
+
+    model_config = ConfigDict(extra="forbid")
+    report_version: int = REPORT_VERSION
+    pipeline: str | None
+    baseline: str
+    metric: str
+    artifacts: list[Entry] = Field(min_length=1)
+    gate: Gate
+    flags: list[str]
+    environment: Environment
+    traffic: Traffic | None = None
+    settings: dict[str, Any]
+    data: DataFacts
+    comparison: Comparison | None = Field(None, description="compress compare: the runs and the reference")
+    format: str | None = Field(None, description="a search's split bench: its format")
+    key: str | None = Field(None, description="a search's split bench: what it stands for, for its cache")
+    split: Literal["val", "test"] | None = None
+    limits: LimitsModel | None = None
+    contenders: list[dict[str, Any]] | None = None
+    measured_in: dict[str, Any] | None = None
+    upgraded_from: int | None = Field(None, description="the version a report was written in, where it was read "
+                                                        "in today's names: facts added since are absent, not zero")
+    _source: dict | None = PrivateAttr(None)
+
+    def entry(self, name: str) -> Entry:
+        found = next((a for a in self.artifacts if a.name == name), None)
+        if found is None:
+            raise KeyError(f"no candidate {name!r} in this report ({', '.join(a.name for a in self.artifacts)})")
+        return found
+
+    def reference_entry(self) -> Entry:
+        """The baseline's entry: what every drop and ratio in this report is against."""
+        return self.entry(self.baseline)
+
+    def document(self) -> dict:
+        """The report as the dict it is written as: the fields it was read or made with, under their JSON names, in
+        the order of the file it was read from (a re-rendered report.json stays that file byte for byte)."""
+        dumped = self.model_dump(mode="json", by_alias=True, exclude_unset=True)
+        return _ordered_like(dumped, self._source) if self._source is not None else dumped
+
+
+def checked(report: dict) -> dict:
+    """``report`` with its version, refused (``ReportVersionError``, the field named) where it does not fit the
+    model: what every writer calls before a report reaches disk."""
+    stamped = {"report_version": REPORT_VERSION, **report}
+    try:
+        Report.model_validate(stamped)
+    except ValidationError as exc:
+        raise ReportVersionError(f"the report does not fit its schema: {_first_error(exc)}") from exc
+    return stamped
+
+
+def model_of(report: dict | Report) -> Report:
+    """A report being written (a dict of today's version, checked) as the model its readers take."""
+    return report if isinstance(report, Report) else Report.model_validate(checked(report))
+
+
+def read(data: dict, source: str) -> Report:
+    """A report as written by any version this code knows; version 1 is upgraded, a newer one refused."""
+    written = readable(data, source)
+    report = Report.model_validate(written)
+    report._source = written
+    return report
+
+
+def _ordered_like(value, like):
+    """``value`` with each dict's keys in the order ``like`` has them (keys ``like`` lacks last), at every depth."""
+    if isinstance(value, dict) and isinstance(like, dict):
+        keys = [k for k in like if k in value] + [k for k in value if k not in like]
+        return {k: _ordered_like(value[k], like.get(k)) for k in keys}
+    if isinstance(value, list) and isinstance(like, list) and len(value) == len(like):
+        return [_ordered_like(v, w) for v, w in zip(value, like)]
+    return value
+
+
+def entries(artifacts: list[dict]) -> list[Entry]:
+    """Report entries as the bench builds them, read as the model the gate judges (refused where they do not fit)."""
+    try:
+        return [Entry.model_validate(a) for a in artifacts]
+    except ValidationError as exc:
+        raise ReportVersionError(f"a report entry does not fit its schema: {_first_error(exc)}") from exc
+
+
+def readable(data: dict, source: str) -> dict:
+    """``data`` checked against the model and in today's names, its keys in the order written (a re-rendered
+    report.json stays byte for byte the file it was read from)."""
+    version = data.get("report_version", 1)
+    if not isinstance(version, int) or version > REPORT_VERSION:
+        raise ReportVersionError(f"{source}: report_version {version} was written by a newer compress; this one reads "
+                                 f"versions 1 to {REPORT_VERSION}: upgrade compress or re-run the bench stage")
+    if version == 1:
+        data = upgraded(data)
+    try:
+        Report.model_validate(data)
+        return data
+    except ValidationError as exc:
+        raise ReportVersionError(f"{source}: not a report of version {version}: {_first_error(exc)}; re-run the "
+                                 "bench stage") from exc
+
+
+def upgraded(data: dict) -> dict:
+    """A version-1 report in version 2's names: the gate's limits under the pipeline file's names."""
+    gate = dict(data.get("gate") or {})
+    if "limits" not in gate and "max_accuracy_drop" in gate:
+        gate["limits"] = {"metric": data.get("metric", "top1"), "max_drop": gate.pop("max_accuracy_drop"),
+                          "p99_budget_ms": gate.pop("p99_budget_ms", None),
+                          "decision": gate.get("decision", "point")}
+        gate.setdefault("decision", gate["limits"]["decision"])
+    return {**data, "gate": gate, "report_version": REPORT_VERSION, "upgraded_from": 1}
+
+
+def schema_text() -> str:
+    return json.dumps(Report.model_json_schema(), indent=2) + "\n"
+
+
+def _first_error(exc: ValidationError) -> str:
+    error = exc.errors()[0]
+    where = ".".join(str(p) for p in error["loc"])
+    return f"{where}: {error['msg']}" + (f" ({len(exc.errors())} problems in all)" if len(exc.errors()) > 1 else "")
