@@ -39,7 +39,9 @@ def quantized_not_faster(artifacts: list[Entry], isa: dict | None = None) -> lis
     """INT8 artifacts not shown faster than the fp32 ONNX of the same model, measured in this run, each with
     why (``isa``: the run's instruction-set facts). Where the bench paired the two (``int8_vs_fp32``), the
     verdict comes from the block-paired interval of their latency ratio: faster only when the whole
-    interval is below 1; otherwise from the point estimates."""
+    interval is below 1; otherwise from the point estimates, against the fp32 file made from the same model of
+    the same run (``compress compare`` and a search's final bench hold files of several runs, whose model names
+    repeat)."""
     flags = []
     for art in artifacts:
         if art.precision != "int8" or not art.source_model:
@@ -56,7 +58,7 @@ def quantized_not_faster(artifacts: list[Entry], isa: dict | None = None) -> lis
                          f"{why_int8_not_faster(isa)}")
             continue
         for ref in artifacts:
-            if (ref.format == "onnx" and ref.precision == "fp32"
+            if (ref.format == "onnx" and ref.precision == "fp32" and ref.run == art.run  # one run's model names
                     and ref.source_model == art.source_model and ref.backend == art.backend):
                 a, r = art.latency_ms, ref.latency_ms
                 if a.p50 >= r.p50 or a.p99 >= r.p99:

@@ -356,6 +356,11 @@ def test_an_int8_file_slower_than_its_fp32_onnx_is_flagged():
     flags = quantized_not_faster(as_entries(entries))
     assert len(flags) == 1 and flags[0].startswith("quantize.onnx_cpu (int8) is not faster than export.onnx")
     assert quantized_not_faster(as_entries([_entry("export.onnx", "fp32", 1.0, 2.0), _entry("q", "int8", 0.4, 0.8)])) == []
+    # two runs side by side (compare, a search's final bench): the same model name is another model in each
+    two_runs = [_entry("a:export.onnx", "fp32", 0.4, 0.8, run="runs/a"), _entry("b:q", "int8", 1.2, 1.5, run="runs/b")]
+    assert quantized_not_faster(as_entries(two_runs)) == []
+    one_run = [_entry("a:export.onnx", "fp32", 0.4, 0.8, run="runs/a"), _entry("a:q", "int8", 1.2, 1.5, run="runs/a")]
+    assert quantized_not_faster(as_entries(one_run))[0].startswith("a:q (int8) is not faster than a:export.onnx")
 
 
 def test_the_flag_says_whether_the_instruction_set_explains_a_slow_int8_file():
