@@ -82,6 +82,13 @@ class ModelConfig(Strict):
                                                "quantize, export, bench and release it; pruning, distillation "
                                                "and QAT need the torch model (name + weights)")
     args: dict[str, Any] = Field(default_factory=dict, description="extra keyword arguments of the builder")
+    head: Literal["auto", "keep", "reset"] = Field(
+        "auto", description="weights trained on other classes: auto re-makes the classifier for the data where it "
+        "does not fit (every other tensor loaded as it is); keep refuses such weights; reset re-makes it even where "
+        "it fits (as many classes, but other ones)")
+    classifier: str | None = Field(None, description="the module that maps features to classes (re-made by "
+                                   "model.head, trained alone by freeze_backbone_epochs), where it is not timm's "
+                                   "get_classifier() or the model's last nn.Linear")
 
     @model_validator(mode="after")
     def _one_source(self) -> "ModelConfig":
@@ -90,6 +97,8 @@ class ModelConfig(Strict):
                              "model.onnx (an ONNX file), not both and not neither")
         if self.onnx is not None and (self.weights or self.args):
             raise ValueError("model.onnx carries its own weights and architecture: drop model.weights and model.args")
+        if self.weights is None and self.head != "auto":
+            raise ValueError(f"model.head: {self.head} says how model.weights load: give model.weights, or drop it")
         return self
 
     @property
@@ -106,6 +115,10 @@ class RedLine(Strict):
         "top1", description="classification: top1, top5; detection: map (COCO mAP@0.5:0.95) or map50 (mAP@0.5)")
     max_drop: float = Field(1.0, ge=0, le=100, description="percentage points (accuracy or mAP points) below the "
                                                           "trained baseline")
+    collapse_margin: float | None = Field(
+        20.0, gt=0, le=100, description="points: a stage (prune, distill, quantize) whose model falls more than this "
+        "below its input's on the validation split stops the pipeline with both figures instead of handing a broken "
+        "model on; well above any red line (a model within max_drop is never stopped); null: never stop")
 
 
 class Latency(Strict):

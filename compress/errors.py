@@ -42,6 +42,11 @@ class StageError(CompressError):
     exit_code = 3
 
 
+class ModelCollapsed(StageError):
+    """A stage's model fell so far below its input (red_line.collapse_margin) that handing it on would waste every
+    later stage on a broken model."""
+
+
 class StageInputError(CompressError):
     """A stage found, while running, that its model, data or settings cannot be used as given."""
 

@@ -13,9 +13,9 @@ from compress.distillation.loss import LossSettings, check_pair
 from compress.errors import ConfigError
 from compress.stages.base import InputArtifact, Output, Stage, StageContext, StageResult
 from compress.stages.model_source import model_from_artifact, model_from_config, model_meta, trained_on
-from compress.stages.training_run import (Distributable, TrainingSettings, headline, run_training, teacher_loss,
-                                          test_accuracy,
-                                          test_metrics)
+from compress.stages.training_run import (BatchNormSettings, Distributable, TrainingSettings, headline,
+                                          refresh_batchnorm, resolve_device, run_training, stop_if_collapsed,
+                                          teacher_loss, test_accuracy, test_metrics, val_score)
 from train.loop import Hooks
 from train.model_io import save_model
 from train.models import ModelError, build_model, count_macs, count_params, load_weights
@@ -33,6 +33,8 @@ class DistillConfig(StageConfig, TrainingSettings, LossSettings, Distributable):
     teacher: str | None = Field(None, description="an earlier stage or artifact; default: the trained baseline")
     external_teacher: ExternalTeacher | None = None
     student: ModelConfig | None = Field(None, description="build a fresh student; default: the latest earlier model")
+    batchnorm: BatchNormSettings = Field(default_factory=BatchNormSettings, description="BatchNorm statistics "
+                                         "re-estimated after the training")
 
 
 class DistillStage(Stage):
@@ -65,8 +67,15 @@ class DistillStage(Stage):
         loss = teacher_loss(teacher, cfg, cfg, field, data, student)
         ctx.log(f"student {student_name} ({count_params(student):,} params) from teacher {teacher_name} "
                 f"({count_params(teacher):,} params), T={cfg.temperature:g}, α={cfg.alpha:g}")
+        # a student that is an earlier stage's model is judged against itself: distillation must not break it
+        before = val_score(student, data, cfg, resolve_device(cfg.device), ctx.group) if cfg.student is None else None
         run = run_training(ctx, student, cfg, field=field, label=ctx.name, hooks=Hooks(loss=loss),
                            checkpoint_dir=ctx.stage_dir / "checkpoints")
+        refresh_batchnorm(ctx, student, cfg.batchnorm, cfg, "after the distillation", run.device)
+        if before is not None:
+            metric, after = val_score(student, data, cfg, run.device, ctx.group)
+            stop_if_collapsed(ctx, metric, before[1], after, f"distilled {cfg.epochs} epochs from {teacher_name}",
+                              "Try a lower lr, more epochs, or a teacher closer to the student.")
         test = test_accuracy(ctx.data, student, cfg, run)
         metrics = {**run.metrics, **test_metrics(test),
                    "params": count_params(student), "macs": count_macs(student, data.input_shape),

@@ -18,7 +18,8 @@ from export.external_data import UnsafeModelError, check_external_data
 from train.data import DataBundle
 from train.file_digest import file_sha256
 from train.model_io import describe, load_model
-from train.models import TIMM_PREFIX, ModelError, build_model, code_file, load_weights
+from train.head_transfer import HeadMismatch, load_for_data
+from train.models import TIMM_PREFIX, ModelError, build_model, code_file, load_state_dict_file
 
 
 @functools.lru_cache(maxsize=64)
@@ -88,14 +89,24 @@ def model_sources(*sections: BaseModel | None) -> list[dict]:
 
 
 def model_from_config(cfg: ModelConfig, data: DataBundle) -> tuple[nn.Module, dict]:
+    """The model section's model for the data: built for its classes, with ``model.weights`` loaded; weights
+    trained on other classes load all but the classifier, which is re-made (train.head_transfer), and the
+    description records it (``transfer``)."""
     channels = data.input_shape[0]
+    transfer = None
     try:
         model = build_model(cfg.name, data.num_classes, channels, cfg.args)
         if cfg.weights:
-            load_weights(model, cfg.weights)
+            transfer = load_for_data(model, load_state_dict_file(cfg.weights), cfg.head, cfg.classifier)
     except ModelError as exc:
         raise ConfigError(str(exc)) from exc
-    return model, describe(cfg.name, data.num_classes, channels, cfg.args, data.preprocessing(), data=data.identity())
+    except HeadMismatch as exc:
+        raise ConfigError(f"model.weights: {cfg.weights} does not fit {cfg.name} built for {data.num_classes} "
+                          f"classes: {exc}") from exc
+    description = describe(cfg.name, data.num_classes, channels, cfg.args, data.preprocessing(), data=data.identity())
+    if transfer is not None:
+        description["transfer"] = {"weights": str(cfg.weights), **transfer.as_dict()}
+    return model, description
 
 
 def trained_on(description: dict, data: DataBundle) -> dict:

@@ -35,6 +35,11 @@ class ModelSourceConfig(StageConfig):
     kind: Literal["model"] = "model"
 
 
+def _transfer_words(transfer: dict) -> str:
+    left = ", ".join(f"{k} {shape}" for k, shape in transfer["left_out"].items()) or "nothing"
+    return f"{transfer['classifier']!r} re-made for the data ({transfer['reason']}; left out: {left})"
+
+
 class ModelStage(Stage):
     kind = "model"
     Config = ModelSourceConfig
@@ -60,6 +65,10 @@ class ModelStage(Stage):
         model, description = model_from_config(cfg, data)
         model.eval()
         description["origin"] = origin
+        transfer = description.get("transfer")
+        if transfer:
+            ctx.log(f"{cfg.weights}: every tensor loaded but the classifier's; {_transfer_words(transfer)}; until a "
+                    "train stage trains it, this model's accuracy is chance", style="yellow")
         test = test_accuracy(data, model, TrainingSettings())
         metrics = {**test_metrics(test), "params": count_params(model), "macs": count_macs(model, data.input_shape),
                    "origin": origin}

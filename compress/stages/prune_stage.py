@@ -23,8 +23,9 @@ from compress.pruning.channel_pruning import (PruneResult, PruneTarget, SurgeryS
                                               gamma_histogram, latency_ratio, prune, unprunable_batchnorms)
 from compress.stages.base import InputArtifact, Output, Stage, StageContext, StageResult
 from compress.stages.model_source import model_from_artifact, model_meta, trained_on
-from compress.stages.training_run import (Distributable, TrainingRun, TrainingSettings, headline, resolve_device,
-                                          run_training, teacher_loss, test_accuracy, test_metrics, val_score)
+from compress.stages.training_run import (BatchNormSettings, Distributable, TrainingRun, TrainingSettings, headline,
+                                          refresh_batchnorm, resolve_device, run_training, stop_if_collapsed,
+                                          teacher_loss, test_accuracy, test_metrics, val_score)
 from train.atomic_io import atomic_dir
 from train.loop import Hooks
 from train.model_io import load_model, save_model
@@ -48,6 +49,8 @@ class PruneConfig(StageConfig, SurgerySettings, Distributable):
     target: PruneTarget = Field(default_factory=lambda: PruneTarget(macs=0.45))
     protected: list[str] = Field(default_factory=list, description="module names never pruned (the classifier always)")
     finetune: FinetuneConfig = Field(default_factory=FinetuneConfig)
+    batchnorm: BatchNormSettings = Field(default_factory=BatchNormSettings, description="BatchNorm statistics "
+                                         "re-estimated after the surgery and after the finetune")
 
 
 def _protected(model: nn.Module, names: list[str], field: str) -> list[nn.Module]:
@@ -121,6 +124,21 @@ def _surgery_once(ctx: StageContext, model: nn.Module, example: torch.Tensor, ta
     return model.eval(), result
 
 
+def _epochs(n: int) -> str:
+    return f"{n} epoch{'s' if n != 1 else ''}"
+
+
+def _collapse_hint(cfg: PruneConfig) -> str:
+    """What to try when the pruned model collapsed, from the settings it ran with."""
+    tries = []
+    if cfg.batchnorm.reestimate_images == 0:
+        tries.append("re-estimate its BatchNorm statistics (batchnorm.reestimate_images, 0 now)")
+    tries.append("prune less (target)")
+    if cfg.finetune.epochs < 3:
+        tries.append(f"finetune longer (finetune.epochs, {cfg.finetune.epochs} now)")
+    return "Try to " + ", or ".join(tries) + "."
+
+
 class PruneStage(Stage):
     kind = "prune"
     Config = PruneConfig
@@ -166,6 +184,9 @@ class PruneStage(Stage):
         device = resolve_device(cfg.finetune.device)
         if device.type == "cuda" and ctx.group.active:
             device = torch.device("cuda", torch.cuda.current_device())
+        score, before = val_score(original, data, cfg.finetune, device, ctx.group)
+        original.cpu()
+        refresh_batchnorm(ctx, model.to(device), cfg.batchnorm, cfg.finetune, "after the surgery", device)
         score, after_surgery = val_score(model, data, cfg.finetune, device, ctx.group)
         heads = (f", attention heads {sum(result.heads_before.values())} → {sum(result.heads_after.values())}"
                  if result.heads_before else "")
@@ -188,6 +209,11 @@ class PruneStage(Stage):
             run = runs["finetune"] = run_training(ctx, model, cfg.finetune, field=f"{field}.finetune",
                                                   label=f"{ctx.name}.finetune", hooks=hooks,
                                                   checkpoint_dir=ctx.stage_dir / "checkpoints-finetune")
+            refresh_batchnorm(ctx, model, cfg.batchnorm, cfg.finetune, "after the finetune", run.device)
+        _, after = val_score(model, data, cfg.finetune, run.device if run else device, ctx.group)
+        stop_if_collapsed(ctx, score, before, after, f"pruned to {result.macs_after / result.macs_before:.1%} of the "
+                          "MACs" + (f" and finetuned {_epochs(cfg.finetune.epochs)}" if run else ""),
+                          _collapse_hint(cfg))
         test = test_accuracy(ctx.data, model, cfg.finetune, run)
         model.cpu().eval()
         # Timed on rank 0 alone: other ranks timing at once would share its cores and skew it.
@@ -199,8 +225,8 @@ class PruneStage(Stage):
         metrics = {"macs_before": result.macs_before, "macs_after": result.macs_after,
                    "macs_fraction": round(result.macs_after / result.macs_before, 4),
                    "params_before": result.params_before, "params_after": result.params_after,
-                   f"val_{score}_after_surgery": round(after_surgery, 3),
-                   f"val_{score}": run.metrics[f"best_val_{score}"] if run is not None else round(after_surgery, 3),
+                   f"val_{score}_before": round(before, 3), f"val_{score}_after_surgery": round(after_surgery, 3),
+                   f"val_{score}": round(after, 3),
                    **test_metrics(test),
                    "cpu_latency_ratio": round(ratio, 3),
                    "importance": result.importance, "not_pruned": result.not_pruned,

@@ -15,7 +15,7 @@ from compress.distillation.loss import DistillSettings
 from compress.errors import ConfigError, StageError
 from compress.quantization.qat_pt2e import convert, freeze_ranges, observe, observers_paused, prepare
 from compress.stages.base import StageContext
-from compress.stages.training_run import TrainingSettings, run_training, teacher_loss
+from compress.stages.training_run import BatchNormSettings, TrainingSettings, refresh_batchnorm, run_training, teacher_loss
 from export.onnx_export import ExportError, export_onnx
 from train.loop import Hooks
 
@@ -30,6 +30,8 @@ class QATSettings(TrainingSettings):
     freeze_ranges_epoch: int | None = Field(None, ge=0, description="stop range updates from this epoch "
                                             "(0-based); default: the last epoch")
     distill: DistillSettings | None = Field(None, description="distil from the float model, e.g. {teacher: train}")
+    batchnorm: BatchNormSettings = Field(default_factory=BatchNormSettings, description="BatchNorm statistics "
+                                         "re-estimated after QAT, the quantization ranges held")
 
 
 def run_qat(ctx: StageContext, model: nn.Module, cfg: QATSettings, calib: torch.Tensor, out: Path, field: str,
@@ -56,6 +58,8 @@ def run_qat(ctx: StageContext, model: nn.Module, cfg: QATSettings, calib: torch.
         ctx.log(f"qat distils from {d.teacher} (T={d.temperature:g}, α={d.alpha:g})")
     run = run_training(ctx, prepared, cfg, field=field, label=f"{ctx.name}.qat", hooks=hooks,
                        checkpoint_dir=ctx.stage_dir / "checkpoints-qat")
+    with observers_paused(prepared):
+        refresh_batchnorm(ctx, prepared, cfg.batchnorm, cfg, "after QAT", run.device)
     prepared.to("cpu")
     converted = convert(prepared)
     try:

@@ -22,7 +22,7 @@ from compress.stages.model_source import model_from_artifact, onnx_description
 from compress.stages.onnx_labels import label_onnx
 from compress.stages.qat_rung import QATSettings, run_qat
 from compress.stages.runtime_choice import cpu_check_plan
-from compress.stages.training_run import is_detection
+from compress.stages.training_run import is_detection, stop_if_collapsed
 from compress.quantization.detection_int8 import detection_output_error, tail_nodes
 from export.onnx_export import export_onnx
 from serve_bench.gate import why_int8_not_faster
@@ -131,6 +131,12 @@ class QuantizeStage(Stage):
         score_test = split_scorer(data, "test")
         attempts, climbed = self._climb(ctx, cfg, ladder, model, description, inputs, calib, field)
         chosen = choose(attempts)
+        if data.meaningful_accuracy:
+            flavour = max(chosen.drops, key=chosen.drops.get)
+            stop_if_collapsed(ctx, red.metric, ref_val[red.metric], ref_val[red.metric] - chosen.drops[flavour],
+                              f"the closest INT8 rung, {chosen.rung} ({flavour} file)",
+                              "Check the calibration (calibration.method, samples) and give QAT more epochs "
+                              "(qat.epochs); a model this far off is not a rounding error.")
         lints = {a.rung: lint_qdq(a.files["trt"], set(a.float_layers)).as_dict() for a in attempts if "trt" in a.files}
         if chosen.rung in lints and not lints[chosen.rung]["ok"]:
             raise StageError(f"stage {ctx.name!r}: the TensorRT Q/DQ file of rung {chosen.rung} fails the lint: "

@@ -13,6 +13,7 @@ from compress.stages.base import InputArtifact, Output, Stage, StageContext, Sta
 from compress.stages.model_source import model_from_artifact, model_from_config, model_meta, trained_on
 from compress.stages.training_run import (Distributable, TrainingSettings, headline, is_detection, run_training,
                                           test_accuracy, test_metrics)
+from train.head_transfer import HeadMismatch, classifier_name, freeze_all_but
 from train.loop import Hooks
 from train.model_io import save_model
 from train.models import count_macs, count_params
@@ -21,6 +22,10 @@ from train.models import count_macs, count_params
 class TrainConfig(StageConfig, TrainingSettings, Distributable):
     kind: Literal["train"] = "train"
     tensorboard: bool = Field(False, description="write TensorBoard scalars to the stage folder")
+    freeze_backbone_epochs: int = Field(0, ge=0, description="the first N of the epochs train only the classifier, "
+                                        "the rest of the model frozen, then everything trains (linear probing, then "
+                                        "finetuning): a classifier re-made for pretrained weights (model.head) would "
+                                        "otherwise send random gradients into the pretrained features")
 
 
 class TrainStage(Stage):
@@ -41,11 +46,16 @@ class TrainStage(Stage):
         asked = f"stages.{ctx.name}.tensorboard" if cfg.tensorboard else \
             "tracking.tensorboard" if ctx.pipeline.tracking.tensorboard else None
         hooks = Hooks(on_epoch=_tensorboard_logger(ctx, asked) if asked and ctx.is_main else None)
-        run = run_training(ctx, model, cfg, field=f"stages.{ctx.name}", label=ctx.name, hooks=hooks,
+        head_run = self._head_first(ctx, cfg, model, hooks)
+        rest = cfg.model_copy(update={"epochs": cfg.epochs - cfg.freeze_backbone_epochs})
+        run = run_training(ctx, model, rest, field=f"stages.{ctx.name}", label=ctx.name, hooks=hooks,
                            checkpoint_dir=ctx.stage_dir / "checkpoints")
         test = test_accuracy(ctx.data, model, cfg, run)
         metrics = {**run.metrics, **test_metrics(test),
                    "params": count_params(model), "macs": count_macs(model, data.input_shape)}
+        if head_run is not None:
+            metrics["head_first"] = {"epochs": cfg.freeze_backbone_epochs, **{
+                k: v for k, v in head_run.metrics.items() if k in ("best_val_top1", "best_val_map", "train_time_s")}}
         if not data.meaningful_accuracy:
             metrics["accuracy_meaningless"] = "synthetic data: random images and labels, so this accuracy is meaningless"
             ctx.log("synthetic data: the accuracy below is meaningless (use it for latency only)", style="yellow")
@@ -60,12 +70,40 @@ class TrainStage(Stage):
             save_model(model.to("cpu", memory_format=torch.contiguous_format), folder,
                        trained_on(description, data))
         with ctx.atomic_output_dir("history") as folder:
-            (folder / "history.json").write_text(json.dumps(run.result.history, indent=2))
+            history = ([{**row, "phase": "head"} for row in head_run.result.history] if head_run else []) + \
+                run.result.history
+            (folder / "history.json").write_text(json.dumps(history, indent=2))
         return StageResult(
             outputs=[Output("model", "torch-model", ctx.stage_dir / "model", meta=model_meta(metrics, description)),
                      Output("history", "report", ctx.stage_dir / "history")],
             metrics=metrics,
         )
+
+
+    @staticmethod
+    def _head_first(ctx: StageContext, cfg: TrainConfig, model, hooks: Hooks):
+        """The first ``freeze_backbone_epochs`` train the classifier alone; the backbone trains again after."""
+        n = cfg.freeze_backbone_epochs
+        if n == 0:
+            return None
+        field = f"stages.{ctx.name}.freeze_backbone_epochs"
+        if n >= cfg.epochs:
+            raise ConfigError(f"{field}: {n} is not fewer than epochs ({cfg.epochs}): the backbone would never train; "
+                              "the first N of the epochs train the classifier alone")
+        try:
+            head = classifier_name(model, ctx.pipeline.model.classifier)
+        except HeadMismatch as exc:
+            raise ConfigError(f"{field}: {exc}") from exc
+        frozen = freeze_all_but(model, head)
+        trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+        ctx.log(f"the first {n} of {cfg.epochs} epochs train only the classifier {head!r} ({trainable:,} of "
+                f"{count_params(model):,} params), then everything")
+        try:
+            return run_training(ctx, model, cfg.model_copy(update={"epochs": n}), field=f"stages.{ctx.name}",
+                                label=f"{ctx.name}.head", hooks=hooks, checkpoint_dir=ctx.stage_dir / "checkpoints-head")
+        finally:
+            for param in frozen:
+                param.requires_grad_(True)
 
 
 def _tensorboard_logger(ctx: StageContext, field: str):

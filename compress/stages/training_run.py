@@ -17,7 +17,7 @@ from torch import nn
 from compress.config import DistributedSettings, Strict
 from compress.distillation.detection_kd import DetectionDistillation
 from compress.distillation.loss import DistillationLoss, DistillationMismatch, LossSettings
-from compress.errors import ConfigError, StageError
+from compress.errors import ConfigError, ModelCollapsed, StageError
 from compress.stages.base import StageContext
 from train.activation_checkpointing import checkpoint_blocks
 from train.data import Augment, BatchStream, DataBundle
@@ -66,6 +66,14 @@ class TrainingSettings(Strict):
     def _yaml_off(cls, value):
         # YAML 1.1 reads a bare `off` as false; that is what the user meant.
         return "off" if value is False else value
+
+
+class BatchNormSettings(Strict):
+    """BatchNorm running statistics set again after channel surgery, a finetune and QAT (train.batchnorm_stats):
+    surgery changes every layer's input, and a short finetune at a small momentum does not catch up."""
+
+    reestimate_images: int = Field(600, ge=0, description="training images (no augmentation, train mode, no "
+                                   "gradients) whose statistics replace every BatchNorm's running ones; 0: off")
 
 
 class Distributable(Strict):
@@ -175,6 +183,36 @@ def run_training(ctx: StageContext, model: nn.Module, cfg: TrainingSettings, *, 
         "resumed_from_step": result.resumed_from_step, "processes": group.world,
     }
     return TrainingRun(result, precision, device, metrics, group)
+
+
+def refresh_batchnorm(ctx: StageContext, model: nn.Module, settings: BatchNormSettings, cfg: TrainingSettings,
+                      after: str, device: torch.device | None = None) -> int:
+    """Re-estimate ``model``'s BatchNorm statistics on the first training images (the split is shuffled once, so
+    they are a random draw, and every process of a distributed stage reads the same ones: the statistics agree),
+    in batches of the training batch size, and say so. Returns the images used (0: off, or no BatchNorm)."""
+    from train.batchnorm_stats import batchnorm_count, reestimate
+
+    if settings.reestimate_images == 0 or not batchnorm_count(model):
+        return 0
+    device = device or next(model.parameters()).device
+    stream = BatchStream(ctx.data.train.head(settings.reestimate_images), ctx.data, cfg.batch_size, shuffle=False,
+                         drop_last=False, seed=0, device=device, channels_last=cfg.channels_last)
+    used = reestimate(model, stream.epoch(0), settings.reestimate_images)
+    ctx.log(f"{after}: BatchNorm statistics of {batchnorm_count(model)} layers re-estimated on {used} training images")
+    return used
+
+
+def stop_if_collapsed(ctx: StageContext, metric: str, before: float, after: float, what: str, hint: str) -> None:
+    """Stop the pipeline (ModelCollapsed) where ``after`` (this stage's model, validation split) is more than
+    red_line.collapse_margin points below ``before`` (its input's): both figures, and ``hint`` on what to try."""
+    red = ctx.pipeline.red_line
+    margin = red.collapse_margin
+    if margin is None or before - after <= max(margin, red.max_drop):  # within the red line is never a collapse
+        return
+    ctx.log(f"{what}: val {metric} {before:.2f} → {after:.2f}: collapsed, the pipeline stops here", style="red")
+    raise ModelCollapsed(f"stage {ctx.name!r}: {what}: val {metric} {after:.2f} against {before:.2f} for its input, "
+                         f"{before - after:.2f} points below (red_line.collapse_margin {margin:g}); the model is not "
+                         f"handed on. {hint}")
 
 
 def test_accuracy(data: DataBundle, model: nn.Module, cfg: TrainingSettings, run: TrainingRun | None = None) -> dict:

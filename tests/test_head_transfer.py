@@ -1,0 +1,109 @@
+"""Weights trained on other classes: every backbone tensor loads bit for bit, the classifier is re-made for the
+data (torchvision's fc, timm's get_classifier, a callable's last Linear, a named module), anything else that does
+not fit is refused with its key; model.head keep refuses, reset re-makes a classifier that fits."""
+from __future__ import annotations
+
+import pytest
+import torch
+from safetensors.torch import save_file
+from torch import nn
+
+from train.head_transfer import HeadMismatch, classifier_name, freeze_all_but, load_for_data
+from train.models import build_model
+
+
+def _pretrained(name: str, classes: int, channels: int = 3) -> dict[str, torch.Tensor]:
+    torch.manual_seed(1)
+    return {k: v.clone() for k, v in build_model(name, classes, channels).state_dict().items()}
+
+
+@pytest.mark.parametrize("name, classifier", [("resnet18", "fc"), ("mobilenet_v3_small", "classifier.3"),
+                                              ("timm:resnet10t", "fc")])
+def test_a_thousand_class_state_dict_loads_every_backbone_tensor_bit_for_bit_and_re_makes_the_classifier(name, classifier):
+    state = _pretrained(name, 1000)
+    torch.manual_seed(2)
+    model = build_model(name, 10, 3)
+    fresh = {k: v.clone() for k, v in model.state_dict().items()}
+    transfer = load_for_data(model, state)
+    assert transfer is not None and transfer.classifier == classifier
+    assert transfer.left_out == {f"{classifier}.weight": list(state[f"{classifier}.weight"].shape),
+                                 f"{classifier}.bias": [1000]}
+    assert transfer.made_for[f"{classifier}.bias"] == [10]
+    loaded = model.state_dict()
+    backbone = [k for k in state if not k.startswith(f"{classifier}.")]
+    assert len(backbone) > 10 and all(torch.equal(loaded[k], state[k]) for k in backbone)
+    assert all(torch.equal(loaded[k], fresh[k]) for k in transfer.made_for)  # the builder's fresh classifier
+    assert model.eval()(torch.zeros(1, 3, 32, 32)).shape == (1, 10)
+
+
+def test_a_callables_last_linear_or_a_named_module_is_its_classifier():
+    class Net(nn.Module):
+        def __init__(self, num_classes: int = 10) -> None:
+            super().__init__()
+            self.features = nn.Sequential(nn.Conv2d(1, 4, 3), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 6 * 6, 16))
+            self.out = nn.Conv2d(16, num_classes, 1)  # a 1×1 convolution as the classifier: no Linear after it
+
+        def forward(self, x):
+            return self.out(self.features(x)[:, :, None, None]).flatten(1)
+
+    assert classifier_name(Net()) == "features.3"  # the last Linear, which is not the classifier here
+    theirs = Net(1000).state_dict()
+    with pytest.raises(HeadMismatch, match=r"out\.weight is \[1000, 16, 1, 1\] in the weights file and "
+                                           r"\[10, 16, 1, 1\] in the model: outside the classifier 'features\.3'"):
+        load_for_data(Net(), theirs)
+    transfer = load_for_data(Net(), theirs, classifier="out")
+    assert transfer is not None and set(transfer.left_out) == {"out.weight", "out.bias"}
+    with pytest.raises(HeadMismatch, match="no module named 'head'"):
+        load_for_data(Net(), theirs, classifier="head")
+
+
+def test_a_backbone_that_does_not_fit_is_refused_with_its_key_and_keep_refuses_any_transfer():
+    state = _pretrained("resnet18", 1000)
+    state["layer1.0.conv1.weight"] = torch.zeros(8, 64, 3, 3)
+    with pytest.raises(HeadMismatch, match=r"layer1\.0\.conv1\.weight is \[8, 64, 3, 3\] in the weights file and "
+                                           r"\[64, 64, 3, 3\] in the model: outside the classifier 'fc'"):
+        load_for_data(build_model("resnet18", 10, 3), state)
+    with pytest.raises(HeadMismatch, match=r"fc\.weight is \[1000, 512\] in the weights file and \[10, 512\] in "
+                                           r"the model \(model\.head: keep refuses"):
+        load_for_data(build_model("resnet18", 10, 3), _pretrained("resnet18", 1000), head="keep")
+
+
+def test_reset_re_makes_a_classifier_that_fits_and_a_fitting_file_loads_whole():
+    state = _pretrained("resnet18", 10)
+    model = build_model("resnet18", 10, 3)
+    assert load_for_data(model, state) is None
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in state.items())
+    torch.manual_seed(3)
+    model = build_model("resnet18", 10, 3)
+    transfer = load_for_data(model, state, head="reset")
+    assert transfer is not None and transfer.reason == "model.head: reset"
+    assert not torch.equal(model.fc.weight, state["fc.weight"])
+
+
+def test_the_head_first_phase_freezes_all_but_the_classifier():
+    model = build_model("resnet18", 10, 3)
+    frozen = freeze_all_but(model, "fc")
+    assert {n for n, p in model.named_parameters() if p.requires_grad} == {"fc.weight", "fc.bias"}
+    assert len(frozen) == len(list(model.parameters())) - 2
+
+
+def test_a_pipeline_starts_from_weights_of_other_classes_and_says_what_it_left_out(tmp_path, tiny_config,
+                                                                                     write_pipeline, capsys):
+    from compress.cli import main
+    from train.model_io import load_model
+
+    torch.manual_seed(0)
+    weights = tmp_path / "other.safetensors"
+    save_file(build_model("resnet20", 100, 1, {"width": 4}).state_dict(), str(weights))
+    tiny_config["model"] = {"name": "resnet20", "args": {"width": 4}, "weights": str(weights)}
+    tiny_config["stages"][0].update(epochs=2, freeze_backbone_epochs=1)
+    run_dir = tmp_path / "run"
+    assert main(["run", str(write_pipeline(tiny_config)), "--run-dir", str(run_dir)]) == 0
+    said = " ".join(capsys.readouterr().err.split())
+    assert "every tensor loaded but the classifier's; 'fc' re-made for the data" in said
+    assert "fc.weight [100, 16]" in said and "the first 1 of 2 epochs train only the classifier 'fc'" in said
+    _, description = load_model(run_dir / "model" / "model")
+    assert description["transfer"]["classifier"] == "fc" and description["transfer"]["made_for"]["fc.bias"] == [10]
+    tiny_config["model"]["head"] = "keep"
+    assert main(["run", str(write_pipeline(tiny_config)), "--run-dir", str(tmp_path / "keep")]) == 2
+    assert "model.head: keep refuses" in capsys.readouterr().err
