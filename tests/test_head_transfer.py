@@ -3,6 +3,8 @@ data (torchvision's fc, timm's get_classifier, a callable's last Linear, a named
 not fit is refused with its key; model.head keep refuses, reset re-makes a classifier that fits."""
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from safetensors.torch import save_file
@@ -101,9 +103,58 @@ def test_a_pipeline_starts_from_weights_of_other_classes_and_says_what_it_left_o
     assert main(["run", str(write_pipeline(tiny_config)), "--run-dir", str(run_dir)]) == 0
     said = " ".join(capsys.readouterr().err.split())
     assert "every tensor loaded but the classifier's; 'fc' re-made for the data" in said
-    assert "fc.weight [100, 16]" in said and "the first 1 of 2 epochs train only the classifier 'fc'" in said
+    assert "fc.weight [100, 16]" in said and "1 epoch train only the classifier 'fc'" in said
     _, description = load_model(run_dir / "model" / "model")
     assert description["transfer"]["classifier"] == "fc" and description["transfer"]["made_for"]["fc.bias"] == [10]
     tiny_config["model"]["head"] = "keep"
     assert main(["run", str(write_pipeline(tiny_config)), "--run-dir", str(tmp_path / "keep")]) == 2
     assert "model.head: keep refuses" in capsys.readouterr().err
+
+
+def _digit_folders(root) -> tuple:
+    """scikit-learn's 8×8 digits as two image folders: digits 0-4 (the pretraining classes) and 5-9 (the user's)."""
+    import numpy as np
+    from PIL import Image
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    for name, classes in (("source", range(0, 5)), ("target", range(5, 10))):
+        for c in classes:
+            folder = root / name / f"d{c}"
+            folder.mkdir(parents=True)
+            for i, img in enumerate(digits.images[digits.target == c]):
+                Image.fromarray((img * 255 / 16).astype(np.uint8), mode="L").save(folder / f"{i}.png")
+    return root / "source", root / "target"
+
+
+@pytest.mark.slow
+def test_pretrained_on_other_classes_then_head_first_beats_training_from_scratch_on_a_small_set(tmp_path):
+    """ResNet-20 pretrained on digits 0-4, finetuned on 50 images of digits 5-9 (5 head-only epochs, then 15), against
+    the same 15 epochs from scratch, over three seeds (each seed its own split, shared by both). Measured on an
+    AVX-512 Xeon: transfer 74.9 / 64.8 / 60.3% test top-1 against scratch 31.3 / 45.8 / 48.1% (+25 points on
+    average); without the head-only epochs the transfer got 76.0 / 66.5 / 54.2%: on a model this small the head-first
+    epochs neither help nor hurt measurably. Asserted: +10 points on average."""
+    import yaml
+
+    from compress.cli import main
+
+    source, target = _digit_folders(tmp_path)
+    train = {"name": "train", "kind": "train", "epochs": 15, "batch_size": 64, "lr": 3e-3, "schedule": "wsd",
+             "amp": "off", "checkpoint_every": 0}
+    pretrain = {"name": "src", "seed": 0, "data": {"name": "imagefolder", "path": str(source)},
+                "model": {"name": "resnet20", "args": {"width": 8}}, "stages": [train]}
+    (tmp_path / "src.yaml").write_text(yaml.safe_dump(pretrain))
+    assert main(["run", str(tmp_path / "src.yaml"), "--run-dir", str(tmp_path / "src")]) == 0
+    weights = tmp_path / "src" / "train" / "model" / "model.safetensors"
+    small = {**train, "batch_size": 25, "train_images": 50}
+    finetune = {**pretrain, "name": "tgt", "data": {"name": "imagefolder", "path": str(target)}, "stages": [small]}
+    (tmp_path / "tgt.yaml").write_text(yaml.safe_dump(finetune))
+
+    def test_top1(run: str, *overrides: str) -> float:
+        assert main(["run", str(tmp_path / "tgt.yaml"), "--run-dir", str(tmp_path / run), *overrides]) == 0
+        return json.loads((tmp_path / run / "manifest.json").read_text())["stages"]["train"]["metrics"]["test_top1"]
+
+    gains = [test_top1(f"transfer-{seed}", f"seed={seed}", f"model.weights={weights}", "model.head=reset",
+                       "stages.train.freeze_backbone_epochs=5")
+             - test_top1(f"scratch-{seed}", f"seed={seed}") for seed in range(3)]
+    assert sum(gains) / len(gains) >= 10.0, gains

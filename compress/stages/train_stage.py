@@ -22,8 +22,8 @@ from train.models import count_macs, count_params
 class TrainConfig(StageConfig, TrainingSettings, Distributable):
     kind: Literal["train"] = "train"
     tensorboard: bool = Field(False, description="write TensorBoard scalars to the stage folder")
-    freeze_backbone_epochs: int = Field(0, ge=0, description="the first N of the epochs train only the classifier, "
-                                        "the rest of the model frozen, then everything trains (linear probing, then "
+    freeze_backbone_epochs: int = Field(0, ge=0, description="epochs that train only the classifier, the rest of the "
+                                        "model frozen, before the `epochs` that train everything (linear probing, then "
                                         "finetuning): a classifier re-made for pretrained weights (model.head) would "
                                         "otherwise send random gradients into the pretrained features")
 
@@ -47,8 +47,7 @@ class TrainStage(Stage):
             "tracking.tensorboard" if ctx.pipeline.tracking.tensorboard else None
         hooks = Hooks(on_epoch=_tensorboard_logger(ctx, asked) if asked and ctx.is_main else None)
         head_run = self._head_first(ctx, cfg, model, hooks)
-        rest = cfg.model_copy(update={"epochs": cfg.epochs - cfg.freeze_backbone_epochs})
-        run = run_training(ctx, model, rest, field=f"stages.{ctx.name}", label=ctx.name, hooks=hooks,
+        run = run_training(ctx, model, cfg, field=f"stages.{ctx.name}", label=ctx.name, hooks=hooks,
                            checkpoint_dir=ctx.stage_dir / "checkpoints")
         test = test_accuracy(ctx.data, model, cfg, run)
         metrics = {**run.metrics, **test_metrics(test),
@@ -82,22 +81,19 @@ class TrainStage(Stage):
 
     @staticmethod
     def _head_first(ctx: StageContext, cfg: TrainConfig, model, hooks: Hooks):
-        """The first ``freeze_backbone_epochs`` train the classifier alone; the backbone trains again after."""
+        """``freeze_backbone_epochs`` that train the classifier alone, before the stage's epochs train everything."""
         n = cfg.freeze_backbone_epochs
         if n == 0:
             return None
         field = f"stages.{ctx.name}.freeze_backbone_epochs"
-        if n >= cfg.epochs:
-            raise ConfigError(f"{field}: {n} is not fewer than epochs ({cfg.epochs}): the backbone would never train; "
-                              "the first N of the epochs train the classifier alone")
         try:
             head = classifier_name(model, ctx.pipeline.model.classifier)
         except HeadMismatch as exc:
             raise ConfigError(f"{field}: {exc}") from exc
         frozen = freeze_all_but(model, head)
         trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-        ctx.log(f"the first {n} of {cfg.epochs} epochs train only the classifier {head!r} ({trainable:,} of "
-                f"{count_params(model):,} params), then everything")
+        ctx.log(f"{n} epoch{'s' if n != 1 else ''} train only the classifier {head!r} ({trainable:,} of {count_params(model):,} params), "
+                f"then {cfg.epochs} everything")
         try:
             return run_training(ctx, model, cfg.model_copy(update={"epochs": n}), field=f"stages.{ctx.name}",
                                 label=f"{ctx.name}.head", hooks=hooks, checkpoint_dir=ctx.stage_dir / "checkpoints-head")
