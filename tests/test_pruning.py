@@ -192,3 +192,70 @@ def test_batchnorm_statistics_re_estimated_after_surgery_keep_a_slow_momentum_mo
     assert before - after - kept_drop >= 15.0, (kept_drop, before, after)
     manifest = json.loads((stale / "manifest.json").read_text())
     assert "prune.model" not in manifest["artifacts"] and manifest["stages"]["prune"]["status"] == "failed"
+
+
+def _steps_ctx(tmp_path, max_drop: float):
+    from types import SimpleNamespace
+
+    from compress.config import RedLine
+
+    said: list[str] = []
+    ctx = SimpleNamespace(name="prune", stage_dir=tmp_path, data=None, group=SimpleNamespace(active=False),
+                          pipeline=SimpleNamespace(red_line=RedLine(max_drop=max_drop)),
+                          log=lambda message, style=None: said.append(message))
+    return ctx, said
+
+
+@pytest.mark.parametrize("scripted, chosen, taken", [
+    ([94.6, 94.2, 93.7, 99.0], 2, 3),   # the third step falls past the red line (1.3 > 1): the second is kept
+    ([93.5], 0, 1),                      # the first already past it: the input is handed on
+    ([95.0] * 20, 5, 5),                 # within all along: max_steps bounds the search
+])
+def test_target_macs_auto_keeps_the_last_step_within_the_red_line_on_validation(tmp_path, monkeypatch, scripted,
+                                                                               chosen, taken):
+    """A known answer: each step's validation figure scripted against an input at 95.0 and a 1-point red line."""
+    from compress.stages import prune_steps
+    from compress.stages.training_run import BatchNormSettings, TrainingSettings
+
+    vals = iter(scripted)
+    monkeypatch.setattr(prune_steps, "val_score", lambda *a, **k: ("top1", next(vals)))
+    model = build_model("resnet20", 10, 1, {"width": 8})
+    example = torch.zeros(1, 1, 8, 8)
+    ctx, said = _steps_ctx(tmp_path, 1.0)
+    auto = prune_steps.AutoSettings(step=0.75, max_steps=5, finetune_epochs=0)
+    steps = prune_steps.prune_in_steps(ctx, model, example, [model.fc], SurgerySettings(importance="magnitude"), auto,
+                                       TrainingSettings(), BatchNormSettings(reestimate_images=0),
+                                       lambda m: Hooks(), torch.device("cpu"), "top1", 95.0)
+    assert steps.chosen == chosen and len(steps.trajectory) == taken + 1
+    fractions = [s["macs_fraction"] for s in steps.trajectory]
+    assert fractions == sorted(fractions, reverse=True) and all(f <= 0.75 ** k for k, f in enumerate(fractions[1:], 1))
+    assert [s["within"] for s in steps.trajectory[1:]] == [True] * chosen + [False] * (taken - chosen)
+    kept_macs = sum(p.numel() for p in steps.model.parameters())
+    if chosen:
+        assert steps.result.macs_after / steps.result.macs_before == pytest.approx(fractions[chosen], abs=1e-3)
+        assert kept_macs == steps.result.params_after
+    else:
+        assert steps.result is None and kept_macs == sum(p.numel() for p in build_model("resnet20", 10, 1, {"width": 8}).parameters())
+        assert "no step within the red line: the model is handed on unpruned" in said
+    record = steps.record("top1", auto)
+    assert record["cost"] == {"steps": taken, "finetune_epochs_per_step": 0, "epochs": 0}
+
+
+def test_target_macs_auto_runs_in_the_stage_and_draws_its_trajectory(trained_digits_run, tmp_path, write_pipeline):
+    """End to end on the trained digits model: each step finetuned one epoch and judged; the stage's record holds the
+    trajectory and the report its plot. A 10-point red line: step 1 (~70% of the MACs) measured 7 points down."""
+    weights = trained_digits_run / "train" / "model" / "model.safetensors"
+    config = copy.deepcopy(TINY)
+    config["model"] = {"name": "resnet20", "args": {"width": 8}, "weights": str(weights)}
+    config["red_line"] = {"metric": "top1", "max_drop": 10.0, "collapse_margin": 30.0}
+    config["stages"] = [{"name": "prune", "kind": "prune", "target": {"macs": "auto"}, "sparsity": {"epochs": 0},
+                         "auto": {"max_steps": 2, "finetune_epochs": 1},
+                         "finetune": {"epochs": 1, "amp": "off", "batch_size": 64, "checkpoint_every": 0}}]
+    run_dir = tmp_path / "run"
+    assert main(["run", str(write_pipeline(config)), "--run-dir", str(run_dir)]) == 0
+    metrics = json.loads((run_dir / "manifest.json").read_text())["stages"]["prune"]["metrics"]
+    auto = metrics["auto"]
+    assert auto["chosen_step"] >= 1 and 2 <= len(auto["trajectory"]) <= 3 and auto["cost"]["epochs"] <= 2
+    kept = auto["trajectory"][auto["chosen_step"]]
+    assert kept["within"] and metrics["macs_fraction"] == pytest.approx(kept["macs_fraction"], abs=1e-3)
+    assert (run_dir / "prune" / "report" / "trajectory.png").stat().st_size > 1000

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import warnings
 from dataclasses import dataclass, field
-from typing import Callable, Literal
+from typing import Annotated, Callable, Literal
 
 import torch
 import torch_pruning as tp
@@ -91,10 +91,17 @@ def unprunable_batchnorms(model: nn.Module, example: torch.Tensor, protected: li
 
 
 class PruneTarget(Strict):
-    """How far to prune: a MACs budget, or a share of channels."""
+    """How far to prune: a MACs budget (or ``auto``: the prune stage finds the smallest within the red line), or a
+    share of channels."""
 
-    macs: float | None = Field(None, gt=0, lt=1, description="keep at most this share of the MACs")
+    macs: Annotated[float, Field(gt=0, lt=1)] | Literal["auto"] | None = Field(
+        None, description="keep at most this share of the MACs; auto: prune in steps, each finetuned briefly and judged "
+                          "on the validation split, and keep the last within the red line (the stage's auto settings)")
     ratio: float | None = Field(None, gt=0, lt=1, description="or remove this share of the channels")
+
+    @property
+    def auto(self) -> bool:
+        return self.macs == "auto"
 
     @model_validator(mode="after")
     def _one(self) -> "PruneTarget":
@@ -190,6 +197,8 @@ def prune(model: nn.Module, example: torch.Tensor, target: PruneTarget, protecte
     first (``head_ratio``), then channels step by step until the target; everything the pruner
     may not touch, and why, is in ``not_pruned``. torch-pruning's warnings are logged and kept.
     """
+    if target.auto:
+        raise ValueError("target macs: auto is searched by the prune stage in numeric steps; prune() takes one of them")
     settings = settings or SurgerySettings()
     importance = _importance(model, settings)
     model.eval()

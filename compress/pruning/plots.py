@@ -1,4 +1,5 @@
-"""The BN-scale histogram before and after sparsity training: the picture that shows slimming worked."""
+"""The BN-scale histogram before and after sparsity training (the picture that shows slimming worked), and the
+trajectory of ``target: {macs: auto}`` (how far pruning went before the red line)."""
 from __future__ import annotations
 
 import io
@@ -19,6 +20,30 @@ def gamma_plot(report: dict) -> bytes:
     ax.set_xlabel("|BatchNorm scale γ|")
     ax.set_ylabel("channels")
     ax.set_title("BN scales: channels near zero are the ones pruning removes")
+    ax.legend(fontsize=8)
+    buffer = io.BytesIO()
+    fig.tight_layout()
+    fig.savefig(buffer, format="png", dpi=110)
+    plt.close(fig)
+    return buffer.getvalue()
+
+
+def trajectory_plot(trajectory: list[dict], metric: str, red_line: float, chosen: int) -> bytes:
+    """Validation figure against the share of MACs kept, one point per step, the red line and the step kept."""
+    fig, ax = plt.subplots(figsize=(7, 4))
+    x = [s["macs_fraction"] * 100 for s in trajectory]
+    y = [s[metric] for s in trajectory]
+    ax.plot(x, y, marker="o", color="#1f77b4", linewidth=1.5)
+    for step, xi, yi in zip(trajectory, x, y):
+        ax.annotate(f"step {step['step']}", (xi, yi), textcoords="offset points", xytext=(4, 6), fontsize=8)
+    kept = next(s for s in trajectory if s["step"] == chosen)
+    ax.plot([kept["macs_fraction"] * 100], [kept[metric]], marker="*", markersize=16, color="#2ca02c",
+            label=f"kept: step {chosen}", linestyle="none")
+    ax.axhline(red_line, color="#d62728", linestyle="--", linewidth=1, label="red line (validation)")
+    ax.set_xlabel("MACs kept (% of the input's)")
+    ax.set_ylabel(metric.replace("_", " "))
+    ax.invert_xaxis()  # pruning goes right
+    ax.set_title("target macs: auto — each step finetuned briefly and judged on validation")
     ax.legend(fontsize=8)
     buffer = io.BytesIO()
     fig.tight_layout()

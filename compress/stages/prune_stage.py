@@ -23,6 +23,7 @@ from compress.pruning.channel_pruning import (PruneResult, PruneTarget, SurgeryS
                                               gamma_histogram, latency_ratio, prune, unprunable_batchnorms)
 from compress.stages.base import InputArtifact, Output, Stage, StageContext, StageResult
 from compress.stages.model_source import model_from_artifact, model_meta, trained_on
+from compress.stages.prune_steps import AutoSettings, prune_in_steps
 from compress.stages.training_run import (BatchNormSettings, Distributable, TrainingRun, TrainingSettings, headline,
                                           refresh_batchnorm, resolve_device, run_training, stop_if_collapsed,
                                           teacher_loss, test_accuracy, test_metrics, val_score)
@@ -51,6 +52,7 @@ class PruneConfig(StageConfig, SurgerySettings, Distributable):
     finetune: FinetuneConfig = Field(default_factory=FinetuneConfig)
     batchnorm: BatchNormSettings = Field(default_factory=BatchNormSettings, description="BatchNorm statistics "
                                          "re-estimated after the surgery and after the finetune")
+    auto: AutoSettings = Field(default_factory=AutoSettings, description="how target macs: auto searches")
 
 
 def _protected(model: nn.Module, names: list[str], field: str) -> list[nn.Module]:
@@ -124,6 +126,16 @@ def _surgery_once(ctx: StageContext, model: nn.Module, example: torch.Tensor, ta
     return model.eval(), result
 
 
+def _unpruned(model: nn.Module, example: torch.Tensor) -> PruneResult:
+    """The record of a model no step of target macs: auto pruned within the red line: its figures unchanged."""
+    import torch_pruning as tp
+
+    macs, params = tp.utils.count_ops_and_params(model.eval(), example)
+    channels = {n: m.out_channels if isinstance(m, nn.Conv2d) else m.out_features
+                for n, m in model.named_modules() if isinstance(m, (nn.Conv2d, nn.Linear))}
+    return PruneResult([], int(macs), int(macs), int(params), int(params), channels, channels)
+
+
 def _epochs(n: int) -> str:
     return f"{n} epoch{'s' if n != 1 else ''}"
 
@@ -153,6 +165,19 @@ class PruneStage(Stage):
         distill = config.finetune.distill
         return {"teacher": distill.teacher} if distill else {}
 
+    @staticmethod
+    def _finetune_hooks(ctx: StageContext, cfg: PruneConfig, inputs: dict[str, InputArtifact], description: dict):
+        """The hooks of a finetune of the pruned model: distilled from the teacher (loaded once) where the stage
+        says so. A function of the student, since a step of target macs: auto finetunes each step's model."""
+        distill, field = cfg.finetune.distill, f"stages.{ctx.name}.finetune.distill"
+        needed = cfg.finetune.epochs > 0 or (cfg.target.auto and cfg.auto.finetune_epochs > 0)
+        if distill is None or not needed:
+            return lambda model: Hooks()
+        teacher, teacher_desc = model_from_artifact(inputs["teacher"], ctx.data)
+        check_pair(teacher_desc, description, inputs["teacher"].name, inputs["model"].name)
+        ctx.log(f"finetune distils from {inputs['teacher'].name} (T={distill.temperature:g}, α={distill.alpha:g})")
+        return lambda model: Hooks(loss=teacher_loss(teacher, cfg.finetune, distill, field, ctx.data, model))
+
     def run(self, ctx: StageContext, inputs: dict[str, InputArtifact]) -> StageResult:
         cfg: PruneConfig = self.config  # type: ignore[assignment]
         field, data = f"stages.{ctx.name}", ctx.data
@@ -177,16 +202,24 @@ class PruneStage(Stage):
             report["gamma_after_sparsity"] = gamma_histogram(model)
         model.cpu().eval()
         surgery = SurgerySettings(**cfg.model_dump(include=set(SurgerySettings.model_fields)))
-        if ctx.group.active:
-            model, result = _surgery_once(ctx, model, example, cfg.target, protected, surgery, description)
-        else:
-            result = prune(model, example, cfg.target, protected, surgery)
         device = resolve_device(cfg.finetune.device)
         if device.type == "cuda" and ctx.group.active:
             device = torch.device("cuda", torch.cuda.current_device())
         score, before = val_score(original, data, cfg.finetune, device, ctx.group)
         original.cpu()
-        refresh_batchnorm(ctx, model.to(device), cfg.batchnorm, cfg.finetune, "after the surgery", device)
+        hooks_for = self._finetune_hooks(ctx, cfg, inputs, description)
+        steps = None
+        if cfg.target.auto:
+            steps = prune_in_steps(ctx, model, example, protected, surgery, cfg.auto, cfg.finetune, cfg.batchnorm,
+                                   hooks_for, device, score, before)
+            model = steps.model.to(device)
+            result = steps.result or _unpruned(model, example.to(device))
+        else:
+            if ctx.group.active:
+                model, result = _surgery_once(ctx, model, example, cfg.target, protected, surgery, description)
+            else:
+                result = prune(model, example, cfg.target, protected, surgery)
+            refresh_batchnorm(ctx, model.to(device), cfg.batchnorm, cfg.finetune, "after the surgery", device)
         score, after_surgery = val_score(model, data, cfg.finetune, device, ctx.group)
         heads = (f", attention heads {sum(result.heads_before.values())} → {sum(result.heads_after.values())}"
                  if result.heads_before else "")
@@ -199,13 +232,7 @@ class PruneStage(Stage):
                     f"{', '.join(result.unwrapped)}")
         run = None
         if cfg.finetune.epochs > 0:
-            hooks = Hooks()
-            distill = cfg.finetune.distill
-            if distill is not None:
-                teacher, teacher_desc = model_from_artifact(inputs["teacher"], data)
-                check_pair(teacher_desc, description, inputs["teacher"].name, inputs["model"].name)
-                hooks.loss = teacher_loss(teacher, cfg.finetune, distill, f"{field}.finetune.distill", data, model)
-                ctx.log(f"finetune distils from {inputs['teacher'].name} (T={distill.temperature:g}, α={distill.alpha:g})")
+            hooks = hooks_for(model)
             run = runs["finetune"] = run_training(ctx, model, cfg.finetune, field=f"{field}.finetune",
                                                   label=f"{ctx.name}.finetune", hooks=hooks,
                                                   checkpoint_dir=ctx.stage_dir / "checkpoints-finetune")
@@ -234,6 +261,7 @@ class PruneStage(Stage):
                    **({"heads_before": sum(result.heads_before.values()), "heads_after": sum(result.heads_after.values())}
                       if result.heads_before else {}),
                    "params": result.params_after, "macs": result.macs_after,
+                   **({"auto": steps.record(score, cfg.auto)} if steps is not None else {}),
                    "precision": {phase: {"name": r.precision.name, "reason": r.precision.reason}
                                  for phase, r in runs.items()},
                    "summary": f"MACs {result.macs_after / result.macs_before:.1%}, {headline(test_metrics(test))}, "
@@ -254,6 +282,11 @@ class PruneStage(Stage):
                 from compress.pruning.plots import gamma_plot
 
                 (folder / "gamma.png").write_bytes(gamma_plot(report))
+            if steps is not None:
+                from compress.pruning.plots import trajectory_plot
+
+                (folder / "trajectory.png").write_bytes(trajectory_plot(
+                    steps.trajectory, f"val_{score}", before - ctx.pipeline.red_line.max_drop, steps.chosen))
         return StageResult(outputs=[Output("model", "torch-model", ctx.stage_dir / "model",
                                            meta=model_meta(metrics, description)),
                                     Output("report", "report", ctx.stage_dir / "report")], metrics=metrics)
