@@ -31,6 +31,8 @@ def test_a_module_models_statistics_become_the_mean_of_its_batches_in_whole_batc
     assert torch.allclose(bn.running_var, batch_vars, rtol=1e-4)
     assert bn.momentum == 0.01 and not model.training
     assert reestimate(model, [x], 0) == 0 and reestimate(nn.Linear(2, 2), [x], 100) == 0
+    kept = bn.running_mean.clone()
+    assert reestimate(model, [], 100) == 0 and torch.equal(bn.running_mean, kept)  # no batch: left as it was
 
 
 def test_a_qat_graphs_spoiled_statistics_come_back_and_its_momentum_and_mode_stay():

@@ -62,7 +62,12 @@ def reestimate(model: nn.Module, batches: Iterable, images: int) -> int:
     has no BatchNorm)."""
     if images <= 0 or not batchnorm_count(model):
         return 0
-    counted = _Counted(_limited(batches, images))
+    given = _limited(batches, images)
+    first = next(given, None)
+    if first is None:  # no batch at all: the statistics stay as they are, not reset to nothing
+        logger.warning("BatchNorm statistics not re-estimated: no training batch was given")
+        return 0
+    counted = _Counted(itertools.chain([first], given))
     nodes = _graph_batch_norms(model)
     if nodes and not any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules()):
         _reestimate_graph(model, counted)

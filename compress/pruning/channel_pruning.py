@@ -32,6 +32,11 @@ class PruningError(Exception):
     bad_input = False
 
 
+class PruningLimitReached(PruningError):
+    """The pruner can remove no more (every layer protected or at its max_layer_ratio), or not as much as asked:
+    a fixed target fails with it; a search of how far to prune stops there."""
+
+
 class PruningInputError(PruningError):
     """The model or the settings do not allow this pruning at all; the message says what to change."""
 
@@ -237,9 +242,9 @@ def prune(model: nn.Module, example: torch.Tensor, target: PruneTarget, protecte
     for note in notes:
         log.warning("torch-pruning: %s", note)
     if macs >= macs_before:
-        raise PruningError("the pruner removed no channel: every layer is protected or at its max_layer_ratio")
+        raise PruningLimitReached("the pruner removed no channel: every layer is protected or at its max_layer_ratio")
     if by_macs and macs > target.macs * macs_before:
-        raise PruningError(f"reached {macs / macs_before:.1%} of the MACs, not the {target.macs:.0%} target, "
+        raise PruningLimitReached(f"reached {macs / macs_before:.1%} of the MACs, not the {target.macs:.0%} target, "
                            f"with max_layer_ratio {settings.max_layer_ratio}; raise it or relax the target")
     try:
         with torch.no_grad():

@@ -45,6 +45,7 @@ class DistillStage(Stage):
     deployable = ("model",)
     default_teacher = True
     distributable = True
+    uses = ("seed", "data", "model", "red_line")  # the collapse guard reads red_line.collapse_margin
 
     @classmethod
     def config_refs(cls, config: DistillConfig) -> dict[str, str]:  # type: ignore[override]
@@ -68,7 +69,8 @@ class DistillStage(Stage):
         ctx.log(f"student {student_name} ({count_params(student):,} params) from teacher {teacher_name} "
                 f"({count_params(teacher):,} params), T={cfg.temperature:g}, α={cfg.alpha:g}")
         # a student that is an earlier stage's model is judged against itself: distillation must not break it
-        before = val_score(student, data, cfg, resolve_device(cfg.device), ctx.group) if cfg.student is None else None
+        judged = cfg.student is None and data.meaningful_accuracy
+        before = val_score(student, data, cfg, resolve_device(cfg.device), ctx.group) if judged else None
         run = run_training(ctx, student, cfg, field=field, label=ctx.name, hooks=Hooks(loss=loss),
                            checkpoint_dir=ctx.stage_dir / "checkpoints")
         refresh_batchnorm(ctx, student, cfg.batchnorm, cfg, "after the distillation", run.device)

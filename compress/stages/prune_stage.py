@@ -154,8 +154,9 @@ def _collapse_hint(cfg: PruneConfig) -> str:
 class PruneStage(Stage):
     kind = "prune"
     Config = PruneConfig
-    input_roles = ("model", "teacher")
+    input_roles = ("model", "teacher", "baseline")
     required_inputs = ("model",)
+    uses = ("seed", "data", "model", "red_line")  # target macs: auto and the collapse guard read the red line
     produces = ("model", "report")
     deployable = ("model",)
     distributable = True
@@ -164,6 +165,20 @@ class PruneStage(Stage):
     def config_refs(cls, config: PruneConfig) -> dict[str, str]:  # type: ignore[override]
         distill = config.finetune.distill
         return {"teacher": distill.teacher} if distill else {}
+
+    @staticmethod
+    def _reference(ctx: StageContext, inputs: dict[str, InputArtifact], cfg: PruneConfig, device: torch.device,
+                   input_val: float) -> float:
+        """The red line's baseline on the validation split (the first train stage's model, as the gate's): the
+        line target macs: auto judges against, which earlier stages may already have moved this stage's input from."""
+        baseline = inputs.get("baseline")
+        if baseline is None or baseline.name == inputs["model"].name:
+            return input_val
+        model, _ = model_from_artifact(baseline, ctx.data)
+        value = val_score(model, ctx.data, cfg.finetune, device)[1]
+        ctx.log(f"red line's baseline {baseline.name}: val {value:.2f}; this stage's input {inputs['model'].name}: "
+                f"{input_val:.2f}")
+        return value
 
     @staticmethod
     def _finetune_hooks(ctx: StageContext, cfg: PruneConfig, inputs: dict[str, InputArtifact], description: dict):
@@ -210,8 +225,11 @@ class PruneStage(Stage):
         hooks_for = self._finetune_hooks(ctx, cfg, inputs, description)
         steps = None
         if cfg.target.auto:
+            if not data.meaningful_accuracy:
+                raise ConfigError(f"{field}.target.macs: auto judges each step's accuracy, and {data.name}'s labels "
+                                  "are random: give a number")
             steps = prune_in_steps(ctx, model, example, protected, surgery, cfg.auto, cfg.finetune, cfg.batchnorm,
-                                   hooks_for, device, score, before)
+                                   hooks_for, device, score, self._reference(ctx, inputs, cfg, device, before))
             model = steps.model.to(device)
             result = steps.result or _unpruned(model, example.to(device))
         else:
@@ -238,9 +256,10 @@ class PruneStage(Stage):
                                                   checkpoint_dir=ctx.stage_dir / "checkpoints-finetune")
             refresh_batchnorm(ctx, model, cfg.batchnorm, cfg.finetune, "after the finetune", run.device)
         _, after = val_score(model, data, cfg.finetune, run.device if run else device, ctx.group)
-        stop_if_collapsed(ctx, score, before, after, f"pruned to {result.macs_after / result.macs_before:.1%} of the "
-                          "MACs" + (f" and finetuned {_epochs(cfg.finetune.epochs)}" if run else ""),
-                          _collapse_hint(cfg))
+        if data.meaningful_accuracy:
+            stop_if_collapsed(ctx, score, before, after, f"pruned to {result.macs_after / result.macs_before:.1%} "
+                              "of the MACs" + (f" and finetuned {_epochs(cfg.finetune.epochs)}" if run else ""),
+                              _collapse_hint(cfg))
         test = test_accuracy(ctx.data, model, cfg.finetune, run)
         model.cpu().eval()
         # Timed on rank 0 alone: other ranks timing at once would share its cores and skew it.

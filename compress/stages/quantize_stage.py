@@ -131,9 +131,11 @@ class QuantizeStage(Stage):
         score_test = split_scorer(data, "test")
         attempts, climbed = self._climb(ctx, cfg, ladder, model, description, inputs, calib, field)
         chosen = choose(attempts)
-        if data.meaningful_accuracy:
+        if data.meaningful_accuracy:  # against the float model quantized, not the baseline earlier stages moved from
             flavour = max(chosen.drops, key=chosen.drops.get)
-            stop_if_collapsed(ctx, red.metric, ref_val[red.metric], ref_val[red.metric] - chosen.drops[flavour],
+            input_val = ref_val if ref_artifact.name == inputs["model"].name else reference_accuracy(
+                inputs["model"], data, "val", model)
+            stop_if_collapsed(ctx, red.metric, input_val[red.metric], ref_val[red.metric] - chosen.drops[flavour],
                               f"the closest INT8 rung, {chosen.rung} ({flavour} file)",
                               "Check the calibration (calibration.method, samples) and give QAT more epochs "
                               "(qat.epochs); a model this far off is not a rounding error.")

@@ -46,7 +46,7 @@ class TrainStage(Stage):
         asked = f"stages.{ctx.name}.tensorboard" if cfg.tensorboard else \
             "tracking.tensorboard" if ctx.pipeline.tracking.tensorboard else None
         hooks = Hooks(on_epoch=_tensorboard_logger(ctx, asked) if asked and ctx.is_main else None)
-        head_run = self._head_first(ctx, cfg, model, hooks)
+        head_run = self._head_first(ctx, cfg, model)
         run = run_training(ctx, model, cfg, field=f"stages.{ctx.name}", label=ctx.name, hooks=hooks,
                            checkpoint_dir=ctx.stage_dir / "checkpoints")
         test = test_accuracy(ctx.data, model, cfg, run)
@@ -69,8 +69,9 @@ class TrainStage(Stage):
             save_model(model.to("cpu", memory_format=torch.contiguous_format), folder,
                        trained_on(description, data))
         with ctx.atomic_output_dir("history") as folder:
-            history = ([{**row, "phase": "head"} for row in head_run.result.history] if head_run else []) + \
-                run.result.history
+            # the head-only epochs' curves under their own names (head.val_top1), as the prune stage's phases are
+            history = ([{"epoch": row["epoch"], **{f"head.{k}": v for k, v in row.items() if k not in ("epoch", "step")}}
+                        for row in head_run.result.history] if head_run else []) + run.result.history
             (folder / "history.json").write_text(json.dumps(history, indent=2))
         return StageResult(
             outputs=[Output("model", "torch-model", ctx.stage_dir / "model", meta=model_meta(metrics, description)),
@@ -80,8 +81,9 @@ class TrainStage(Stage):
 
 
     @staticmethod
-    def _head_first(ctx: StageContext, cfg: TrainConfig, model, hooks: Hooks):
-        """``freeze_backbone_epochs`` that train the classifier alone, before the stage's epochs train everything."""
+    def _head_first(ctx: StageContext, cfg: TrainConfig, model):
+        """``freeze_backbone_epochs`` that train the classifier alone, before the stage's epochs train everything.
+        Only parameters are frozen: the backbone's BatchNorm statistics follow the new data in these epochs too."""
         n = cfg.freeze_backbone_epochs
         if n == 0:
             return None
@@ -96,7 +98,7 @@ class TrainStage(Stage):
                 f"then {cfg.epochs} everything")
         try:
             return run_training(ctx, model, cfg.model_copy(update={"epochs": n}), field=f"stages.{ctx.name}",
-                                label=f"{ctx.name}.head", hooks=hooks, checkpoint_dir=ctx.stage_dir / "checkpoints-head")
+                                label=f"{ctx.name}.head", hooks=Hooks(), checkpoint_dir=ctx.stage_dir / "checkpoints-head")
         finally:
             for param in frozen:
                 param.requires_grad_(True)

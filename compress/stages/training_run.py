@@ -195,8 +195,11 @@ def refresh_batchnorm(ctx: StageContext, model: nn.Module, settings: BatchNormSe
     if settings.reestimate_images == 0 or not batchnorm_count(model):
         return 0
     device = device or next(model.parameters()).device
-    stream = BatchStream(ctx.data.train.head(settings.reestimate_images), ctx.data, cfg.batch_size, shuffle=False,
-                         drop_last=False, seed=0, device=device, channels_last=cfg.channels_last)
+    available = min(settings.reestimate_images, len(ctx.data.train))
+    batch = min(cfg.batch_size, available)
+    whole = available // batch * batch  # each batch weighs the same in the average: none cut short
+    stream = BatchStream(ctx.data.train.head(whole), ctx.data, batch, shuffle=False, drop_last=True, seed=0,
+                         device=device, channels_last=cfg.channels_last)
     used = reestimate(model, stream.epoch(0), settings.reestimate_images)
     ctx.log(f"{after}: BatchNorm statistics of {batchnorm_count(model)} layers re-estimated on {used} training images")
     return used
