@@ -232,6 +232,14 @@ def _fp32_reference(spec: ArtifactSpec, specs: list[ArtifactSpec]) -> ArtifactSp
                  and r.extra.get("run") == spec.extra.get("run")), None)  # compare: the same run's
 
 
+def _reference_on_runtime(spec: ArtifactSpec, specs: list[ArtifactSpec]) -> ArtifactSpec | None:
+    """The reference-only candidate (``extra.role: reference``, the unpruned model's fp32 ONNX) on ``spec``'s
+    runtime: its latency ratio to it is what compression earned there."""
+    if spec.extra.get("role") == "reference":
+        return None
+    return next((r for r in specs if r.extra.get("role") == "reference" and r.backend == spec.backend), None)
+
+
 def run_benchmark(specs: list[ArtifactSpec], baseline: str, test: TestSet, settings: BenchSettings,
                   progress=None, own_tests: dict[str, TestSet] | None = None, say=None) -> BenchResult:
     """Measure ``specs`` interleaved and judge their accuracy against ``baseline`` by ``settings.limits`` (its
@@ -337,6 +345,11 @@ def run_benchmark(specs: list[ArtifactSpec], baseline: str, test: TestSet, setti
                                                         metric),
                                        "latency_ratio": {k: r.as_dict() for k, r in _ratios(blocked[spec.name],
                                                                                             blocked[other]).items()}}
+        alone = _reference_on_runtime(spec, specs)
+        if alone is not None:
+            entry["vs_export_alone"] = {"reference": alone.name,
+                                        **{k: r.as_dict() for k, r in _ratios(blocked[spec.name],
+                                                                              blocked[alone.name]).items()}}
         reference = _fp32_reference(spec, specs)
         if reference is not None:
             entry["int8_vs_fp32"] = {"reference": reference.name,

@@ -300,13 +300,14 @@ def evaluate(artifacts: list[Entry], limits: Limits, accuracy_meaningful: bool =
     """``artifacts`` are report entries with ``accuracy_drop`` (points, positive = worse), ``latency_ms.p99``
     and, for ``decision="confident"``, ``accuracy_paired`` (the per-image agreement counts) and
     ``latency_ms.p99_ci_blocks``; ``limits`` are the red line, the budget and the rule, recorded in the result
-    under their pipeline-file names.
+    under their pipeline-file names. An entry whose role is ``reference`` (export alone) is not judged.
 
     ``accuracy_meaningful`` false (synthetic data): a drop of random labels says nothing about
     the artifact, so the red line is not applied and the result says the gate saw latency only.
     """
     p99_budget_ms, max_accuracy_drop, decision = limits.p99_budget_ms, limits.max_drop, limits.decision
     reasons, candidates, notes = [], [], []
+    artifacts = [a for a in artifacts if a.role != "reference"]  # measured to compare against, never released
     for art in artifacts:
         problems = _accuracy_problems(art, max_accuracy_drop, decision, notes) if accuracy_meaningful else []
         problems += _latency_problems(art, p99_budget_ms, decision)

@@ -294,6 +294,10 @@ class Entry(_Open):
     runner: dict[str, Any] = Field(default_factory=dict, description="what the runtime ran with, read back from it")
     traffic: EntryTraffic | None = None
     contender: dict[str, Any] | None = Field(None, description="a search's split bench: the trial it stands for")
+    role: str | None = Field(None, description="reference: measured to compare against, never judged or released "
+                                               "(the unpruned model's fp32 ONNX, export alone)")
+    vs_export_alone: RatioPair | None = Field(None, description="latency over the unpruned model's fp32 ONNX on the "
+                                                                "same runtime: what compression earned there")
 
     def server_run(self) -> ServerRun | None:
         """The run at the pipeline's traffic when the pipeline gates on the server scenario."""

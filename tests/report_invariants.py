@@ -23,7 +23,7 @@ def points_outside_intervals(report: dict) -> list[str]:
         _inside(f"{name}: latency_ms.p99 (requests)", lat.get("p99"), lat.get("p99_ci"), problems)
         _inside(f"{name}: latency_ms.p50 (requests)", lat.get("p50"), lat.get("p50_ci"), problems)
         _inside(f"{name}: speedup_p99", art.get("speedup_p99"), art.get("speedup_p99_ci"), problems)
-        for family in ("latency_ratio", "int8_vs_fp32"):
+        for family in ("latency_ratio", "int8_vs_fp32", "vs_export_alone"):
             for key, ratio in (art.get(family) or {}).items():
                 if isinstance(ratio, dict):
                     _inside(f"{name}: {family}.{key}", ratio["ratio"], ratio["ci"], problems)

@@ -434,3 +434,37 @@ def test_the_report_is_typed_versioned_and_an_older_one_is_read_a_newer_one_refu
     del broken["artifacts"][0]["latency_ms"]["p99"]
     with pytest.raises(ReportVersionError, match=r"artifacts\.0\.latency_ms\.p99"):
         checked(broken)
+
+
+def test_the_unpruned_model_exported_alone_is_measured_as_a_reference_never_released(tmp_path):
+    """train → prune → export → bench: the baseline exported to fp32 ONNX as it is stands beside the candidates on
+    each runtime, each ONNX candidate has its latency over it on the same runtime, and the gate neither judges nor
+    releases it. Where the bench already measures an fp32 ONNX of the baseline, none is added."""
+    config = copy.deepcopy(TINY)
+    config["red_line"] = {"metric": "top1", "max_drop": 100.0, "collapse_margin": None}
+    config["stages"] += [{"name": "prune", "kind": "prune", "target": {"macs": 0.7}, "importance": "magnitude",
+                          "sparsity": {"epochs": 0}, "finetune": {"epochs": 1, "amp": "off"}},
+                         {"name": "export", "kind": "export"}, dict(FAST_BENCH, leave_out=["prune.model"])]
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml.safe_dump(config))
+    assert main(["run", str(path), "--run-dir", str(tmp_path / "run")]) in (0, 1)
+    report = json.loads((tmp_path / "run" / "bench" / "report" / "report.json").read_text())
+    entries = {a["name"]: a for a in report["artifacts"]}
+    alone = entries["export-alone:train.model"]
+    assert (alone["role"], alone["format"], alone["precision"], alone["source_model"]) == (
+        "reference", "onnx", "fp32", "train.model")
+    assert alone["macs"] == entries["train.model"]["macs"] and abs(alone["accuracy_drop"]) < 0.5  # the same weights
+    ratio = entries["export.onnx"]["vs_export_alone"]
+    assert ratio["reference"] == "export-alone:train.model" and ratio["p50"]["ci"][0] <= ratio["p50"]["ratio"]
+    assert "vs_export_alone" not in alone and "vs_export_alone" not in entries["train.model"]
+    gate = report["gate"]
+    assert gate["release"] != alone["name"] and not any(r.startswith("export-alone") for r in gate["reasons"])
+    markdown = (tmp_path / "run" / "bench" / "report" / "report.md").read_text()
+    assert "## Compression alone: against the unpruned model exported" in markdown
+    assert points_outside_intervals(report) == []
+
+
+def test_no_export_alone_where_the_bench_measures_the_baselines_fp32_onnx_already(bench_run):
+    _, _, run_dir = bench_run  # train → export → bench: export.onnx is the baseline exported
+    report = json.loads((run_dir / "bench" / "report" / "report.json").read_text())
+    assert not any(a["name"].startswith("export-alone") for a in report["artifacts"])

@@ -8,7 +8,8 @@ from pydantic import Field, model_validator
 from compress.config import StageConfig
 from compress.errors import ArtifactError, ConfigError
 from compress.stages.base import InputArtifact, Output, Stage, StageContext, StageResult
-from compress.stages.measurement import bench_settings, candidates_of, measure_and_judge, summary_table, test_set_of
+from compress.stages.measurement import (bench_settings, candidates_of, export_alone, measure_and_judge, summary_table,
+                                        test_set_of)
 from compress.stages.provenance import test_independence
 from compress.stages.training_run import is_detection
 from serve_bench.latency.harness import HarnessSettings
@@ -47,6 +48,9 @@ class BenchConfig(StageConfig, HarnessSettings):
                                                  "serving configuration, the sweep for the highest load in budget")
     profile_iters: int = Field(20, ge=0, description="runs of each artifact under its runtime's profiler, for the "
                                                      "per-operator table (0: no profile)")
+    export_alone: bool = Field(True, description="also measure the baseline torch model exported to fp32 ONNX on "
+                               "each runtime, as a reference no gate releases: what compression earned apart from "
+                               "what the runtime gave (torch eager is often a slow path at small sizes)")
 
     @model_validator(mode="after")
     def _floor(self) -> "BenchConfig":
@@ -90,6 +94,7 @@ class BenchStage(Stage):
         if baseline not in {s.name for s in specs}:
             raise ArtifactError(f"stage {ctx.name!r}: baseline {baseline!r} is not among the measured artifacts "
                                 f"({', '.join(s.name for s in specs)})")
+        specs += export_alone(ctx, cfg, specs, baseline)
         batch = cfg.batch_size or pipeline.latency.batch_size
         test = test_set_of(data)
         if len(test.labels) < batch:

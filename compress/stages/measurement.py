@@ -111,6 +111,39 @@ def artifact_spec(artifact: InputArtifact, cfg) -> ArtifactSpec:
                         quantization=meta.get("quantization"))  # refused per runtime by candidates_of
 
 
+EXPORT_ALONE = "export-alone"
+
+
+def export_alone(ctx, cfg, specs: list[ArtifactSpec], baseline: str) -> list[ArtifactSpec]:
+    """The baseline torch model exported to fp32 ONNX, on each runtime the bench measures ONNX files on: a
+    reference (never released) for what compression earned apart from what the runtime gave. At small input
+    sizes torch eager runs a slow convolution path, so a speed-up over it mostly measures the runtime; over this
+    file it measures the pruning and quantization. Left out where the bench settings say so, for a detector
+    (exported with its decoding by the export stage), and where an fp32 ONNX of the baseline is measured already."""
+    base = next((s for s in specs if s.name == baseline), None)
+    if (not cfg.export_alone or base is None or base.format != "torch" or is_detection(ctx.data)
+            or any(s.format == "onnx" and s.precision == "fp32" and s.source_model == baseline for s in specs)):
+        return []
+    import torch
+
+    from export.onnx_export import export_onnx
+    from train.model_io import load_model
+
+    folder = ctx.stage_dir / EXPORT_ALONE
+    folder.mkdir(parents=True, exist_ok=True)
+    model, _ = load_model(Path(base.path))
+    path = folder / "model.onnx"
+    export_onnx(model.eval(), torch.zeros(2, *ctx.data.input_shape), path)
+    spec = ArtifactSpec(name=f"{EXPORT_ALONE}:{baseline}", stage=ctx.name, backend="onnxruntime", path=str(path),
+                        format="onnx", precision="fp32", size_bytes=path.stat().st_size, params=base.params,
+                        macs=base.macs, options={"inter_op_threads": cfg.inter_op_threads}, source_model=baseline,
+                        extra={"role": "reference"})
+    runtimes = onnx_runtimes(cfg.runtimes, cfg.device, f"stages.{cfg.name}.runtimes")
+    ctx.log(f"{spec.name}: {baseline} exported to fp32 ONNX as it is, measured on {', '.join(runtimes)} as a "
+            "reference (never released): what compression earned apart from what the runtime gave")
+    return on_runtimes(spec, runtimes, runtime_options(cfg))
+
+
 def _refusal(meta: dict, backend: str, on_test: bool = True) -> str | None:
     """Why the gate must not release this file on ``backend``, from the quantize stage's red-line check."""
     red = meta.get("red_line")

@@ -111,7 +111,8 @@ def render_markdown(report: report_model.Report) -> str:
     lines += _md_table(tables.main_table(report))
     if report.flags:
         lines += ["", "**Flags**", ""] + [f"- ⚠ {flag}" for flag in report.flags]
-    notes = {**traffic_report.section_notes(report), "Same file, another runtime": tables.RUNTIME_NOTE}
+    notes = {**traffic_report.section_notes(report), "Same file, another runtime": tables.RUNTIME_NOTE,
+             tables.EXPORT_ALONE_TITLE: tables.EXPORT_ALONE_NOTE}
     for title, table in tables.sections(report):
         lines += ["", f"## {title}", ""] + _md_table(table) + (["", notes[title]] if title in notes else [])
     lines += ["", intervals_note(report), "", f"Settings: {json.dumps(report.settings)}.", ""]
@@ -153,7 +154,8 @@ def render_html(report: report_model.Report, figures: dict[str, bytes]) -> str:
     flags = "".join(f"<li class=\"flag\">⚠ {html.escape(f)}</li>" for f in report.flags)
     notes = {title: f'<p class="environment">{html.escape(line)}</p>'
              for title, line in {**traffic_report.section_notes(report),
-                                 "Same file, another runtime": tables.RUNTIME_NOTE}.items()}
+                                 "Same file, another runtime": tables.RUNTIME_NOTE,
+                                 tables.EXPORT_ALONE_TITLE: tables.EXPORT_ALONE_NOTE}.items()}
     more = "".join(f"<h2>{html.escape(title)}</h2>{_html_table(table)}{notes.get(title, '')}"
                    for title, table in tables.sections(report))
     gate_line = html.escape(_gate_line(gate, metric, report.baseline).replace("`", ""))
