@@ -84,7 +84,7 @@ def test_trials_share_the_stages_upstream_of_what_the_space_touches(tmp_path):
                                          "threads_per_trial": 1}))
     assert shared_stages(plan.base, ["stages.prune.target.macs"]) == ["train"]
     assert shared_stages(plan.base, ["stages.quantize.calibration.method"]) == ["train", "prune"]
-    assert shared_stages(plan.base, ["red_line.max_drop"]) == ["train", "prune"]  # quantize reads the red line
+    assert shared_stages(plan.base, ["red_line.max_drop"]) == ["train"]  # prune (macs: auto, the guard) reads it too
     assert shared_stages(plan.base, ["stages.1.round_to"]) == ["train"]  # a stage by index
     assert shared_stages(plan.base, ["data.image_size"]) == []
     raw = plan.trial_raw({"stages.prune.target.macs": 0.3, "stages.prune.finetune.distill.temperature": 2.0})
