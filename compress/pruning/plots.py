@@ -21,11 +21,7 @@ def gamma_plot(report: dict) -> bytes:
     ax.set_ylabel("channels")
     ax.set_title("BN scales: channels near zero are the ones pruning removes")
     ax.legend(fontsize=8)
-    buffer = io.BytesIO()
-    fig.tight_layout()
-    fig.savefig(buffer, format="png", dpi=110)
-    plt.close(fig)
-    return buffer.getvalue()
+    return _png(fig)
 
 
 def trajectory_plot(trajectory: list[dict], metric: str, red_line: float, chosen: int) -> bytes:
@@ -45,6 +41,10 @@ def trajectory_plot(trajectory: list[dict], metric: str, red_line: float, chosen
     ax.invert_xaxis()  # pruning goes right
     ax.set_title("target macs: auto — each step finetuned briefly and judged on validation")
     ax.legend(fontsize=8)
+    return _png(fig)
+
+
+def _png(fig) -> bytes:
     buffer = io.BytesIO()
     fig.tight_layout()
     fig.savefig(buffer, format="png", dpi=110)

@@ -68,31 +68,23 @@ def main_table(report: Report) -> Table:
     return head, rows
 
 
+def _ratio_cells(ratio) -> list[str]:
+    return [_ratio(ratio.p50), ratio.p50.verdict, _ratio(ratio.p99), ratio.p99.verdict]
+
+
 def ratio_table(report: Report) -> Table:
     """Each artifact's latency over the baseline's (below 1: faster), intervals from block pairing."""
     head = ["artifact", "p50 ratio [95% CI]", "p50 verdict", "p99 ratio [95% CI]", "p99 verdict", "paired rounds"]
-    rows = []
-    for a in report.artifacts:
-        ratio = a.latency_ratio
-        if ratio is None:
-            continue
-        rows.append([a.name, _ratio(ratio.p50), ratio.p50.verdict, _ratio(ratio.p99), ratio.p99.verdict,
-                     str(ratio.p99.rounds)])
-    return head, rows
+    return head, [[a.name, *_ratio_cells(a.latency_ratio), str(a.latency_ratio.p99.rounds)]
+                  for a in report.artifacts if a.latency_ratio is not None]
 
 
 def export_alone_table(report: Report) -> Table:
     """Each candidate's latency over the unpruned model's fp32 ONNX on the same runtime (export alone): what
     compression earned, apart from what leaving torch eager for the runtime gave."""
     head = ["artifact", "against", "p50 ratio [95% CI]", "p50 verdict", "p99 ratio [95% CI]", "p99 verdict"]
-    rows = []
-    for a in report.artifacts:
-        ratio = a.vs_export_alone
-        if ratio is None:
-            continue
-        rows.append([a.name, ratio.reference or "—", _ratio(ratio.p50), ratio.p50.verdict, _ratio(ratio.p99),
-                     ratio.p99.verdict])
-    return head, rows
+    return head, [[a.name, a.vs_export_alone.reference or "—", *_ratio_cells(a.vs_export_alone)]
+                  for a in report.artifacts if a.vs_export_alone is not None]
 
 
 EXPORT_ALONE_TITLE = "Compression alone: against the unpruned model exported (block-paired)"
