@@ -241,7 +241,7 @@ def test_target_macs_auto_keeps_the_last_step_within_the_red_line_on_validation(
     else:
         assert steps.result is None and kept_macs == params
         assert "no pruned step within the red line: the model is handed on unpruned" in said
-    record = steps.record("top1", auto)
+    record = steps.record("top1", auto.epochs(TrainingSettings()))
     assert record["cost"] == {"steps": taken, "finetune_epochs_per_step": 0, "epochs": 0}
 
 

@@ -185,7 +185,7 @@ class PruneStage(Stage):
         """The hooks of a finetune of the pruned model: distilled from the teacher (loaded once) where the stage
         says so. A function of the student, since a step of target macs: auto finetunes each step's model."""
         distill, field = cfg.finetune.distill, f"stages.{ctx.name}.finetune.distill"
-        needed = cfg.finetune.epochs > 0 or (cfg.target.auto and cfg.auto.finetune_epochs > 0)
+        needed = cfg.finetune.epochs > 0 or (cfg.target.auto and cfg.auto.epochs(cfg.finetune) > 0)
         if distill is None or not needed:
             return lambda model: Hooks()
         teacher, teacher_desc = model_from_artifact(inputs["teacher"], ctx.data)
@@ -280,7 +280,7 @@ class PruneStage(Stage):
                    **({"heads_before": sum(result.heads_before.values()), "heads_after": sum(result.heads_after.values())}
                       if result.heads_before else {}),
                    "params": result.params_after, "macs": result.macs_after,
-                   **({"auto": steps.record(score, cfg.auto)} if steps is not None else {}),
+                   **({"auto": steps.record(score, cfg.auto.epochs(cfg.finetune))} if steps is not None else {}),
                    "precision": {phase: {"name": r.precision.name, "reason": r.precision.reason}
                                  for phase, r in runs.items()},
                    "summary": f"MACs {result.macs_after / result.macs_before:.1%}, {headline(test_metrics(test))}, "
