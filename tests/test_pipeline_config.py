@@ -10,6 +10,7 @@ from compress.cli import main
 from compress.errors import ConfigError
 from compress.pipeline.pipeline_file import apply_override, load_pipeline
 from compress.pipeline.schema import pipeline_json_schema
+from tests.conftest import ROOT
 
 
 def _write(tmp_path, text: str):
@@ -129,7 +130,12 @@ def test_schema_lists_stage_settings(capsys):
 
 
 def test_quickstart_pipeline_is_valid():
-    from tests.conftest import ROOT
-
     pipeline = load_pipeline(ROOT / "pipelines" / "quickstart.yaml")
     assert pipeline.config.data.name == "mnist5k" and pipeline.stages[0].kind == "train"
+
+
+@pytest.mark.parametrize("path", sorted(p.name for p in (ROOT / "pipelines").glob("*.yaml") if "search" not in p.name))
+def test_every_reference_pipeline_is_valid(path):
+    """The reference pipelines are documentation too: one that no longer validates is found here, not by a user."""
+    pipeline = load_pipeline(ROOT / "pipelines" / path)
+    assert pipeline.stages
