@@ -228,7 +228,7 @@ def _fp32_reference(spec: ArtifactSpec, specs: list[ArtifactSpec]) -> ArtifactSp
     if spec.precision != "int8" or not spec.source_model:
         return None
     return next((r for r in specs if r.format == "onnx" and r.precision == "fp32" and r.backend == spec.backend
-                 and r.source_model == spec.source_model
+                 and r.source_model == spec.source_model and r.extra.get("role") != "reference"
                  and r.extra.get("run") == spec.extra.get("run")), None)  # compare: the same run's
 
 
@@ -268,10 +268,12 @@ def run_benchmark(specs: list[ArtifactSpec], baseline: str, test: TestSet, setti
         traffic, traffic_facts = {}, None
         if wanted(settings.traffic, settings.scenario):
             expected = {name: float(np.percentile(b.flat, 50)) for name, b in measured["blocked"].items()}
+            swept = settings.traffic if settings.traffic.sweep_artifacts is not None else settings.traffic.model_copy(
+                update={"sweep_artifacts": [s.name for s in specs if s.extra.get("role") != "reference"]})
             traffic, traffic_facts = measure_traffic(
                 workers, scenario=settings.scenario, target_qps=settings.target_qps,
                 budget_ms=limits.p99_budget_ms if limits else None, decision=limits.decision if limits else "point",
-                settings=settings.traffic, settle_s=settings.harness.settle_s,
+                settings=swept, settle_s=settings.harness.settle_s,
                 expected_ms=expected, null_pool=_pool(test, 1)[:16], progress=say)
         profiles = {name: operator_profile(worker, settings) for name, worker in workers.items()}
         served = {spec.name: batch for spec in specs

@@ -26,7 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 
 from serve_bench.limits import Limits
 
-REPORT_VERSION = 2
+REPORT_VERSION = 3  # 3: an entry may be a reference (role), which no gate judges: an older reader must refuse it
 SCHEMA_FILE = "report.schema.json"
 Interval = tuple[float, float]
 Decision = Literal["point", "confident"]

@@ -90,3 +90,16 @@ def test_a_record_that_kept_no_input_names_is_judged_by_its_digests(manifest, tm
     bench = _bench({"export.onnx": "2"}).model_copy(update={"key_material": None})
     assert measured_digests(bench) == {"artifact:export.onnx": "2" * 64}
     require_measured(manifest.artifacts["export.onnx"], bench, tmp_path)
+
+
+def test_release_anyway_never_picks_the_export_alone_reference(tmp_path):
+    from compress.errors import ConfigError
+    from compress.release.bundle import _chosen
+
+    failed = {**FIELDS, "gate": {**FIELDS["gate"], "passed": False, "release": None, "reasons": ["none passed"]},
+              "baseline": "train.model",
+              "artifacts": [_entry("train.model", 0.0, 2.0), _entry("export.onnx", 0.1, 0.8),
+                            {**_entry("export-alone:train.model", 0.0, 0.1), "role": "reference"}]}
+    assert _chosen(as_report(failed), None, True, tmp_path / "report.json") == "export.onnx"  # not the faster one
+    with pytest.raises(ConfigError, match="--artifact export-alone:train.model: not in"):
+        _chosen(as_report(failed), "export-alone:train.model", True, tmp_path / "report.json")

@@ -39,7 +39,7 @@ def trajectory_plot(trajectory: list[dict], metric: str, red_line: float, chosen
     ax.set_xlabel("MACs kept (% of the input's)")
     ax.set_ylabel(metric.replace("_", " "))
     ax.invert_xaxis()  # pruning goes right
-    ax.set_title("target macs: auto — each step finetuned briefly and judged on validation")
+    ax.set_title("target macs: auto — each step finetuned and judged on validation")
     ax.legend(fontsize=8)
     return _png(fig)
 

@@ -122,6 +122,7 @@ def export_alone(ctx, cfg, specs: list[ArtifactSpec], baseline: str) -> list[Art
     (exported with its decoding by the export stage), and where an fp32 ONNX of the baseline is measured already."""
     base = next((s for s in specs if s.name == baseline), None)
     if (not cfg.export_alone or base is None or base.format != "torch" or is_detection(ctx.data)
+            or not any(s.format == "onnx" for s in specs)  # nothing to divide by it
             or any(s.format == "onnx" and s.precision == "fp32" and s.source_model == baseline for s in specs)):
         return []
     import torch
@@ -131,9 +132,14 @@ def export_alone(ctx, cfg, specs: list[ArtifactSpec], baseline: str) -> list[Art
 
     folder = ctx.stage_dir / EXPORT_ALONE
     folder.mkdir(parents=True, exist_ok=True)
-    model, _ = load_model(Path(base.path))
     path = folder / "model.onnx"
-    export_onnx(model.eval(), torch.zeros(2, *ctx.data.input_shape), path)
+    try:  # with the exporter's defaults (opset 18, fp32, no simplification), whatever an export stage chose
+        model, _ = load_model(Path(base.path))
+        export_onnx(model.eval(), torch.zeros(2, *ctx.data.input_shape), path)
+    except Exception as exc:  # an optional reference: its export failing must not stop the bench of the rest
+        ctx.log(f"{EXPORT_ALONE}: {baseline} could not be exported to ONNX ({type(exc).__name__}: "
+                f"{str(exc).splitlines()[0][:200]}); measured without it", style="yellow")
+        return []
     spec = ArtifactSpec(name=f"{EXPORT_ALONE}:{baseline}", stage=ctx.name, backend="onnxruntime", path=str(path),
                         format="onnx", precision="fp32", size_bytes=path.stat().st_size, params=base.params,
                         macs=base.macs, options={"inter_op_threads": cfg.inter_op_threads}, source_model=baseline,
@@ -212,7 +218,8 @@ def measure_and_judge(specs: list[ArtifactSpec], baseline: str, test: TestSet, s
 def flags_of(result: BenchResult, environment: dict, independence: dict | None, test: TestSet,
              class_names: list[str] | None = None, limits: Limits | None = None) -> list[str]:
     """Every flag a judged measurement can raise, in one list: what a reader must know before trusting a figure."""
-    entries, judged = result.entries, report_model.entries(result.entries)
+    entries = [e for e in result.entries if e.get("role") != "reference"]  # a reference ships nowhere: no flag on it
+    judged = report_model.entries(entries)
     flags = [f"{name}: {why}" for name, why in result.unpaired.items()]
     flags += quantized_not_faster(judged, environment.get("isa"))
     flags += [f for f in (too_few_blocks(entries), short_of_floors_flag(entries), busy_machine_flag(entries),

@@ -62,7 +62,8 @@ def main_table(report: Report) -> Table:
     for a in report.artifacts:
         lat, acc_ci = a.latency_ms, a.accuracy_ci.get(metric)
         accuracy = fmt(a.accuracy.get(metric), 2) + (f" [{acc_ci[0]:.2f}, {acc_ci[1]:.2f}]" if acc_ci else "") + mark
-        rows.append([a.name, a.backend, a.precision, accuracy, _drop(a), _disagree(a), fmt(lat.p50),
+        name = f"{a.name} (reference, not released)" if a.role == "reference" else a.name
+        rows.append([name, a.backend, a.precision, accuracy, _drop(a), _disagree(a), fmt(lat.p50),
                      fmt(lat.p99), interval(lat.p99_ci), interval(lat.p99_ci_blocks), _speedup(a),
                      f"{a.throughput:,.0f}", f"{a.size_bytes / 2**20:.2f}"])
     return head, rows
