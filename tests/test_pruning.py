@@ -162,7 +162,7 @@ def _slow_batchnorm_pipeline(trained_digits_run, write_pipeline, name: str) -> P
     epoch: 20 steps, after which momentum-0.01 statistics still hold 80% of their values from before the surgery."""
     weights = trained_digits_run / "train" / "model" / "model.safetensors"
     config = copy.deepcopy(TINY)
-    config["model"] = {"name": "tests.user_models:slow_batchnorm_resnet20", "args": {"width": 8}, "weights": str(weights)}
+    config["model"] = {"name": "tests.momentum_models:slow_batchnorm_resnet20", "args": {"width": 8}, "weights": str(weights)}
     config["stages"] = [{"name": "prune", "kind": "prune", "target": {"macs": 0.75},
                          "sparsity": {"epochs": 0},
                          "finetune": {"epochs": 1, "amp": "off", "batch_size": 64, "checkpoint_every": 0}}]

@@ -90,15 +90,3 @@ class NearTies(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = nn.functional.adaptive_avg_pool2d(x, 8).flatten(1)
         return self.head(x) * 0.01 + self.offset
-
-
-def slow_batchnorm_resnet20(num_classes: int = 10, in_channels: int = 1, width: int = 8) -> nn.Module:
-    """ResNet-20 whose BatchNorm layers keep their running statistics at momentum 0.01, as TensorFlow ports
-    (EfficientNet-Lite, MobileNet) do: after surgery a short finetune leaves them stale."""
-    from train.cifar_resnet import resnet20
-
-    model = resnet20(num_classes=num_classes, in_channels=in_channels, width=width)
-    for module in model.modules():
-        if isinstance(module, nn.BatchNorm2d):
-            module.momentum = 0.01
-    return model

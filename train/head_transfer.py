@@ -43,10 +43,14 @@ class Transfer:
     def as_dict(self) -> dict:
         return asdict(self)
 
+    @classmethod
+    def from_record(cls, record: dict) -> "Transfer":
+        """A transfer as a model's description records it (``transfer``, with the weights file beside)."""
+        return cls(**{k: record[k] for k in ("classifier", "left_out", "made_for", "reason")})
+
     def words(self) -> str:
-        keys = ", ".join(f"{k} {self.left_out[k]}" for k in self.left_out)
-        return (f"classifier {self.classifier!r} re-made for the data ({self.reason}); left out of the weights "
-                f"file: {keys or 'nothing'}")
+        left = ", ".join(f"{k} {shape}" for k, shape in self.left_out.items()) or "nothing"
+        return f"{self.classifier!r} re-made for the data ({self.reason}; left out: {left})"
 
 
 def classifier_name(model: nn.Module, named: str | None = None) -> str:

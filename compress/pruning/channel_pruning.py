@@ -146,7 +146,8 @@ class PruneResult:
     warnings: list[str] = field(default_factory=list)  # what torch-pruning warned about
 
 
-def _channels(model: nn.Module) -> dict[str, int]:
+def layer_widths(model: nn.Module) -> dict[str, int]:
+    """Output channels (features) of every convolution and linear layer, by name."""
     return {name: m.out_channels if isinstance(m, nn.Conv2d) else m.out_features
             for name, m in model.named_modules() if isinstance(m, (nn.Conv2d, nn.Linear))}
 
@@ -210,7 +211,7 @@ def prune(model: nn.Module, example: torch.Tensor, target: PruneTarget, protecte
     macs_before, params_before = tp.utils.count_ops_and_params(model, example)
     with torch.no_grad():
         classes_before = model(example).shape[-1]
-    channels_before, heads_before = _channels(model), structure.head_counts(model)
+    channels_before, heads_before = layer_widths(model), structure.head_counts(model)
     reasons = _kept_whole(model, protected)
     ignored = list(dict.fromkeys([*protected, *reasons]))  # the pruner ignores these and their submodules
     with warnings.catch_warnings(record=True) as caught:
@@ -259,7 +260,7 @@ def prune(model: nn.Module, example: torch.Tensor, target: PruneTarget, protecte
     history += pruner.pruning_history()
     history = [[name, bool(out), [int(i) for i in idxs]] for name, out, idxs in history]
     return PruneResult(history, int(macs_before), int(macs), int(params_before), int(params_after),
-                       channels_before, _channels(model), settings.importance, found.not_pruned, found.unwrapped,
+                       channels_before, layer_widths(model), settings.importance, found.not_pruned, found.unwrapped,
                        heads_before, structure.head_counts(model), notes)
 
 

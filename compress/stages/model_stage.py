@@ -25,6 +25,7 @@ from compress.stages.model_source import model_from_config, model_meta, source_d
 from compress.stages.onnx_import import import_onnx
 from compress.stages.provenance import origin_record
 from compress.stages.training_run import TrainingSettings, headline, test_accuracy, test_metrics
+from train.head_transfer import Transfer
 from train.model_io import save_model
 from train.models import count_macs, count_params
 
@@ -33,11 +34,6 @@ NAME = "model"  # the stage's name in a pipeline, and so its artifact's: model.m
 
 class ModelSourceConfig(StageConfig):
     kind: Literal["model"] = "model"
-
-
-def _transfer_words(transfer: dict) -> str:
-    left = ", ".join(f"{k} {shape}" for k, shape in transfer["left_out"].items()) or "nothing"
-    return f"{transfer['classifier']!r} re-made for the data ({transfer['reason']}; left out: {left})"
 
 
 class ModelStage(Stage):
@@ -67,7 +63,7 @@ class ModelStage(Stage):
         description["origin"] = origin
         transfer = description.get("transfer")
         if transfer:
-            ctx.log(f"{cfg.weights}: every tensor loaded but the classifier's; {_transfer_words(transfer)}; until a "
+            ctx.log(f"{cfg.weights}: every tensor loaded but the classifier's; {Transfer.from_record(transfer).words()}; until a "
                     "train stage trains it, this model's accuracy is chance", style="yellow")
         test = test_accuracy(data, model, TrainingSettings())
         metrics = {**test_metrics(test), "params": count_params(model), "macs": count_macs(model, data.input_shape),

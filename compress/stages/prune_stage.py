@@ -20,7 +20,8 @@ from compress.config import StageConfig
 from compress.distillation.loss import DistillSettings, check_pair
 from compress.errors import ConfigError
 from compress.pruning.channel_pruning import (PruneResult, PruneTarget, SurgerySettings, batchnorm_layers, bn_l1_hook,
-                                              gamma_histogram, latency_ratio, prune, unprunable_batchnorms)
+                                              gamma_histogram, latency_ratio, layer_widths, prune,
+                                              unprunable_batchnorms)
 from compress.stages.base import InputArtifact, Output, Stage, StageContext, StageResult
 from compress.stages.model_source import model_from_artifact, model_meta, trained_on
 from compress.stages.prune_steps import AutoSettings, prune_in_steps
@@ -131,8 +132,7 @@ def _unpruned(model: nn.Module, example: torch.Tensor) -> PruneResult:
     import torch_pruning as tp
 
     macs, params = tp.utils.count_ops_and_params(model.eval(), example)
-    channels = {n: m.out_channels if isinstance(m, nn.Conv2d) else m.out_features
-                for n, m in model.named_modules() if isinstance(m, (nn.Conv2d, nn.Linear))}
+    channels = layer_widths(model)
     return PruneResult([], int(macs), int(macs), int(params), int(params), channels, channels)
 
 

@@ -14,8 +14,9 @@ knows is refused with both versions named.
 The models type every field a reader of this project relies on and keep the rest as written (each
 section allows facts it does not name: a runtime's own settings, a profile's rows), so a runtime
 can add a fact without a schema bump, and a report reads back as the dict it was written from
-(``Report.document``). This module is its own floor in ``serve_bench``: the gate judges entries of
-this model, and the renderers, the release and the search read it; it imports only ``limits``.
+(``Report.document``). This package is its own floor in ``serve_bench``: the gate judges entries of
+this model, and the renderers, the release and the search read it; it imports only ``limits``. The
+sections of one entry's measurements are in ``sections``; the entry, the report and its reading here.
 """
 from __future__ import annotations
 
@@ -24,206 +25,22 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 
-from serve_bench.limits import Limits
+from serve_bench.report_model.sections import (Capacity, Decision, EntryTraffic, Interval, LatencyFigures,
+                                               LimitsModel, LoadGenVerdict, Paired, Ratio, RatioPair, RuntimeParity,
+                                               ServerRun, Serving, SteadyState, Sweep, SweepConfig, _Open)
+
+__all__ = ["Capacity", "Comparison", "ComparedRun", "DataFacts", "Entry", "EntryTraffic", "Environment", "Gate",
+           "LatencyFigures", "LimitsModel", "LoadGenVerdict", "Paired", "Quantization", "Ratio", "RatioPair",
+           "Repeats", "Report", "ReportVersionError", "Rung", "RuntimeParity", "ServerRun", "Serving", "Spread",
+           "SteadyState", "Sweep", "SweepConfig", "Traffic", "REPORT_VERSION", "SCHEMA_FILE", "checked", "entries",
+           "model_of", "read", "readable", "schema_text", "upgraded"]
 
 REPORT_VERSION = 3  # 3: an entry may be a reference (role), which no gate judges: an older reader must refuse it
 SCHEMA_FILE = "report.schema.json"
-Interval = tuple[float, float]
-Decision = Literal["point", "confident"]
 
 
 class ReportVersionError(ValueError):
     """A report this code cannot read as it is: its version is newer, or it does not fit the model."""
-
-
-class _Open(BaseModel):
-    """A section whose named fields are typed and whose other facts are kept as written."""
-
-    model_config = ConfigDict(extra="allow", populate_by_name=True)
-
-    def written(self) -> dict:
-        """The section as the dict it was written as, for the measuring code below this floor that reads dicts."""
-        return self.model_dump(mode="json", by_alias=True, exclude_unset=True)
-
-
-class LimitsModel(BaseModel):
-    """The pipeline file's limits the gate judged under (``serve_bench.limits.Limits``)."""
-
-    model_config = ConfigDict(extra="forbid")
-    metric: str
-    max_drop: float
-    p99_budget_ms: float | None
-    decision: Decision
-
-    def limits(self) -> Limits:
-        return Limits(**self.model_dump())
-
-
-class LatencyFigures(_Open):
-    """Closed-loop service time of one candidate (ms), with its intervals."""
-
-    p50: float
-    p99: float
-    n: int = Field(description="timed requests")
-    p90: float | None = None
-    p95: float | None = None
-    p99_9: float | None = Field(None, alias="p99.9")
-    mean: float | None = None
-    std: float | None = None
-    min: float | None = None
-    max: float | None = None
-    blocks: int | None = None
-    p50_ci: Interval | None = None
-    p99_ci: Interval | None = None
-    p50_ci_blocks: Interval | None = None
-    p99_ci_blocks: Interval | None = None
-
-
-class Ratio(_Open):
-    """One percentile of a candidate over another's, from the rounds both were measured in (below 1: faster)."""
-
-    ratio: float
-    ci: Interval
-    verdict: str
-    rounds: int | None = None
-    method: str | None = None
-
-
-class RatioPair(_Open):
-    """p50 and p99 ratios of one candidate over a reference (the baseline, the fp32 file, another runtime)."""
-
-    p50: Ratio
-    p99: Ratio
-    reference: str | None = Field(None, description="the candidate divided by, where it is not the baseline")
-
-
-class Paired(_Open):
-    """The accuracy drop of a candidate against the baseline, image by image (or by bootstrap for mAP)."""
-
-    reference: bool = Field(False, description="this is the baseline itself")
-    unpaired: str | None = Field(None, description="why it could not be paired (then there is no drop)")
-    n: int | None = None
-    drop: float | None = None
-    drop_ci: Interval | None = None
-    baseline_only: int | None = Field(None, description="images only the baseline got right")
-    artifact_only: int | None = Field(None, description="images only this candidate got right")
-    discordant: int | None = None
-    method: str | None = None
-    sd: float | None = Field(None, description="a bootstrap's spread of the drop (mAP)")
-    level: float | None = None
-    mcnemar_p: float | None = None
-
-
-class RuntimeParity(_Open):
-    """The same file on another runtime, paired with this one: answers that differ and relative speed."""
-
-    reference: str
-    n: int
-    top1_differs: int
-    top1_differs_pct: float
-    top1_differs_ci: Interval
-    max_abs_logit_diff: float | None = None
-    max_abs_logit_diff_relative: float
-    accuracy_vs_reference: Paired
-    latency_ratio: RatioPair | None = None
-
-
-class Serving(_Open):
-    max_batch: int = 1
-    max_queue_delay_us: int = 0
-    instances: int = 1
-    threads: int | None = None
-
-
-class SteadyState(_Open):
-    """The regenerative p99 of a server run (serve_bench.load.steady_state)."""
-
-    point: float | None = None
-    ci: Interval | None = None
-    queries: int | None = None
-    discarded: int | None = None
-    cycles: int | None = None
-    tail_cycles: int | None = None
-    precise: bool = False
-    capped: bool = False
-    reason: str | None = None
-    level: float | None = None
-    upper_among: dict[str, float | None] | None = None
-
-
-class LoadGenVerdict(_Open):
-    valid: bool | None = None
-    invalid_reasons: list[str] = Field(default_factory=list)
-    early_stopping: list[str] = Field(default_factory=list)
-    target_latency_ms: float | None = None
-    early_stopping_ms: dict[str, float | None] | None = Field(None, description="LoadGen's early-stopping "
-                                                                               "percentile estimates, {'p99': ms}")
-
-
-class ServerRun(_Open):
-    """One LoadGen run at one arrival rate (or single-stream), as the serving loop measured it."""
-
-    scenario: str | None = None
-    offered_qps: float | None = None
-    completed_qps: float | None = None
-    queries: int | None = None
-    sustainable: bool | None = None
-    sustainable_reason: str | None = None
-    errors: list[str] = Field(default_factory=list)
-    latency_ms: dict[str, float | None] | None = Field(None, description="None where the model could not keep up")
-    p99_ci: Interval | None = None
-    serving: Serving | None = None
-    loadgen: LoadGenVerdict | None = None
-    steady_state: SteadyState | None = None
-    mean_batch: float | None = None
-
-    def latency(self, key: str) -> float | None:
-        """A percentile of this run's latency (ms), None where the run has none (it could not keep up)."""
-        return (self.latency_ms or {}).get(key)
-    queue_ms: dict[str, float | None] | None = Field(None, description="time in the queue: mean, p50, p99")
-    compute_ms: dict[str, float | None] | None = Field(None, description="time in the model: mean, p50, p99")
-    within_budget: dict[str, bool | None] | None = Field(None, description="within the p99 budget by each rule: "
-                                                                           "point, confident")
-
-
-class Capacity(_Open):
-    """The most traffic a serving configuration carried within the budget, by one rule."""
-
-    qps: float | None = None
-    budget_ms: float | None = None
-    rule: str = "point"
-    confirmed: bool | None = None
-    confirmation: ServerRun | None = None
-    ci: tuple[float | None, float | None] | None = Field(None, description="[sure, possible]: either end unknown")
-    bracket: tuple[float | None, float | None] | None = Field(None, description="[last pass, first fail]")
-    status: str | None = None
-    reason: str | None = None
-    censored: bool | None = Field(None, description="every probed rate passed: the capacity may be higher")
-
-
-class SweepConfig(_Open):
-    label: str | None = None
-    serving: Serving | None = None
-    curve: list[ServerRun] = Field(default_factory=list)
-    capacity: Capacity | None = None
-    offline: ServerRun | None = None
-
-
-class Sweep(_Open):
-    configs: list[SweepConfig] = Field(default_factory=list)
-    best: SweepConfig | None = None
-    batching_gain: dict[str, Any] | None = Field(None, description="the best batching configuration's capacity "
-                                                                   "over batch 1's: ratio, ci, over, config")
-
-
-class EntryTraffic(_Open):
-    """A candidate under traffic: the run at the pipeline's rate, the load curve and the serving sweep."""
-
-    scenario: str | None = None
-    target_qps: float | None = None
-    at_target: ServerRun | None = None
-    loads: list[ServerRun] | None = None
-    sweep: Sweep | None = None
 
 
 class Rung(_Open):
