@@ -245,6 +245,42 @@ def test_target_macs_auto_keeps_the_last_step_within_the_red_line_on_validation(
     assert record["cost"] == {"steps": taken, "finetune_epochs_per_step": 0, "epochs": 0}
 
 
+def test_target_params_auto_steps_in_parameters(tmp_path, monkeypatch):
+    """params: auto steps by the share of parameters kept (each step at most ×0.75^k of them), records both shares,
+    and the record says what the steps counted."""
+    from compress.stages import prune_steps
+    from compress.stages.training_run import BatchNormSettings, TrainingSettings
+
+    vals = iter([95.0, 94.8, 94.5, 93.0])
+    monkeypatch.setattr(prune_steps, "val_score", lambda *a, **k: ("top1", next(vals)))
+    model = build_model("resnet20", 10, 1, {"width": 8})
+    ctx, said = _steps_ctx(tmp_path, 1.0)
+    auto = prune_steps.AutoSettings(step=0.75, max_steps=5, finetune_epochs=0)
+    steps = prune_steps.prune_in_steps(ctx, model, torch.zeros(1, 1, 8, 8), [model.fc],
+                                       SurgerySettings(importance="magnitude"), auto, TrainingSettings(),
+                                       BatchNormSettings(reestimate_images=0), lambda m: Hooks(), torch.device("cpu"),
+                                       "top1", 95.0, "params")
+    assert steps.chosen == 2 and len(steps.trajectory) == 4
+    for k, step in enumerate(steps.trajectory[1:], 1):
+        assert step["params_fraction"] <= 0.75 ** k + 1e-9 and 0 < step["macs_fraction"] < 1
+    assert steps.result.params_after / steps.result.params_before == pytest.approx(
+        steps.trajectory[2]["params_fraction"], abs=1e-3)
+    record = steps.record("top1", 0, "params")
+    assert record["measure"] == "params" and record["baseline_val"] == 95.0
+    assert any("target params: auto" in line and "of the parameters" in line for line in said)
+
+
+def test_prune_to_a_parameter_budget_and_exactly_one_target():
+    model = build_model("resnet20", 10, 1, {"width": 8})
+    before = sum(p.numel() for p in model.parameters())
+    result = prune(model, torch.zeros(1, 1, 8, 8), PruneTarget(params=0.4), [model.fc],
+                   SurgerySettings(importance="magnitude"))
+    assert result.params_after <= 0.4 * before and result.params_after == sum(p.numel() for p in model.parameters())
+    with pytest.raises(ValueError, match="exactly one of macs"):
+        PruneTarget(macs=0.5, params=0.5)
+    assert PruneTarget(params="auto").auto and PruneTarget(params="auto").measure == "params"
+
+
 def test_target_macs_auto_runs_in_the_stage_and_draws_its_trajectory(trained_digits_run, tmp_path, write_pipeline):
     """End to end on the trained digits model: each step finetuned one epoch and judged; the stage's record holds the
     trajectory and the report its plot. A 30-point red line: step 1 (~70% of the MACs) measured 7-10 points down."""

@@ -96,22 +96,37 @@ def unprunable_batchnorms(model: nn.Module, example: torch.Tensor, protected: li
 
 
 class PruneTarget(Strict):
-    """How far to prune: a MACs budget (or ``auto``: the prune stage finds the smallest within the red line), or a
-    share of channels."""
+    """How far to prune: a MACs or parameter budget (or ``auto``: the prune stage finds the smallest within the red
+    line), or a share of channels. MACs are what latency follows on a CPU; parameters are what a file's size and a
+    device's memory follow, and the two part ways where pruning thins wide late layers more than early ones."""
 
     macs: Annotated[float, Field(gt=0, lt=1)] | Literal["auto"] | None = Field(
         None, description="keep at most this share of the MACs; auto: prune in steps, each finetuned briefly and judged "
                           "on the validation split, and keep the last within the red line (the stage's auto settings)")
+    params: Annotated[float, Field(gt=0, lt=1)] | Literal["auto"] | None = Field(
+        None, description="or keep at most this share of the parameters (auto: as for macs, in steps of parameters)")
     ratio: float | None = Field(None, gt=0, lt=1, description="or remove this share of the channels")
 
     @property
     def auto(self) -> bool:
-        return self.macs == "auto"
+        return "auto" in (self.macs, self.params)
+
+    @property
+    def measure(self) -> Literal["macs", "params"] | None:
+        """What the budget counts: ``macs``, ``params``, or None for a share of channels."""
+        return "macs" if self.macs is not None else "params" if self.params is not None else None
+
+    @property
+    def budget(self) -> float | None:
+        """The share of the measure to keep (None for auto or a share of channels)."""
+        value = self.macs if self.macs is not None else self.params
+        return None if value in (None, "auto") else float(value)
 
     @model_validator(mode="after")
     def _one(self) -> "PruneTarget":
-        if (self.macs is None) == (self.ratio is None):
-            raise ValueError("give exactly one of macs (share of MACs to keep) or ratio (share of channels to remove)")
+        if sum(v is not None for v in (self.macs, self.params, self.ratio)) != 1:
+            raise ValueError("give exactly one of macs (share of MACs to keep), params (share of parameters to keep) "
+                             "or ratio (share of channels to remove)")
         return self
 
 
@@ -195,6 +210,12 @@ def _trace_fn(model: nn.Module):
     return None
 
 
+def _counts(model: nn.Module, example: torch.Tensor) -> dict[str, int]:
+    """MACs and parameters as torch-pruning counts them (the parameter count the budget is on)."""
+    macs, params = tp.utils.count_ops_and_params(model, example)
+    return {"macs": macs, "params": params}
+
+
 def prune(model: nn.Module, example: torch.Tensor, target: PruneTarget, protected: list[nn.Module],
           settings: SurgerySettings | None = None) -> PruneResult:
     """Prune ``model`` in place towards the target; raises PruningError when it cannot.
@@ -204,7 +225,8 @@ def prune(model: nn.Module, example: torch.Tensor, target: PruneTarget, protecte
     may not touch, and why, is in ``not_pruned``. torch-pruning's warnings are logged and kept.
     """
     if target.auto:
-        raise ValueError("target macs: auto is searched by the prune stage in numeric steps; prune() takes one of them")
+        raise ValueError(f"target {target.measure}: auto is searched by the prune stage in numeric steps; prune() takes "
+                         "one of them")
     settings = settings or SurgerySettings()
     importance = _importance(model, settings)
     model.eval()
@@ -227,26 +249,31 @@ def prune(model: nn.Module, example: torch.Tensor, target: PruneTarget, protecte
                                           settings.max_layer_ratio):
             found.not_pruned.setdefault(f"{settings.importance} cannot rank its heads", []).append(name)
         history = list(graph.pruning_history())
-        by_macs = target.macs is not None
+        budget, measure = target.budget, target.measure
+        by_budget = budget is not None
         pruner = tp.pruner.MetaPruner(
             model, example, importance=importance, global_pruning=settings.global_pruning,
-            pruning_ratio=settings.max_layer_ratio if by_macs else target.ratio,
-            max_pruning_ratio=settings.max_layer_ratio, iterative_steps=settings.steps if by_macs else 1,
+            pruning_ratio=settings.max_layer_ratio if by_budget else target.ratio,
+            max_pruning_ratio=settings.max_layer_ratio, iterative_steps=settings.steps if by_budget else 1,
             ignored_layers=ignored, round_to=settings.round_to, forward_fn=_trace_fn(model))
-        macs, _ = tp.utils.count_ops_and_params(model, example)
-        for _ in range(settings.steps if by_macs else 1):
-            if by_macs and macs <= target.macs * macs_before:
+        before = {"macs": macs_before, "params": params_before}
+        counted = _counts(model, example)
+        for _ in range(settings.steps if by_budget else 1):
+            if by_budget and counted[measure] <= budget * before[measure]:
                 break
             pruner.step()
-            macs, _ = tp.utils.count_ops_and_params(model, example)
+            counted = _counts(model, example)
     notes = list(dict.fromkeys(str(w.message).split("\n")[0] for w in caught))
     for note in notes:
         log.warning("torch-pruning: %s", note)
+    macs = counted["macs"]
     if macs >= macs_before:
         raise PruningLimitReached("the pruner removed no channel: every layer is protected or at its max_layer_ratio")
-    if by_macs and macs > target.macs * macs_before:
-        raise PruningLimitReached(f"reached {macs / macs_before:.1%} of the MACs, not the {target.macs:.0%} target, "
-                           f"with max_layer_ratio {settings.max_layer_ratio}; raise it or relax the target")
+    if by_budget and counted[measure] > budget * before[measure]:
+        word = "MACs" if measure == "macs" else "parameters"
+        raise PruningLimitReached(f"reached {counted[measure] / before[measure]:.1%} of the {word}, not the "
+                                  f"{budget:.0%} target, with max_layer_ratio {settings.max_layer_ratio}; raise it or "
+                                  "relax the target")
     try:
         with torch.no_grad():
             width = model(example).shape[-1]

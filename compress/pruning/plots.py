@@ -1,5 +1,5 @@
 """The BN-scale histogram before and after sparsity training (the picture that shows slimming worked), and the
-trajectory of ``target: {macs: auto}`` (how far pruning went before the red line)."""
+trajectory of ``target: {macs: auto}`` (or params) (how far pruning went before the red line)."""
 from __future__ import annotations
 
 import io
@@ -24,22 +24,24 @@ def gamma_plot(report: dict) -> bytes:
     return _png(fig)
 
 
-def trajectory_plot(trajectory: list[dict], metric: str, red_line: float, chosen: int) -> bytes:
-    """Validation figure against the share of MACs kept, one point per step, the red line and the step kept."""
+def trajectory_plot(trajectory: list[dict], metric: str, red_line: float, chosen: int, measure: str = "macs") -> bytes:
+    """Validation figure against the share of MACs (or parameters) kept, one point per step, the red line (the
+    baseline's validation figure less the allowed drop) and the step kept."""
     fig, ax = plt.subplots(figsize=(7, 4))
-    x = [s["macs_fraction"] * 100 for s in trajectory]
+    key = f"{measure}_fraction"
+    x = [s[key] * 100 for s in trajectory]
     y = [s[metric] for s in trajectory]
     ax.plot(x, y, marker="o", color="#1f77b4", linewidth=1.5)
     for step, xi, yi in zip(trajectory, x, y):
         ax.annotate(f"step {step['step']}", (xi, yi), textcoords="offset points", xytext=(4, 6), fontsize=8)
     kept = next(s for s in trajectory if s["step"] == chosen)
-    ax.plot([kept["macs_fraction"] * 100], [kept[metric]], marker="*", markersize=16, color="#2ca02c",
+    ax.plot([kept[key] * 100], [kept[metric]], marker="*", markersize=16, color="#2ca02c",
             label=f"kept: step {chosen}", linestyle="none")
     ax.axhline(red_line, color="#d62728", linestyle="--", linewidth=1, label="red line (validation)")
-    ax.set_xlabel("MACs kept (% of the input's)")
+    ax.set_xlabel(f"{'MACs' if measure == 'macs' else 'parameters'} kept (% of the input's)")
     ax.set_ylabel(metric.replace("_", " "))
     ax.invert_xaxis()  # pruning goes right
-    ax.set_title("target macs: auto — each step finetuned and judged on validation")
+    ax.set_title(f"target {measure}: auto — each step finetuned and judged on validation")
     ax.legend(fontsize=8)
     return _png(fig)
 

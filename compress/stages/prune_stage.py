@@ -128,7 +128,7 @@ def _surgery_once(ctx: StageContext, model: nn.Module, example: torch.Tensor, ta
 
 
 def _unpruned(model: nn.Module, example: torch.Tensor) -> PruneResult:
-    """The record of a model no step of target macs: auto pruned within the red line: its figures unchanged."""
+    """The record of a model no step of target macs (params): auto pruned within the red line: its figures unchanged."""
     import torch_pruning as tp
 
     macs, params = tp.utils.count_ops_and_params(model.eval(), example)
@@ -156,7 +156,7 @@ class PruneStage(Stage):
     Config = PruneConfig
     input_roles = ("model", "teacher", "baseline")
     required_inputs = ("model",)
-    uses = ("seed", "data", "model", "red_line")  # target macs: auto and the collapse guard read the red line
+    uses = ("seed", "data", "model", "red_line")  # target …: auto and the collapse guard read the red line
     produces = ("model", "report")
     deployable = ("model",)
     distributable = True
@@ -226,10 +226,11 @@ class PruneStage(Stage):
         steps = None
         if cfg.target.auto:
             if not data.meaningful_accuracy:
-                raise ConfigError(f"{field}.target.macs: auto judges each step's accuracy, and {data.name}'s labels "
+                raise ConfigError(f"{field}.target.{cfg.target.measure}: auto judges each step's accuracy, and {data.name}'s labels "
                                   "are random: give a number")
             steps = prune_in_steps(ctx, model, example, protected, surgery, cfg.auto, cfg.finetune, cfg.batchnorm,
-                                   hooks_for, device, score, self._reference(ctx, inputs, cfg, device, before))
+                                   hooks_for, device, score, self._reference(ctx, inputs, cfg, device, before),
+                                   cfg.target.measure)
             model = steps.model.to(device)
             result = steps.result or _unpruned(model, example.to(device))
         else:
@@ -270,6 +271,7 @@ class PruneStage(Stage):
         description["pruning"] = {"history": history, "input_shape": list(data.input_shape), "stage": ctx.name}
         metrics = {"macs_before": result.macs_before, "macs_after": result.macs_after,
                    "macs_fraction": round(result.macs_after / result.macs_before, 4),
+                   "params_fraction": round(result.params_after / result.params_before, 4),
                    "params_before": result.params_before, "params_after": result.params_after,
                    f"val_{score}_before": round(before, 3), f"val_{score}_after_surgery": round(after_surgery, 3),
                    f"val_{score}": round(after, 3),
@@ -280,7 +282,7 @@ class PruneStage(Stage):
                    **({"heads_before": sum(result.heads_before.values()), "heads_after": sum(result.heads_after.values())}
                       if result.heads_before else {}),
                    "params": result.params_after, "macs": result.macs_after,
-                   **({"auto": steps.record(score, cfg.auto.epochs(cfg.finetune))} if steps is not None else {}),
+                   **({"auto": steps.record(score, cfg.auto.epochs(cfg.finetune), cfg.target.measure)} if steps is not None else {}),
                    "precision": {phase: {"name": r.precision.name, "reason": r.precision.reason}
                                  for phase, r in runs.items()},
                    "summary": f"MACs {result.macs_after / result.macs_before:.1%}, {headline(test_metrics(test))}, "
@@ -305,7 +307,8 @@ class PruneStage(Stage):
                 from compress.pruning.plots import trajectory_plot
 
                 (folder / "trajectory.png").write_bytes(trajectory_plot(
-                    steps.trajectory, f"val_{score}", before - ctx.pipeline.red_line.max_drop, steps.chosen))
+                    steps.trajectory, f"val_{score}", steps.reference - ctx.pipeline.red_line.max_drop, steps.chosen,
+                    cfg.target.measure))
         return StageResult(outputs=[Output("model", "torch-model", ctx.stage_dir / "model",
                                            meta=model_meta(metrics, description)),
                                     Output("report", "report", ctx.stage_dir / "report")], metrics=metrics)

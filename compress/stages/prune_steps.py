@@ -1,8 +1,8 @@
-"""``target: {macs: auto}``: how far to prune, found in one run on the validation split.
+"""``target: {macs: auto}`` (or ``{params: auto}``): how far to prune, found in one run on the validation split.
 
 A MACs target set by hand is a guess: too little leaves speed on the table, too much falls past
 the red line, and the user learns which only after quantize, export and the bench. Here step k
-prunes the model (after its sparsity phase) to ``auto.step``**k of its MACs, finetunes the result
+prunes the model (after its sparsity phase) to ``auto.step``**k of its MACs (or parameters), finetunes the result
 briefly (distilled from the unpruned model as the stage's finetune is), re-estimates its BatchNorm
 statistics and judges it on the validation split against the red line, measured from the red
 line's baseline as the gate measures it (not from this stage's input, which earlier stages may
@@ -36,10 +36,10 @@ from train.loop import Hooks
 
 
 class AutoSettings(Strict):
-    """How ``target: {macs: auto}`` searches."""
+    """How ``target: {macs: auto}`` and ``{params: auto}`` search."""
 
-    step: float = Field(0.75, gt=0, lt=1, description="step k keeps this share to the power k of the MACs")
-    min_macs: float = Field(0.05, gt=0, lt=1, description="no step below this share of the input's MACs")
+    step: float = Field(0.75, gt=0, lt=1, description="step k keeps this share to the power k of the MACs (or parameters)")
+    min_macs: float = Field(0.05, gt=0, lt=1, description="no step below this share of the input's MACs (or parameters)")
     max_steps: int = Field(8, ge=1, le=30, description="steps at most (each one prune, finetune and judge)")
     finetune_epochs: int | None = Field(
         None, ge=0, description="epochs of the stage's finetune after each step, before it is judged on the validation "
@@ -59,9 +59,11 @@ class Steps:
     result: PruneResult | None
     trajectory: list[dict] = field(default_factory=list)
     chosen: int = 0
+    reference: float = float("nan")  # the red line's baseline on the validation split, each step judged against
 
-    def record(self, metric: str, epochs: int) -> dict:
-        return {"trajectory": self.trajectory, "chosen_step": self.chosen,
+    def record(self, metric: str, epochs: int, measure: str = "macs") -> dict:
+        return {"trajectory": self.trajectory, "chosen_step": self.chosen, "measure": measure,
+                "baseline_val": round(self.reference, 3),
                 "cost": {"steps": len(self.trajectory) - 1, "finetune_epochs_per_step": epochs,
                          "epochs": (len(self.trajectory) - 1) * epochs},
                 "metric": f"val_{metric}"}
@@ -70,11 +72,12 @@ class Steps:
 def prune_in_steps(ctx: StageContext, model: nn.Module, example: torch.Tensor, protected: list[nn.Module],
                    surgery: SurgerySettings, auto: AutoSettings, finetune: TrainingSettings,
                    batchnorm: BatchNormSettings, hooks_for: Callable[[nn.Module], Hooks], device: torch.device,
-                   metric: str, reference: float) -> Steps:
-    """Steps of ``model`` (left as it is) pruned to ``auto.step``**k of its MACs while each, finetuned, stays within
-    the red line of ``reference`` (the red line's baseline on the validation split)."""
+                   metric: str, reference: float, measure: str = "macs") -> Steps:
+    """Steps of ``model`` (left as it is) pruned to ``auto.step``**k of its MACs (``measure``: or parameters) while
+    each, finetuned, stays within the red line of ``reference`` (the red line's baseline on the validation split)."""
+    word = "MACs" if measure == "macs" else "parameters"
     if ctx.group.active:
-        raise ConfigError(f"stages.{ctx.name}.target.macs: auto prunes, finetunes and judges in steps in one process; "
+        raise ConfigError(f"stages.{ctx.name}.target.{measure}: auto prunes, finetunes and judges in steps in one process; "
                           "give a number, or drop the distributed section")
     red = ctx.pipeline.red_line
     epochs = auto.epochs(finetune)
@@ -82,13 +85,14 @@ def prune_in_steps(ctx: StageContext, model: nn.Module, example: torch.Tensor, p
     names = {m: n for n, m in model.named_modules()}
     protected_names = [names[m] for m in protected]
     _, start = val_score(model, ctx.data, finetune, device)
-    ctx.log(f"target macs: auto: up to {auto.max_steps} steps to ×{auto.step:g}^k of the MACs (not below "
+    ctx.log(f"target {measure}: auto: up to {auto.max_steps} steps to ×{auto.step:g}^k of the {word} (not below "
             f"{auto.min_macs:.0%}), each finetuned {epochs} epoch{'s' if epochs != 1 else ''} "
             f"and judged on the validation split against the red line ({red.max_drop:g} points below the baseline's "
             f"{reference:.2f}); at most {auto.max_steps * epochs} epochs before the finetune")
     model.cpu()
-    steps = Steps(copy.deepcopy(model), None, [{"step": 0, "macs_fraction": 1.0, f"val_{metric}": round(start, 3),
-                                                "within": reference - start <= red.max_drop}])
+    steps = Steps(copy.deepcopy(model), None, [{"step": 0, "macs_fraction": 1.0, "params_fraction": 1.0,
+                                                f"val_{metric}": round(start, 3),
+                                                "within": reference - start <= red.max_drop}], reference=reference)
     for k in range(1, auto.max_steps + 1):
         target = auto.step ** k
         if target < auto.min_macs:
@@ -96,7 +100,7 @@ def prune_in_steps(ctx: StageContext, model: nn.Module, example: torch.Tensor, p
         candidate = copy.deepcopy(model).eval()
         modules = dict(candidate.named_modules())
         try:
-            result = prune(candidate, example, PruneTarget(macs=target), [modules[n] for n in protected_names], surgery)
+            result = prune(candidate, example, PruneTarget(**{measure: target}), [modules[n] for n in protected_names], surgery)
         except PruningLimitReached as exc:
             ctx.log(f"step {k}: the pruner goes no further ({exc}); the search stops")
             break
@@ -106,11 +110,11 @@ def prune_in_steps(ctx: StageContext, model: nn.Module, example: torch.Tensor, p
                                hooks=hooks_for(candidate), checkpoint_dir=ctx.stage_dir / f"checkpoints-step{k}")
             refresh_batchnorm(ctx, candidate, batchnorm, short, f"step {k}: after its finetune", run.device)
         _, val = val_score(candidate, ctx.data, finetune, device)
-        fraction = result.macs_after / result.macs_before
+        fractions = {"macs_fraction": round(result.macs_after / result.macs_before, 4),
+                     "params_fraction": round(result.params_after / result.params_before, 4)}
         within = reference - val <= red.max_drop
-        steps.trajectory.append({"step": k, "macs_fraction": round(fraction, 4), f"val_{metric}": round(val, 3),
-                                 "within": within})
-        ctx.log(f"step {k}: {fraction:.1%} of the MACs, val {metric} {val:.2f} ({reference - val:+.2f} points below "
+        steps.trajectory.append({"step": k, **fractions, f"val_{metric}": round(val, 3), "within": within})
+        ctx.log(f"step {k}: {fractions[f'{measure}_fraction']:.1%} of the {word}, val {metric} {val:.2f} ({reference - val:+.2f} points below "
                 "the baseline): " + ("within the red line" if within else "past the red line, the search stops"),
                 style=None if within else "yellow")
         if not within:
@@ -119,5 +123,7 @@ def prune_in_steps(ctx: StageContext, model: nn.Module, example: torch.Tensor, p
     if steps.result is None:
         ctx.log("no pruned step within the red line: the model is handed on unpruned", style="yellow")
     else:
-        ctx.log(f"kept step {steps.chosen}: {steps.result.macs_after / steps.result.macs_before:.1%} of the MACs")
+        kept = steps.trajectory[-1] if steps.trajectory[-1]["within"] else steps.trajectory[-2]
+        ctx.log(f"kept step {steps.chosen}: {kept['macs_fraction']:.1%} of the MACs, "
+                f"{kept['params_fraction']:.1%} of the parameters")
     return steps
