@@ -10,6 +10,7 @@ an artifact within the red line, with the test-set size that would.
 """
 from __future__ import annotations
 
+from serve_bench.latency.profile_comparison import int8_loss_reasons
 from serve_bench.limits import Limits
 from serve_bench.load.capacity import capacity, interval_trusted, loadgen_valid_for, passes
 from serve_bench.report_model import Entry, Paired, Ratio, ServerRun, SweepConfig
@@ -52,10 +53,11 @@ def quantized_not_faster(artifacts: list[Entry], isa: dict | None = None) -> lis
             if all(v == "faster" for v in verdicts):
                 continue
             slower = "slower" in verdicts
+            ref = next((e for e in artifacts if e.name == paired.reference), None)
             flags.append(f"{art.name} (int8) is {'slower than' if slower else 'not shown faster than'} "
                          f"{paired.reference} (fp32) of the same model, latency int8/fp32 "
                          f"{_ratio_words('p50', paired.p50)}, {_ratio_words('p99', paired.p99)}; "
-                         f"{why_int8_not_faster(isa)}")
+                         f"{why_int8_not_faster(isa)}{_profile_words(art, ref)}")
             continue
         for ref in artifacts:
             if (ref.format == "onnx" and ref.precision == "fp32" and ref.run == art.run  # one run's model names
@@ -64,8 +66,16 @@ def quantized_not_faster(artifacts: list[Entry], isa: dict | None = None) -> lis
                 if a.p50 >= r.p50 or a.p99 >= r.p99:
                     flags.append(f"{art.name} (int8) is not faster than {ref.name} (fp32) of the same model: "
                                  f"p50 {a.p50:.3f} vs {r.p50:.3f} ms, p99 {a.p99:.3f} vs {r.p99:.3f} ms; "
-                                 f"{why_int8_not_faster(isa)}")
+                                 f"{why_int8_not_faster(isa)}{_profile_words(art, ref)}")
     return flags
+
+
+def _profile_words(int8: Entry, fp32: Entry | None) -> str:
+    """The operator profiles' part of the answer (serve_bench.latency.profile_comparison), where both have one."""
+    if fp32 is None:
+        return ""
+    words = int8_loss_reasons(int8.operator_profile, int8.latency_ms.p50, fp32.operator_profile, fp32.latency_ms.p50)
+    return f". From the operator profiles: {words}" if words else ""
 
 
 LATENCY_ONLY = ("accuracy not gated: the test labels are random (synthetic data), so accuracy drops measure "

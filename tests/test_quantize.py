@@ -474,3 +474,41 @@ def test_the_int8_flag_reads_the_block_paired_ratio_interval():
     slower = _entry("q", "int8", 0.5, 1.0, int8_vs_fp32={"reference": "export.onnx", "p50": ratio(1.1, 1.3, "slower"),
                                                          "p99": ratio(0.8, 1.2, "not distinguishable")})
     assert quantized_not_faster(as_entries([fp32, slower]))[0].startswith("q (int8) is slower than export.onnx")
+
+
+def test_depthwise_convolutions_get_one_weight_scale_per_channel_in_both_flavours(tmp_path):
+    """A depthwise convolution has one filter per channel, whose ranges differ by orders of magnitude after
+    BatchNorm folding; one scale for all would round the small ones to zero. Both flavours quantize every
+    convolution's weights per output channel (axis 0), the depthwise one included, and the CPU file runs."""
+    from compress.quantization.ptq import Calibration, quantize
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 16, 3, padding=1), torch.nn.BatchNorm2d(16), torch.nn.ReLU6(),
+        torch.nn.Conv2d(16, 16, 3, padding=1, groups=16), torch.nn.BatchNorm2d(16), torch.nn.Hardswish(),
+        torch.nn.Conv2d(16, 24, 1), torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(24, 10)).eval()
+    with torch.no_grad():  # per-channel ranges a thousandfold apart in the depthwise layer
+        model[3].weight.mul_(torch.logspace(-2, 1, 16).view(16, 1, 1, 1))
+    float_file = tmp_path / "dw.onnx"
+    export_onnx(model, torch.zeros(1, 3, 16, 16), float_file)
+    images = np.random.default_rng(0).standard_normal((32, 3, 16, 16)).astype(np.float32)
+    for flavour in ("cpu", "trt"):
+        out = quantize(float_file, tmp_path / f"dw_{flavour}.onnx", flavour, Calibration(method="minmax"), images,
+                       tmp_path / f"cache_{flavour}")
+        graph = onnx.load(str(out)).graph
+        constants = {i.name: onnx.numpy_helper.to_array(i) for i in graph.initializer}
+        produced = {o: n for n in graph.node for o in n.output}
+        convs = [n for n in graph.node if n.op_type == "Conv"]
+        assert len(convs) == 3
+        for conv in convs:
+            dequant = produced[conv.input[1]]
+            assert dequant.op_type == "DequantizeLinear"
+            axis = next((a.i for a in dequant.attribute if a.name == "axis"), 1)
+            scale = constants[dequant.input[1]]
+            out_channels = constants[dequant.input[0]].shape[0]
+            assert scale.shape == (out_channels,) and axis == 0, conv.name
+        depthwise = next(c for c in convs if any(a.name == "group" and a.i == 16 for a in c.attribute))
+        scales = constants[produced[depthwise.input[1]].input[1]]
+        assert scales.max() / scales.min() > 100  # one scale per filter, following its range
+    session = ort.InferenceSession(str(tmp_path / "dw_cpu.onnx"), providers=["CPUExecutionProvider"])
+    assert session.run(None, {session.get_inputs()[0].name: images[:4]})[0].shape == (4, 10)
