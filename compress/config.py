@@ -19,15 +19,22 @@ class Strict(BaseModel):
 
 
 class DataConfig(Strict):
-    name: Literal["digits", "mnist5k", "imagefolder", "cifar10", "synthetic", "coco", "shapes"]
+    """The images every stage reads, split once into train, validation, calibration and test."""
+
+    name: Literal["digits", "mnist5k", "imagefolder", "cifar10", "synthetic", "coco", "shapes"] = Field(
+        ..., description="digits, mnist5k (built in); imagefolder (your class-per-folder images); cifar10 (its "
+                         "python folder); synthetic (random, latency only); coco (your COCO folder); shapes "
+                         "(generated detection images)")
     path: str | None = Field(None, description="folder of the data set (imagefolder, cifar10; coco: the folder "
                                                "holding images/ and the instances JSON)")
     image_size: int | None = Field(None, gt=0, le=1024, description="resize every image once to this square size")
     channels: Literal[1, 3] | None = Field(None, description="convert to 1 (grey) or 3 (RGB) channels")
     mean: list[float] | None = Field(None, description="per-channel mean; default: measured on the train split")
     std: list[float] | None = Field(None, description="per-channel std; default: measured on the train split")
-    val_fraction: float = Field(0.1, gt=0, lt=1)
-    test_fraction: float = Field(0.2, gt=0, lt=1)
+    val_fraction: float = Field(0.1, gt=0, lt=1, description="share of the images held out for validation (what "
+                                                              "stages judge on)")
+    test_fraction: float = Field(0.2, gt=0, lt=1, description="share held out for the test split (read once, by "
+                                                               "the bench)")
     test_path: str | None = Field(None, description="imagefolder: a folder of your own (the same class sub-folders) "
                                   "that is the whole test split, kept apart from data.path (test_fraction is then "
                                   "unused): how to measure a model trained elsewhere on images you know are new to it")
@@ -35,7 +42,7 @@ class DataConfig(Strict):
     split_seed: int = Field(0, ge=0, description="seed of the split permutation; kept apart from the run seed so "
                             "runs with different seeds are measured on the same test images")
     synthetic_samples: int = Field(1024, gt=0, description="synthetic, shapes: images generated")
-    synthetic_classes: int = Field(10, ge=2)
+    synthetic_classes: int = Field(10, ge=2, description="synthetic: the number of (random) classes")
     decode_cache: Literal["auto", "on", "off"] = Field(
         "auto", description="imagefolder: decode once into an on-disk uint8 cache read through a memory map "
                             "(auto: when the decoded images would exceed 2 GiB; off: always decode into memory)")
@@ -129,8 +136,9 @@ class Latency(Strict):
     from each query's scheduled send time, so queueing behind a slow request counts.
     """
 
-    p99_budget_ms: float | None = Field(None, gt=0)
-    batch_size: int = Field(1, ge=1)
+    p99_budget_ms: float | None = Field(None, gt=0, description="the p99 latency a released file must meet, in ms; "
+                                                                "none: latency is measured, not gated")
+    batch_size: int = Field(1, ge=1, description="images per request the latency is measured at")
     scenario: Literal["single-stream", "server"] = Field(
         "single-stream", description="single-stream: closed loop; server: Poisson arrivals at target_qps")
     target_qps: float | None = Field(None, gt=0, description="server: the arrival rate the service must carry")
@@ -211,28 +219,32 @@ class TrackingSettings(Strict):
 
 
 class PipelineConfig(Strict):
-    name: str = Field(..., pattern=NAME_PATTERN)
+    name: str = Field(..., pattern=NAME_PATTERN, description="the pipeline's name: its run folder is runs/<name> "
+                                                            "unless run_dir says otherwise")
     task: Literal["classification", "detection"] = Field(
         "classification", description="detection: boxes and classes from COCO-format data (data.name coco or "
                                       "shapes), judged by COCO mAP (red_line.metric map or map50)")
-    seed: int = Field(0, ge=0)
+    seed: int = Field(0, ge=0, description="seeds the data split, initialisation and every stage's shuffling")
     run_dir: str | None = Field(None, description="default: runs/<name> beside the current directory")
-    data: DataConfig
-    model: ModelConfig
-    red_line: RedLine = Field(default_factory=RedLine)
-    latency: Latency = Field(default_factory=Latency)
-    gate: GateRule = Field(default_factory=GateRule)
+    data: DataConfig = Field(..., description="the images: a built-in set, your image folder or COCO folder")
+    model: ModelConfig = Field(..., description="the architecture and, optionally, the weights to start from")
+    red_line: RedLine = Field(default_factory=RedLine, description="how much accuracy the shipped file may lose "
+                                                                   "against the baseline")
+    latency: Latency = Field(default_factory=Latency, description="the latency service-level objective the gate "
+                                                                  "checks")
+    gate: GateRule = Field(default_factory=GateRule, description="how the release gate decides")
     distributed: DistributedSettings = Field(default_factory=DistributedSettings,
                                              description="processes of the training stages (a stage may override)")
     threads: int | None = Field(None, ge=1, description="torch intra-op threads of the stages run in this process "
                                                         "(default: torch's, one per core); float sums are split by "
                                                         "thread, so trained weights are bit-identical only at the "
                                                         "same count")
-    tracking: TrackingSettings = Field(default_factory=TrackingSettings)
+    tracking: TrackingSettings = Field(default_factory=TrackingSettings, description="experiment tracking (MLflow)")
     nms: NmsSettings = Field(default_factory=NmsSettings,
                              description="task: detection: what follows the decode of every detector, wherever mAP is "
                                          "measured (validation, the INT8 ladder, the bench) and in every timed request")
-    stages: list[dict[str, Any]] = Field(..., min_length=1)
+    stages: list[dict[str, Any]] = Field(..., min_length=1, description="the stages in order, each with a name and "
+                                                                       "a kind (its settings below, by kind)")
 
     @model_validator(mode="after")
     def _task(self) -> "PipelineConfig":
@@ -267,8 +279,9 @@ def check_metric_has_meaning(metric: str, num_classes: int | None) -> None:
 class StageConfig(Strict):
     """Fields every stage has; each kind subclasses this with its own settings."""
 
-    name: str = Field(..., pattern=NAME_PATTERN)
-    kind: str
+    name: str = Field(..., pattern=NAME_PATTERN, description="the stage's name: its folder in the run, and how "
+                                                            "later stages and the command line refer to it")
+    kind: str = Field(..., description="what the stage does (train, prune, quantize, …)")
     inputs: dict[str, str] = Field(
         default_factory=dict,
         description="role -> 'stage' or 'stage.artifact'; default model: the latest earlier stage that makes one",

@@ -102,7 +102,7 @@ def test_a_pipeline_starts_from_weights_of_other_classes_and_says_what_it_left_o
     run_dir = tmp_path / "run"
     assert main(["run", str(write_pipeline(tiny_config)), "--run-dir", str(run_dir)]) == 0
     said = " ".join(capsys.readouterr().err.split())
-    assert "every tensor loaded but the classifier's; 'fc' re-made for the data" in said
+    assert "every tensor loaded but the classifier's ('fc', re-made for the data's 10 classes" in said
     assert "fc.weight [100, 16]" in said and "1 epoch train only the classifier 'fc'" in said
     _, description = load_model(run_dir / "model" / "model")
     assert description["transfer"]["classifier"] == "fc" and description["transfer"]["made_for"]["fc.bias"] == [10]

@@ -2,6 +2,12 @@
 the TensorRT refusal when it is absent, and the table and sentence the report shows."""
 from __future__ import annotations
 
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import onnx
 import pytest
@@ -237,3 +243,32 @@ def test_the_unfused_line_names_the_first_nodes_and_counts_the_rest():
     assert line.startswith("resnet-int8: onnxruntime ran 5 Q/DQ nodes unfused (dq_0, dq_1, dq_2 and 2 more), 0.050 ms")
     one = unfused_qdq_line("m", {"backend": "onnxruntime", "unfused_qdq": nodes[:1]})
     assert "ran 1 Q/DQ node unfused (dq_0)" in one
+
+
+def test_native_lines_on_stderr_go_to_the_log_not_the_console(capfd, caplog):
+    from serve_bench.runners.native_output import native_stderr_to_log
+
+    with caplog.at_level(logging.DEBUG, logger="serve_bench.runners.native_output"):
+        with native_stderr_to_log("a library"):
+            os.write(2, b"USDT:2026 x.cpp:39] profiler_start\n")
+        os.write(2, b"after\n")
+    assert capfd.readouterr().err == "after\n"
+    assert "a library: USDT:2026 x.cpp:39] profiler_start" in caplog.text
+
+
+def test_a_torch_profile_prints_no_profiler_line(tmp_path):
+    """torch's profiler writes USDT lines to fd 2 whatever its log level; a fresh process (as a bench worker is)
+    profiling a model leaves its stderr clean, the lines kept in the DEBUG log."""
+    model = build_model("resnet20", 10, 1, {"width": 8}).eval()
+    save_model(model, tmp_path / "model", describe("resnet20", 10, 1, {"width": 8}, {}))
+    code = ("import logging, sys, numpy as np\n"
+            "logging.basicConfig(level=logging.DEBUG, stream=sys.stdout, format='%(name)s %(message)s')\n"
+            "from serve_bench.latency.operator_profile import profile_artifact\n"
+            f"p = profile_artifact('torch', {str(tmp_path / 'model')!r}, np.zeros((1, 1, 16, 16), np.float32), "
+            "threads=1, iters=3)\n"
+            "print('ops', len(p['ops']))\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                          cwd=Path(__file__).resolve().parents[1])
+    assert done.returncode == 0, done.stderr
+    assert "USDT" not in done.stderr and "profiler_start" not in done.stderr, done.stderr
+    assert "torch profiler: USDT" in done.stdout and "ops " in done.stdout

@@ -6,6 +6,8 @@ import copy
 
 import pytest
 
+import matplotlib.pyplot as plt
+
 from serve_bench.report import plots, tables as report_tables
 from serve_bench.report_model import Capacity
 from tests.report_entries import as_report
@@ -219,3 +221,21 @@ def test_partial_runs_render_with_dashes():
     assert rows == [["fp32", "single-stream"] + ["—"] * 12]
     assert capacity_table(as_report(partial))[1] == [["fp32", "b1", "—", "—", "—", "—", "—", "", "no capacity recorded"]]
     assert "## " + TRAFFIC_TITLE in render_markdown(as_report(partial))
+
+
+def test_accuracy_vs_p99_reads_at_a_glance_on_a_log_axis_with_names_in_the_legend():
+    """A baseline ten times slower than the rest: on a log axis every file keeps its own spread; the names are in
+    the legend (none written beside a point, so none can overlap), the red line and the budget drawn as lines."""
+    plain = _plain_report()
+    for art, p99 in zip(plain["artifacts"], (30.0, 0.40, 0.42)):
+        art["latency_ms"] = {**art["latency_ms"], "p99": p99}
+    fig = plots.accuracy_vs_p99_figure(as_report(plain).artifacts, "top1", 97.5, 2.0)
+    ax = fig.axes[0]
+    assert ax.get_xscale() == "log" and not ax.texts
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert {"fp32", "int8", "onnx"} == {text.split("  (")[0] for text in legend if "  (" in text}
+    assert "accuracy red line 97.50%" in legend and "p99 budget 2 ms" in legend
+    colours = {tuple(line.get_color()) if not isinstance(line.get_color(), str) else line.get_color()
+               for line in ax.lines if line.get_marker() not in (None, "None", "")}
+    assert len(colours) >= 3  # one colour per file
+    plt.close(fig)

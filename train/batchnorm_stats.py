@@ -75,7 +75,7 @@ def reestimate(model: nn.Module, batches: Iterable, images: int) -> int:
         from torch.optim.swa_utils import update_bn
 
         update_bn(counted, model)
-    logger.info("BatchNorm statistics re-estimated on %d images", counted.images)
+    logger.debug("BatchNorm statistics re-estimated on %d images", counted.images)
     return counted.images
 
 

@@ -31,7 +31,8 @@ class DistillationMismatch(Exception):
 class LossSettings(Strict):
     """The distillation loss's own settings, shared by every stage that distils."""
 
-    temperature: float = Field(4.0, gt=0)
+    temperature: float = Field(4.0, gt=0, description="softens both models' outputs before the KL term (higher: "
+                                                     "more of the teacher's view of the wrong classes)")
     alpha: float = Field(0.5, ge=0, le=1, description="weight of the soft (teacher) term; 0 = plain cross-entropy")
     cache_teacher: bool = Field(False, description="compute teacher logits once per image (only without "
                                 "augmentation: augment.pad 0, no flips)")

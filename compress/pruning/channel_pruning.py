@@ -136,7 +136,8 @@ class SurgerySettings(Strict):
     importance: Literal["bn_scale", "magnitude"] = Field(
         "bn_scale", description="bn_scale: |γ| of BatchNorm (needs BatchNorm and a sparsity phase); "
                                 "magnitude: L2 norm of the weights")
-    global_pruning: bool = True
+    global_pruning: bool = Field(True, description="rank channels across all layers at once (else the same share in "
+                                                   "each layer)")
     round_to: int | None = Field(None, ge=1, description="channel counts rounded to multiples of this (e.g. 8)")
     max_layer_ratio: float = Field(0.9, gt=0, lt=1, description="no layer loses more than this share of its channels")
     steps: int = Field(16, ge=1, description="iterative steps towards a MACs target")

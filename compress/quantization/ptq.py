@@ -39,7 +39,8 @@ class QuantizationError(Exception):
 class Calibration(Strict):
     """How activation ranges are computed: onnxruntime's calibrators (it has no MSE calibrator)."""
 
-    method: Method = "entropy"
+    method: Method = Field("entropy", description="entropy (KL), percentile or minmax: how each activation's range "
+                                                  "is chosen from the calibration images")
     percentile: float = Field(99.999, gt=50, le=100, description="percentile method only")
     batch_size: int = Field(32, ge=1, description="images per calibration inference")
 

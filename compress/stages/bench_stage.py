@@ -19,7 +19,8 @@ from serve_bench.runners.openvino_runner import OpenVinoSettings
 
 
 class BenchConfig(StageConfig, HarnessSettings):
-    kind: Literal["bench"] = "bench"
+    kind: Literal["bench"] = Field("bench", description="measure every deployable file's latency and accuracy, "
+                                                        "then the release gate")
     artifacts: list[str] | None = Field(None, description="artifact names; default: every earlier deployable one")
     leave_out: list[str] = Field(default_factory=list, description="artifact names left out of the default set "
                                  "(every earlier deployable one), e.g. an intermediate torch model; the baseline "
@@ -36,11 +37,11 @@ class BenchConfig(StageConfig, HarnessSettings):
     openvino: OpenVinoSettings = Field(default_factory=OpenVinoSettings,
                                        description="how OpenVINO compiles each file (performance hint, precision)")
     torch_compile: bool = Field(False, description="torch.compile the torch artifacts before timing them")
-    device: Literal["cpu", "cuda"] = "cpu"
+    device: Literal["cpu", "cuda"] = Field("cpu", description="where the files are timed")
     device_only: bool = Field(False, description="time the computation only, input staged on the device and "
                                                  "output left there")
     min_samples: int = Field(1000, ge=1, description="a p99 from fewer samples is refused")
-    per_class: bool = False
+    per_class: bool = Field(False, description="also report each class's accuracy")
     repeats: int = Field(1, ge=1, le=20, description="repeat the whole interleaved measurement this many times and "
                                                       "report each percentile's spread across repeats")
     traffic: TrafficSettings = Field(default_factory=TrafficSettings,

@@ -29,9 +29,10 @@ class ExternalTeacher(ModelConfig):
 
 
 class DistillConfig(StageConfig, TrainingSettings, LossSettings, Distributable):
-    kind: Literal["distill"] = "distill"
+    kind: Literal["distill"] = Field("distill", description="train a student from a teacher's softened outputs")
     teacher: str | None = Field(None, description="an earlier stage or artifact; default: the trained baseline")
-    external_teacher: ExternalTeacher | None = None
+    external_teacher: ExternalTeacher | None = Field(None, description="a teacher from outside the run (a model "
+                                                                       "file), instead of teacher")
     student: ModelConfig | None = Field(None, description="build a fresh student; default: the latest earlier model")
     batchnorm: BatchNormSettings = Field(default_factory=BatchNormSettings, description="BatchNorm statistics "
                                          "re-estimated after the training")

@@ -30,11 +30,12 @@ class ParityConfig(Strict):
 
 
 class TensorRTConfig(Strict):
-    precision: Literal["fp32", "fp16", "int8"] = "fp16"
-    min_batch: int = Field(1, ge=1)
-    opt_batch: int = Field(1, ge=1)
-    max_batch: int = Field(32, ge=1)
-    workspace_mb: int = Field(1024, ge=16)
+    precision: Literal["fp32", "fp16", "int8"] = Field("fp16", description="int8 builds from the quantize stage's "
+                                                                           "TensorRT Q/DQ file")
+    min_batch: int = Field(1, ge=1, description="smallest batch the engine accepts")
+    opt_batch: int = Field(1, ge=1, description="the batch TensorRT tunes its kernels for")
+    max_batch: int = Field(32, ge=1, description="largest batch the engine accepts")
+    workspace_mb: int = Field(1024, ge=16, description="GPU memory TensorRT may use while building, in MiB")
     timing_cache: str | None = Field(None, description="default: <run dir>/tensorrt.timing-cache, shared by builds")
     required: bool = Field(False, description="fail instead of recording 'skipped' where TensorRT or CUDA is absent")
 
@@ -46,14 +47,16 @@ class TensorRTConfig(Strict):
 
 
 class ExportConfig(StageConfig):
-    kind: Literal["export"] = "export"
-    formats: list[Literal["onnx", "tensorrt"]] = Field(["onnx"], min_length=1)
-    precision: Literal["fp32", "fp16"] = "fp32"
+    kind: Literal["export"] = Field("export", description="write the deployable files: ONNX, and TensorRT engines "
+                                                          "where TensorRT and a GPU exist")
+    formats: list[Literal["onnx", "tensorrt"]] = Field(["onnx"], min_length=1, description="the files to write")
+    precision: Literal["fp32", "fp16"] = Field("fp32", description="the ONNX file's weights and arithmetic")
     io_dtype: Literal["fp32", "fp16"] = Field("fp32", description="fp16 models keep fp32 inputs/outputs unless fp16")
-    opset: int = Field(18, ge=18, le=23)
+    opset: int = Field(18, ge=18, le=23, description="ONNX opset")
     simplify: bool = Field(False, description="simplify the graph with onnxslim; parity is checked after")
-    parity: ParityConfig = Field(default_factory=ParityConfig)
-    tensorrt: TensorRTConfig = Field(default_factory=TensorRTConfig)
+    parity: ParityConfig = Field(default_factory=ParityConfig, description="how the file's outputs are checked "
+                                                                           "against the torch model's")
+    tensorrt: TensorRTConfig = Field(default_factory=TensorRTConfig, description="the TensorRT engine's build")
 
     @model_validator(mode="after")
     def _io(self) -> "ExportConfig":

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Literal
 
 import torch
+from pydantic import Field
 
 from compress.config import ModelConfig, StageConfig
 from compress.errors import ConfigError
@@ -33,7 +34,8 @@ NAME = "model"  # the stage's name in a pipeline, and so its artifact's: model.m
 
 
 class ModelSourceConfig(StageConfig):
-    kind: Literal["model"] = "model"
+    kind: Literal["model"] = Field("model", description="bring a model in: the pipeline's model (weights or a "
+                                                        "callable), an ONNX file, or another run's artifact")
 
 
 class ModelStage(Stage):
@@ -63,8 +65,10 @@ class ModelStage(Stage):
         description["origin"] = origin
         transfer = description.get("transfer")
         if transfer:
-            ctx.log(f"{cfg.weights}: every tensor loaded but the classifier's; {Transfer.from_record(transfer).words()}; until a "
-                    "train stage trains it, this model's accuracy is chance", style="yellow")
+            made = Transfer.from_record(transfer)
+            ctx.log(f"{cfg.weights}: every tensor loaded but the classifier's ({made.classifier!r}, re-made for the data's "
+                    f"{data.num_classes} classes, as logged above); until a train stage trains it, this model's "
+                    "accuracy is chance", style="yellow")
         test = test_accuracy(data, model, TrainingSettings())
         metrics = {**test_metrics(test), "params": count_params(model), "macs": count_macs(model, data.input_shape),
                    "origin": origin}

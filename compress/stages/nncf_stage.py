@@ -28,7 +28,8 @@ METHOD = "nncf-ptq"
 
 
 class NNCFConfig(StageConfig):
-    kind: Literal["nncf"] = "nncf"
+    kind: Literal["nncf"] = Field("nncf", description="NNCF's post-training INT8 of a model, as an OpenVINO user "
+                                                      "makes it by hand: one more candidate for the bench")
     samples: int = Field(300, ge=1, description="calibration images (NNCF's subset_size), from the calib split; "
                                                 "left unset, at most data.calib_size of them")
     preset: Literal["performance", "mixed"] = Field(

@@ -40,17 +40,19 @@ class SparsityConfig(TrainingSettings):
 
 
 class FinetuneConfig(TrainingSettings):
-    epochs: int = Field(3, ge=0)
-    lr: float = Field(1e-3, gt=0, le=10)
+    epochs: int = Field(3, ge=0, description="passes over the train split after the surgery; 0: none")
+    lr: float = Field(1e-3, gt=0, le=10, description="peak learning rate (after warm-up)")
     distill: DistillSettings | None = Field(None, description="distil from a teacher, e.g. {teacher: train}")
 
 
 class PruneConfig(StageConfig, SurgerySettings, Distributable):
-    kind: Literal["prune"] = "prune"
-    sparsity: SparsityConfig = Field(default_factory=SparsityConfig)
-    target: PruneTarget = Field(default_factory=lambda: PruneTarget(macs=0.45))
+    kind: Literal["prune"] = Field("prune", description="network slimming: an L1 penalty on BatchNorm scales, "
+                                                        "channel surgery, a finetune")
+    sparsity: SparsityConfig = Field(default_factory=SparsityConfig, description="the training with an L1 penalty on "
+                                                                               "BatchNorm scales, before the surgery")
+    target: PruneTarget = Field(default_factory=lambda: PruneTarget(macs=0.45), description="how far to prune")
     protected: list[str] = Field(default_factory=list, description="module names never pruned (the classifier always)")
-    finetune: FinetuneConfig = Field(default_factory=FinetuneConfig)
+    finetune: FinetuneConfig = Field(default_factory=FinetuneConfig, description="the training after the surgery")
     batchnorm: BatchNormSettings = Field(default_factory=BatchNormSettings, description="BatchNorm statistics "
                                          "re-estimated after the surgery and after the finetune")
     auto: AutoSettings = Field(default_factory=AutoSettings, description="how target macs: auto searches")

@@ -22,10 +22,10 @@ from train.loop import Hooks
 
 class QATSettings(TrainingSettings):
     enabled: bool = Field(True, description="climb to QAT when PTQ and the fallback miss the red line")
-    epochs: int = Field(2, ge=1)
+    epochs: int = Field(2, ge=1, description="passes over the train split with fake quantization")
     lr: float = Field(1e-4, gt=0, le=10, description="low: the weights only adapt to the quantization grid")
-    weight_decay: float = Field(0.0, ge=0)
-    warmup_epochs: float = Field(0.0, ge=0)
+    weight_decay: float = Field(0.0, ge=0, description="none by default: decay would pull weights off the grid")
+    warmup_epochs: float = Field(0.0, ge=0, description="epochs of linear warm-up (the weights start trained)")
     amp: str = Field("off", description="fake quantization runs in fp32")  # type: ignore[assignment]
     freeze_ranges_epoch: int | None = Field(None, ge=0, description="stop range updates from this epoch "
                                             "(0-based); default: the last epoch")

@@ -34,19 +34,24 @@ class CalibrationConfig(Calibration):
 
 
 class FallbackConfig(Strict):
-    enabled: bool = True
+    """The ladder's second rung: the layers whose quantization costs the most accuracy kept in float."""
+
+    enabled: bool = Field(True, description="try keeping the most sensitive layers in float when PTQ misses the "
+                                            "red line")
     max_float_layers: int = Field(4, ge=1, description="at most this many layers kept in float")
     sensitivity_samples: int = Field(256, ge=1, description="validation images used to rank the layers")
 
 
 class QuantizeConfig(StageConfig):
-    kind: Literal["quantize"] = "quantize"
+    kind: Literal["quantize"] = Field("quantize", description="INT8: post-training quantization, then layers kept "
+                                                              "in float, then QAT, until within the red line")
     flavours: list[Literal["cpu", "trt"]] = Field(["cpu", "trt"], min_length=1,
                                                   description="cpu: uint8 activations; trt: symmetric int8")
-    calibration: CalibrationConfig = Field(default_factory=CalibrationConfig)
-    fallback: FallbackConfig = Field(default_factory=FallbackConfig)
-    qat: QATSettings = Field(default_factory=QATSettings)
-    opset: int = Field(18, ge=18, le=23)
+    calibration: CalibrationConfig = Field(default_factory=CalibrationConfig, description="how activation ranges "
+                                                                                       "are found")
+    fallback: FallbackConfig = Field(default_factory=FallbackConfig, description="the float-layer rung")
+    qat: QATSettings = Field(default_factory=QATSettings, description="the quantization-aware training rung")
+    opset: int = Field(18, ge=18, le=23, description="ONNX opset of the quantized files")
     cpu_weights: Literal["7bit", "8bit"] = Field(
         "7bit", description="weights of the CPU file: 7bit computes the same on x86 CPUs with and without VNNI "
                             "(8bit weights saturate onnxruntime's u8s8 kernels where VNNI is missing)")

@@ -20,7 +20,7 @@ from train.models import count_macs, count_params
 
 
 class TrainConfig(StageConfig, TrainingSettings, Distributable):
-    kind: Literal["train"] = "train"
+    kind: Literal["train"] = Field("train", description="train (or finetune) the model on the data")
     tensorboard: bool = Field(False, description="write TensorBoard scalars to the stage folder")
     freeze_backbone_epochs: int = Field(0, ge=0, description="epochs that train only the classifier, the rest of the "
                                         "model frozen, before the `epochs` that train everything (linear probing, then "

@@ -35,31 +35,43 @@ class AugmentConfig(Strict):
 
 
 class TrainingSettings(Strict):
-    epochs: int = Field(8, ge=1)
-    batch_size: int = Field(128, ge=1)
-    eval_batch_size: int = Field(512, ge=1)
-    optimizer: Literal["adamw", "sgd"] = "adamw"
-    lr: float = Field(2e-3, gt=0, le=10)
-    weight_decay: float = Field(0.05, ge=0)
-    momentum: float = Field(0.9, ge=0, lt=1)
-    schedule: Literal["cosine", "wsd", "step", "constant"] = "cosine"
-    warmup_epochs: float = Field(0.5, ge=0)
+    """One training run's settings: every stage that trains (train, a prune's sparsity and finetune, distill,
+    QAT) takes these, each with its own defaults."""
+
+    epochs: int = Field(8, ge=1, description="passes over the train split")
+    batch_size: int = Field(128, ge=1, description="images per optimizer step (per process when distributed)")
+    eval_batch_size: int = Field(512, ge=1, description="images per forward pass when measuring accuracy")
+    optimizer: Literal["adamw", "sgd"] = Field("adamw", description="adamw, or sgd with Nesterov momentum")
+    lr: float = Field(2e-3, gt=0, le=10, description="peak learning rate (after warm-up)")
+    weight_decay: float = Field(0.05, ge=0, description="decoupled weight decay (adamw) or L2 (sgd); not on "
+                                                         "BatchNorm scales and biases")
+    momentum: float = Field(0.9, ge=0, lt=1, description="sgd's momentum (adamw ignores it)")
+    schedule: Literal["cosine", "wsd", "step", "constant"] = Field(
+        "cosine", description="learning-rate schedule after warm-up: cosine to zero, wsd (warm-up, stable, decay), "
+                              "step (milestones), or constant")
+    warmup_epochs: float = Field(0.5, ge=0, description="epochs of linear warm-up from zero (fractions allowed)")
     decay_fraction: float = Field(0.2, gt=0, le=1, description="wsd: share of steps spent decaying")
     milestones: list[float] = Field([0.5, 0.75], description="step: fractions of training where lr drops")
     gamma: float = Field(0.1, gt=0, le=1, description="step: lr factor at each milestone")
-    grad_accum: int = Field(1, ge=1)
-    clip_grad_norm: float | None = Field(None, gt=0)
-    label_smoothing: float = Field(0.0, ge=0, lt=1)
-    amp: Literal["auto", "off", "bf16", "fp16"] = "auto"
-    channels_last: bool = False
-    compile: bool = False
+    grad_accum: int = Field(1, ge=1, description="batches whose gradients add up before each optimizer step")
+    clip_grad_norm: float | None = Field(None, gt=0, description="clip the gradients' global norm to this; none: "
+                                                                 "no clipping")
+    label_smoothing: float = Field(0.0, ge=0, lt=1, description="share of the target's probability spread over the "
+                                                               "other classes")
+    amp: Literal["auto", "off", "bf16", "fp16"] = Field(
+        "auto", description="mixed precision: auto is bf16 where the CPU has native bf16, fp16 with a GradScaler on "
+                            "CUDA, else off (fp32)")
+    channels_last: bool = Field(False, description="NHWC memory format: faster convolutions on CPUs with oneDNN and "
+                                                   "on tensor cores")
+    compile: bool = Field(False, description="torch.compile the model first (slower start, faster steps)")
     checkpoint_blocks: list[str] = Field(default_factory=list, description="modules to run with activation checkpointing")
     checkpoint_every: int = Field(100, ge=0, description="optimizer steps between resumable checkpoints")
-    augment: AugmentConfig = Field(default_factory=AugmentConfig)
+    augment: AugmentConfig = Field(default_factory=AugmentConfig, description="train-time augmentation")
     train_images: int | None = Field(None, ge=1, description="train on only the first N images of the (already "
                                      "shuffled) train split: data-efficiency studies, e.g. distillation with few labels")
-    device: Literal["auto", "cpu", "cuda"] = "auto"
-    heartbeat_s: float = Field(30.0, gt=0)
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: CUDA where available, else the CPU")
+    heartbeat_s: float = Field(30.0, gt=0, description="seconds between progress lines when the output is not a "
+                                                       "terminal")
 
     @field_validator("amp", mode="before")
     @classmethod

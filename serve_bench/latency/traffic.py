@@ -50,7 +50,9 @@ class TrafficSettings(BaseModel):
                                      "the at-target test (the one the gate reads)")
     sweep: bool = Field(False, description="find each artifact's highest load within the p99 budget for every "
                                            "configuration in `configs`")
-    configs: list[ServingSettings] = Field(default_factory=_default_configs, min_length=1)
+    configs: list[ServingSettings] = Field(default_factory=_default_configs, min_length=1,
+                                           description="the serving configurations the sweep compares (instances, "
+                                                       "batching)")
     sweep_artifacts: list[str] | None = Field(None, description="the artifacts the sweep measures; default: all (a "
                                                                 "slow baseline's low rates can take minutes)")
     rates: list[float] = Field([0.25, 0.5, 0.7, 0.85, 1.0], min_length=1,

@@ -7,6 +7,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib import ticker  # noqa: E402
 import numpy as np  # noqa: E402
 
 from serve_bench.report_model import Entry, EntryTraffic, ServerRun, SweepConfig  # noqa: E402
@@ -56,17 +57,30 @@ def _error(value: float, interval) -> list[list[float]]:
     return [[max(value - interval[0], 0.0)], [max(interval[1] - value, 0.0)]]
 
 
+MARKERS = "osD^vP*Xhp<>"
+
+
 def accuracy_vs_p99(entries: list[Entry], metric: str, red_line: float | None, budget_ms: float | None) -> bytes:
+    return to_png(accuracy_vs_p99_figure(entries, metric, red_line, budget_ms))
+
+
+def accuracy_vs_p99_figure(entries: list[Entry], metric: str, red_line: float | None, budget_ms: float | None):
     """Each artifact with its 95% intervals as error bars: the p99's over blocks (else per request) and the
-    accuracy's, against the red line and the budget."""
-    fig, ax = plt.subplots(figsize=(8.5, 4.5))
+    accuracy's, against the red line and the budget.
+
+    The p99 axis is logarithmic: a torch baseline is often ten times slower than every compressed file, and on
+    a linear axis those files crowd into its left tenth. Each file has its own colour and marker and is named
+    in the legend beside the plot, not next to its point, so no two names can overlap however close the points
+    lie; the red line and the budget are drawn as lines and named in the legend too."""
+    fig, ax = plt.subplots(figsize=(9, 4.8))
+    colours = plt.get_cmap("tab10" if len(entries) <= 10 else "tab20")
     points = [(e.latency_ms.p99, e.accuracy[metric]) for e in entries]
-    for (x, y), entry in zip(points, entries):
+    for i, ((x, y), entry) in enumerate(zip(points, entries)):
         lat = entry.latency_ms
         xerr = _error(x, lat.p99_ci_blocks or lat.p99_ci)
         yerr = _error(y, entry.accuracy_ci.get(metric))
-        ax.errorbar(x, y, xerr=xerr, yerr=yerr, fmt="o", markersize=6, capsize=3, zorder=3)
-        ax.annotate(entry.name, (x, y), textcoords="offset points", xytext=(5, 4), fontsize=8)
+        ax.errorbar(x, y, xerr=xerr, yerr=yerr, fmt=MARKERS[i % len(MARKERS)], markersize=7, capsize=3, zorder=3,
+                    color=colours(i % colours.N), label=f"{entry.name}  ({x:.3g} ms, {y:.2f}%)")
     front = pareto_front(points)
     ax.plot([points[i][0] for i in front], [points[i][1] for i in front], color="black", linewidth=1,
             label="Pareto front", zorder=2)
@@ -74,12 +88,24 @@ def accuracy_vs_p99(entries: list[Entry], metric: str, red_line: float | None, b
         ax.axhline(red_line, color="crimson", linestyle="--", label=f"accuracy red line {red_line:.2f}%")
     if budget_ms:
         ax.axvline(budget_ms, color="darkorange", linestyle="--", label=f"p99 budget {budget_ms:g} ms")
-    ax.set_xlabel("p99 latency (ms)")
+    ax.set_xscale("log")
+    ax.xaxis.set_major_formatter(ticker.FuncFormatter(_ms))
+    ax.xaxis.set_minor_formatter(ticker.FuncFormatter(lambda v, _: _ms(v, _) if _leading(v) in (2, 5) else ""))
+    ax.set_xlabel("p99 latency (ms, log scale)")
     ax.set_ylabel(f"{metric} accuracy (%)")
     ax.set_title("Accuracy vs p99 latency (error bars: 95% intervals)")
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # outside: never over a point
-    ax.grid(alpha=0.3)
-    return to_png(fig)
+    ax.grid(alpha=0.3, which="both")
+    return fig
+
+
+def _leading(value: float) -> int:
+    """The first significant digit of a positive number (2 for 0.25, 5 for 50)."""
+    return int(f"{value:.0e}"[0]) if value > 0 else 0
+
+
+def _ms(value: float, _pos) -> str:
+    return f"{value:g}"
 
 
 def size_by_artifact(entries: list[Entry]) -> bytes:

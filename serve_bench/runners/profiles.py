@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from serve_bench.runners.base import RunnerError
+from serve_bench.runners.native_output import native_stderr_to_log
 
 logger = logging.getLogger(__name__)
 
@@ -192,6 +193,7 @@ def profile_torch(path: str, batch: np.ndarray, *, threads: int, iters: int, top
     """Self CPU time per torch op over ``iters`` eager runs (``top`` unused: torch has no single nodes)."""
     # Kineto (torch's profiler) probes for a GPU on its first use and logs an ERROR line to stderr where there is
     # none; on a CPU-only profile that line is noise in the run's console. Its log level is read at that first use.
+    # Its USDT lines no level silences: native_stderr_to_log sends them to the log.
     os.environ.setdefault("KINETO_LOG_LEVEL", "5")
     import torch
     from torch.profiler import ProfilerActivity, profile, record_function
@@ -207,7 +209,7 @@ def profile_torch(path: str, batch: np.ndarray, *, threads: int, iters: int, top
         with torch.inference_mode():
             for _ in range(WARMUP_RUNS):
                 model(x)
-            with profile(activities=[ProfilerActivity.CPU]) as prof:
+            with native_stderr_to_log("torch profiler", logger), profile(activities=[ProfilerActivity.CPU]) as prof:
                 for _ in range(iters):
                     with record_function("model_run"):  # the whole run, Python overhead included
                         model(x)
