@@ -38,6 +38,7 @@ from serve_bench.stats.summary import PERCENTILES, bootstrap_ci, summarize
 from serve_bench.accuracy.detection import detection_entries
 from serve_bench.latency.worker import BenchWorker, WorkerError, all_ready
 from train.detection.postprocess import NmsSettings
+from train.progress import LiveBar
 
 
 @dataclass
@@ -135,20 +136,26 @@ def _measure(workers: dict[str, BenchWorker], settings: BenchSettings, progress)
     loads: dict[str, list] = {name: [] for name in workers}
     per_repeat: list[dict] = []
     next_round = 0
-    for _ in range(settings.repeats):
-        measured = measure_interleaved(workers, settings.harness, progress, first_round=next_round)
-        next_round = 1 + max(max(m.blocked.rounds) for m in measured.values())
-        per_repeat.append({name: {k: float(np.percentile(m.latencies_ms, q)) for k, q in PERCENTILES.items()}
-                           for name, m in measured.items()})
-        for name, m in measured.items():
-            old = pooled.get(name)
-            pooled[name] = m.blocked if old is None else BlockedSamples(old.blocks + m.blocked.blocks,
-                                                                        old.rounds + m.blocked.rounds)
-            walls[name][0] += m.wall_s
-            walls[name][1] += m.requests
-            loads[name] += m.other_load
-            if m.short_of_floors:
-                short.add(name)
+    # A bar with an ETA on a terminal (nothing in a log or CI) unless the caller follows the progress itself.
+    with LiveBar(f"measuring {len(workers)} files", 100.0 * settings.repeats, live=None if progress is None
+                 else False) as bar:
+        for repeat in range(settings.repeats):
+            def step(done: float, repeat: int = repeat) -> None:
+                (progress or bar.update)(100.0 * (repeat + done))
+
+            measured = measure_interleaved(workers, settings.harness, step, first_round=next_round)
+            next_round = 1 + max(max(m.blocked.rounds) for m in measured.values())
+            per_repeat.append({name: {k: float(np.percentile(m.latencies_ms, q)) for k, q in PERCENTILES.items()}
+                               for name, m in measured.items()})
+            for name, m in measured.items():
+                old = pooled.get(name)
+                pooled[name] = m.blocked if old is None else BlockedSamples(old.blocks + m.blocked.blocks,
+                                                                            old.rounds + m.blocked.rounds)
+                walls[name][0] += m.wall_s
+                walls[name][1] += m.requests
+                loads[name] += m.other_load
+                if m.short_of_floors:
+                    short.add(name)
     return {"blocked": pooled, "walls": walls, "loads": loads, "short": short}, per_repeat
 
 

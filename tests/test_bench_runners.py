@@ -70,7 +70,9 @@ def test_interleaved_measurement_in_worker_processes(artifacts):
     assert set(result) == {"torch", "onnx"}
     for m in result.values():
         assert m.requests >= 300 and len(m.latencies_ms) == m.requests and (m.latencies_ms > 0).all()
-    assert rounds[0] == {"torch": 50, "onnx": 50}  # one block each per round: interleaved, not one after the other
+    # one block each per round (interleaved, not one after the other); progress after each round, up to done
+    assert result["torch"].blocked.rounds == result["onnx"].blocked.rounds == list(range(len(rounds)))
+    assert 0 < rounds[0] < 1 and rounds == sorted(rounds) and rounds[-1] == 1.0
     assert logits.shape == (64, 10)
 
 

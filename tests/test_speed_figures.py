@@ -89,3 +89,19 @@ def test_the_invariant_check_catches_a_point_outside_its_interval():
     problems = points_outside_intervals({"artifacts": [entry]})
     assert any("speedup_p99 10.55 outside [6.8, 10.53]" in p for p in problems)
     assert any("1/latency_ratio.p99" in p for p in problems)
+
+
+def test_progress_follows_the_slowest_artifacts_floors_and_the_cap():
+    """After each round, how far the measurement is: every file needs 0.04 s of measured time, which the fast one
+    (1 ms a request, 10 a round) reaches last, in 4 rounds, so progress climbs in quarters to 1; with a cap of 30
+    requests, the cap ends it at 1 in 3 rounds."""
+    settings = HarnessSettings(warmup_iters=1, warmup_s=0.0, min_iters=10, min_duration_s=0.04, block_iters=10,
+                               block_s=0.0, settle_s=0.0)
+    seen: list[float] = []
+    measure_interleaved({"fast": _FakeWorker(1.0), "slow": _FakeWorker(10.0)}, settings, progress=seen.append)
+    assert seen == pytest.approx([0.25, 0.5, 0.75, 1.0])
+    capped: list[float] = []
+    measure_interleaved({"fast": _FakeWorker(1.0), "slow": _FakeWorker(10.0)},
+                        settings.model_copy(update={"min_duration_s": 5.0, "max_iters": 30}), progress=capped.append)
+    assert capped == pytest.approx([1 / 3, 2 / 3, 1.0])
+

@@ -81,3 +81,45 @@ class StepProgress:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+class LiveBar:
+    """A bar with an ETA for a step that takes more than a few seconds (bench rounds, traffic tests, search trials).
+
+    Drawn on a terminal and gone when the step ends (the step's own lines stay); where the output is not a
+    terminal (a log file, CI) it draws nothing and logs nothing, because those readers already get the step's
+    own lines. ``total`` may be an upper bound: ``close`` completes it.
+    """
+
+    def __init__(self, label: str, total: float, *, stream: TextIO | None = None, live: bool | None = None) -> None:
+        stream = stream or sys.stderr
+        self.live = (stream.isatty() if live is None else live) and total > 0
+        self._progress = None
+        if self.live:
+            from rich.console import Console
+            from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeRemainingColumn
+
+            self._progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), TaskProgressColumn(),
+                                      TimeRemainingColumn(), TextColumn("{task.fields[note]}"),
+                                      console=Console(file=stream, force_terminal=True), transient=True)
+            self._progress.start()
+            self._task = self._progress.add_task(label, total=total, note="")
+
+    def update(self, completed: float | None = None, *, advance: float | None = None, note: str = "") -> None:
+        if self._progress is None:
+            return
+        if completed is not None:
+            self._progress.update(self._task, completed=completed, note=note)
+        else:
+            self._progress.update(self._task, advance=advance or 1, note=note)
+
+    def close(self) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+            self._progress = None
+
+    def __enter__(self) -> "LiveBar":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

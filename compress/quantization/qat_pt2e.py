@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import logging
 from typing import Iterator
 
 import torch
@@ -19,6 +20,18 @@ from torch import nn
 from compress.quantization.ladder import RungUnavailable
 
 QUANT_RANGE = (-127, 127)  # symmetric: -128 would need a zero-point TensorRT does not take
+
+
+class _TorchaoEnumNotice(logging.Filter):
+    """Drops one notice torch logs when torchao registers its Enum settings with torch's pytree ("… is an Enum
+    subclass and is now natively supported …"): it concerns torchao's code, not the user's run, and it would
+    land in the run's console between the quantize stage's lines."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "is an Enum subclass and is now natively supported" not in record.getMessage()
+
+
+logging.getLogger("torch.utils._pytree").addFilter(_TorchaoEnumNotice())
 
 
 class QATUnavailable(RungUnavailable):

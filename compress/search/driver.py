@@ -42,6 +42,7 @@ from compress.search.objective import candidate_name, directions, values
 from compress.search.settings import SearchPlan
 from compress.search.trial_dirs import shared_stages
 from compress.search.trial_phases import TrialSpec, build, measure
+from train.progress import LiveBar
 from compress.stages.measurement import limits_of
 from compress.stages.runtime_choice import onnx_runtimes
 
@@ -284,10 +285,16 @@ class Search:
 
     def _loop(self, study, optuna) -> None:
         s = self.settings
+        with LiveBar("search trials", s.trials) as bar:  # an ETA on a terminal; the trial lines say the rest
+            self._trials(study, optuna, bar)
+
+    def _trials(self, study, optuna, bar: LiveBar) -> None:
+        s = self.settings
         builds: dict[Any, Any] = {}  # object ref → (trial, spec)
         measures: dict[Any, Any] = {}
         while True:
             done = self._finished(study, optuna)
+            bar.update(done, note=f"{len(builds)} building, {len(measures)} measuring")
             # A measurement needs the machine to itself: no new build starts while one waits or runs.
             while not measures and len(builds) < s.parallel and done + len(builds) < s.trials:
                 trial, spec = self._ask(study)

@@ -65,7 +65,7 @@ def measure_interleaved(workers: dict[str, BenchWorker], settings: HarnessSettin
                         first_round: int = 0) -> dict[str, Measurement]:
     """Rounds of one block per artifact until every artifact has enough (or one reached ``max_iters``);
     rounds are numbered from ``first_round`` so a repeated measurement's blocks never pair with another
-    repeat's."""
+    repeat's. ``progress`` is called after each round with how far the measurement is (0 to 1)."""
     block = {}
     for name, worker in workers.items():
         done, seconds = worker.call("warmup", max(1, settings.warmup_iters), settings.warmup_s)
@@ -99,7 +99,7 @@ def measure_interleaved(workers: dict[str, BenchWorker], settings: HarnessSettin
             spent[name] += block_wall
         current += 1
         if progress is not None:
-            progress(dict(counts))
+            progress(_done(counts, spent, settings))
     short = [n for n in workers if not enough(n)]
     if short:
         log.warning("measurement ended at max_iters=%d before %s met min_iters/min_duration_s: raise max_iters or "
@@ -107,6 +107,19 @@ def measure_interleaved(workers: dict[str, BenchWorker], settings: HarnessSettin
     return {name: Measurement(np.concatenate(samples[name]), spent[name], counts[name],
                               BlockedSamples(samples[name], rounds[name]), loads[name], name in short)
             for name in workers}
+
+
+def _done(counts: dict[str, int], spent: dict[str, float], settings: HarnessSettings) -> float:
+    """How far the measurement is, 0 to 1: it ends when every artifact has its floors (requests and measured
+    time), or when one reaches ``max_iters``; the slowest artifact's share of its floors decides."""
+    def share(name: str) -> float:
+        by_count = counts[name] / settings.min_iters if settings.min_iters else 1.0
+        by_time = spent[name] / settings.min_duration_s if settings.min_duration_s else 1.0
+        return min(1.0, by_count, by_time)
+
+    floors = min(share(n) for n in counts) if counts else 1.0
+    cap = max(counts.values(), default=0) / settings.max_iters if settings.max_iters else 0.0
+    return min(1.0, max(floors, cap))
 
 
 def short_of_floors_flag(entries: list[dict]) -> str | None:

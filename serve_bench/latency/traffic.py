@@ -25,6 +25,7 @@ from serve_bench.load.loadgen_scenarios import Scenario
 from serve_bench.load.serving_loop import ServingSettings
 from serve_bench.latency.machine_load import LoadSampler, load_summary
 from serve_bench.latency.worker import BenchWorker
+from train.progress import LiveBar
 
 log = logging.getLogger(__name__)
 
@@ -85,8 +86,8 @@ CONFIRM_SEED = 1_000_003  # a confirmation run's own arrivals, not the probe's i
 class _Turns:
     """Runs one worker command after the settle pause, recording other processes' share of the cores."""
 
-    def __init__(self, workers: dict[str, BenchWorker], settle_s: float) -> None:
-        self.workers, self.settle_s = workers, settle_s
+    def __init__(self, workers: dict[str, BenchWorker], settle_s: float, bar: LiveBar | None = None) -> None:
+        self.workers, self.settle_s, self.bar = workers, settle_s, bar
         self.sampler = LoadSampler([os.getpid(), *(w.process.pid for w in workers.values())])
         self.loads: dict[str, list] = {name: [] for name in workers}
 
@@ -95,7 +96,18 @@ class _Turns:
         before = self.sampler.snapshot()
         result = self.workers[name].call(*command)
         self.loads[name].append(self.sampler.other_share(before))
+        if self.bar is not None:
+            self.bar.update(advance=1, note=name)
         return result
+
+
+def planned_tests(names: list[str], scenario: Scenario, settings: TrafficSettings) -> int:
+    """How many LoadGen tests the traffic measurement runs at most (the sweep stops a file's grid early once two
+    rates miss the budget): the bar's total."""
+    swept = [n for n in names if settings.sweep_artifacts is None or n in settings.sweep_artifacts]
+    per_config = 1 + len(settings.rates) + settings.refine + (1 if settings.confirm else 0)
+    return (len(names) * (runs_loadgen(settings, scenario) + len(settings.loads))
+            + (len(settings.configs) * len(swept) * per_config if settings.sweep else 0))
 
 
 def _scenario(kind: Scenario, settings: TrafficSettings, budget_ms: float | None, qps: float | None = None,
@@ -205,8 +217,21 @@ def measure_traffic(workers: dict[str, BenchWorker], *, scenario: Scenario, targ
                     progress: Progress | None = None) -> tuple[dict[str, dict], dict]:
     """Per artifact its ``traffic`` report entry, and the report-level ``traffic`` facts (the harness overhead)."""
     say = progress or log.info
-    turns = _Turns(workers, settle_s)
     names = list(workers)
+    with LiveBar("traffic tests", planned_tests(names, scenario, settings)) as bar:
+        entries = _measure_traffic(_Turns(workers, settle_s, bar), names, scenario=scenario, target_qps=target_qps,
+                                   budget_ms=budget_ms, decision=decision, settings=settings,
+                                   expected_ms=expected_ms, say=say)
+    facts = {"scenario": scenario, "target_qps": target_qps, "p99_budget_ms": budget_ms,
+             "settings": settings.model_dump(mode="json"), "sut_overhead": None}
+    if settings.overhead and null_pool is not None:
+        facts["sut_overhead"] = harness_overhead(null_pool, scenario, target_qps, settings, settle_s)
+    return entries, facts
+
+
+def _measure_traffic(turns: _Turns, names: list[str], *, scenario: Scenario, target_qps: float | None,
+                     budget_ms: float | None, decision: str, settings: TrafficSettings, expected_ms: dict[str, float],
+                     say: Progress) -> dict[str, dict]:
     entries: dict[str, dict] = {name: {"scenario": scenario, "target_qps": target_qps, "at_target": None,
                                        "sweep": None} for name in names}
     serving = settings.serving.model_dump()
@@ -227,11 +252,7 @@ def measure_traffic(workers: dict[str, BenchWorker], *, scenario: Scenario, targ
             entries[name]["sweep"] = sweep
     for name in names:
         entries[name]["machine_load"] = load_summary(turns.loads[name])
-    facts = {"scenario": scenario, "target_qps": target_qps, "p99_budget_ms": budget_ms,
-             "settings": settings.model_dump(mode="json"), "sut_overhead": None}
-    if settings.overhead and null_pool is not None:
-        facts["sut_overhead"] = harness_overhead(null_pool, scenario, target_qps, settings, settle_s)
-    return entries, facts
+    return entries
 
 
 def harness_overhead(pool: np.ndarray, scenario: Scenario, target_qps: float | None, settings: TrafficSettings,
