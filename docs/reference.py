@@ -61,29 +61,39 @@ def type_words(annotation) -> str:
     return names.get(annotation, getattr(annotation, "__name__", str(annotation)))
 
 
-def default_words(field) -> str:
+def _default_value(field):
     if field.is_required():
-        return "required"
-    value = field.default_factory() if field.default_factory is not None else field.default
+        return PydanticUndefined
+    return field.default_factory() if field.default_factory is not None else field.default
+
+
+def value_words(value) -> str:
     if value is PydanticUndefined:
         return "required"
     if isinstance(value, BaseModel):
         return "see below" if type(value).model_fields else "{}"
+    if isinstance(value, list) and any(isinstance(v, BaseModel) for v in value):
+        return json.dumps([v.model_dump(mode="json", exclude_defaults=True) for v in value])
     return json.dumps(value, default=str)
 
 
-def model_rows(model: type[BaseModel], prefix: str, seen: set | None = None) -> Iterator[tuple[Row, list]]:
-    """Every field of ``model`` and of the sections under it, depth first, each with its dotted path."""
+def model_rows(model: type[BaseModel], prefix: str, seen: set | None = None,
+               instance: BaseModel | None = None) -> Iterator[tuple[Row, list]]:
+    """Every field of ``model`` and of the sections under it, depth first, each with its dotted path. A section's
+    fields show the defaults of the section's own default where it has one (``target`` defaults to
+    ``{macs: 0.45}``, so ``target.macs`` shows 0.45, not the class's bare default)."""
     seen = set() if seen is None else seen
     for name, field in model.model_fields.items():
         key = field.alias or name
         nested = nested_models(field.annotation)
-        yield Row(f"{prefix}{key}", type_words(field.annotation), default_words(field),
+        value = getattr(instance, name) if instance is not None else _default_value(field)
+        yield Row(f"{prefix}{key}", type_words(field.annotation), value_words(value),
                   (field.description or "").replace("|", "\\|").replace("\n", " ")), nested
         for sub in nested:
             if (sub, prefix + key) not in seen:
                 seen.add((sub, prefix + key))
-                for row, more in model_rows(sub, f"{prefix}{key}.", seen):
+                inner = value if isinstance(value, sub) else None
+                for row, more in model_rows(sub, f"{prefix}{key}.", seen, inner):
                     yield row, more
 
 

@@ -137,11 +137,11 @@ def _measure(workers: dict[str, BenchWorker], settings: BenchSettings, progress)
     per_repeat: list[dict] = []
     next_round = 0
     # A bar with an ETA on a terminal (nothing in a log or CI) unless the caller follows the progress itself.
-    with LiveBar(f"measuring {len(workers)} files", 100.0 * settings.repeats, live=None if progress is None
-                 else False) as bar:
+    with LiveBar(f"measuring {len(workers)} files", 100.0, live=None if progress is None else False) as bar:
         for repeat in range(settings.repeats):
-            def step(done: float, repeat: int = repeat) -> None:
-                (progress or bar.update)(100.0 * (repeat + done))
+            def step(done: float, repeat: int = repeat) -> None:  # the whole measurement's share done, 0 to 1
+                share = (repeat + done) / settings.repeats
+                progress(share) if progress is not None else bar.update(100.0 * share)
 
             measured = measure_interleaved(workers, settings.harness, step, first_round=next_round)
             next_round = 1 + max(max(m.blocked.rounds) for m in measured.values())
@@ -252,7 +252,8 @@ def run_benchmark(specs: list[ArtifactSpec], baseline: str, test: TestSet, setti
     """Measure ``specs`` interleaved and judge their accuracy against ``baseline`` by ``settings.limits`` (its
     metric and red line; without limits: top-1, no red line). ``own_tests`` gives an artifact another test set than ``test`` (a compared run made on other data):
     its accuracy is measured there, and not paired with the baseline's unless the digests match. ``say`` gets a
-    line per traffic test (default: this module's log)."""
+    line per traffic test (default: this module's log). ``progress``, where given, is called after each round of
+    the latency measurement with the share of it done (0 to 1, over all repeats) instead of drawing a bar."""
     if baseline not in {s.name for s in specs}:
         raise ValueError(f"baseline {baseline!r} is not among the measured artifacts")
     limits = settings.limits

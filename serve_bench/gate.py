@@ -70,11 +70,19 @@ def quantized_not_faster(artifacts: list[Entry], isa: dict | None = None) -> lis
     return flags
 
 
+def _profiled_where_timed(entry: Entry) -> bool:
+    """The profilers of onnxruntime, OpenVINO and torch run on the CPU, TensorRT's on the GPU: a profile
+    explains the latency only where the file was timed on that device."""
+    profile_device = "cuda" if entry.backend == "tensorrt" else "cpu"
+    return entry.runner.get("device") == profile_device
+
+
 def _profile_words(int8: Entry, fp32: Entry | None) -> str:
     """The operator profiles' part of the answer (serve_bench.latency.profile_comparison), where both have one."""
-    if fp32 is None:
+    if fp32 is None or not all(_profiled_where_timed(e) for e in (int8, fp32)):
         return ""
-    words = int8_loss_reasons(int8.operator_profile, int8.latency_ms.p50, fp32.operator_profile, fp32.latency_ms.p50)
+    words = int8_loss_reasons(int8.operator_profile, int8.latency_ms.p50, fp32.operator_profile, fp32.latency_ms.p50,
+                              fp32.runner.get("inference_precision"))
     return f". From the operator profiles: {words}" if words else ""
 
 

@@ -86,3 +86,14 @@ def test_the_hook_fills_each_marker_and_leaves_other_text(reference):
     text = "intro\n\n<!-- generated: cli -->\n\nafter"
     out = reference.on_page_markdown(text, None, None, None)
     assert out.startswith("intro\n\n### compress run") and out.endswith("after") and "<!--" not in out
+
+
+def test_a_sections_fields_show_the_sections_own_default_and_every_marker_is_on_its_page(reference):
+    """target defaults to {macs: 0.45}: target.macs shows 0.45, not the class's bare null; and the pages that
+    carry the generated references still hold their markers (else the site would silently lose them)."""
+    prune = {row.path: row for row in reference.pipeline_rows()["kind: prune"]}
+    assert prune["target.macs"].default == "0.45" and prune["target.params"].default == "null"
+    assert prune["finetune.epochs"].default == "3" and prune["sparsity.epochs"].default == "2"
+    pages = ROOT / "docs" / "pages" / "reference"
+    for page, name in (("pipeline.md", "pipeline"), ("cli.md", "cli"), ("run-folder.md", "report")):
+        assert f"<!-- generated: {name} -->" in (pages / page).read_text(), page

@@ -250,10 +250,14 @@ def test_native_lines_on_stderr_go_to_the_log_not_the_console(capfd, caplog):
 
     with caplog.at_level(logging.DEBUG, logger="serve_bench.runners.native_output"):
         with native_stderr_to_log("a library"):
-            os.write(2, b"USDT:2026 x.cpp:39] profiler_start\n")
+            os.write(2, b"USDT:2026 x.cpp:39] profiler_start\nERROR: something real\n")
         os.write(2, b"after\n")
-    assert capfd.readouterr().err == "after\n"
-    assert "a library: USDT:2026 x.cpp:39] profiler_start" in caplog.text
+        with pytest.raises(ValueError), native_stderr_to_log("a library"):
+            os.write(2, b"USDT:2026 x.cpp:46] profiler_stop\n")
+            raise ValueError("inside")
+        os.write(2, b"restored\n")
+    assert capfd.readouterr().err == "ERROR: something real\nafter\nrestored\n"  # only the known noise is held back
+    assert "a library: USDT:2026 x.cpp:39] profiler_start" in caplog.text and "profiler_stop" in caplog.text
 
 
 def test_a_torch_profile_prints_no_profiler_line(tmp_path):

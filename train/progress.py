@@ -101,7 +101,8 @@ class LiveBar:
 
             self._progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), TaskProgressColumn(),
                                       TimeRemainingColumn(), TextColumn("{task.fields[note]}"),
-                                      console=Console(file=stream, force_terminal=True), transient=True)
+                                      console=Console(file=stream, force_terminal=True), transient=True,
+                                      auto_refresh=False)  # no drawing thread beside a measurement: drawn on update
             self._progress.start()
             self._task = self._progress.add_task(label, total=total, note="")
 
@@ -112,6 +113,7 @@ class LiveBar:
             self._progress.update(self._task, completed=completed, note=note)
         else:
             self._progress.update(self._task, advance=advance or 1, note=note)
+        self._progress.refresh()
 
     def close(self) -> None:
         if self._progress is not None:

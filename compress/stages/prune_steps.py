@@ -123,7 +123,7 @@ def prune_in_steps(ctx: StageContext, model: nn.Module, example: torch.Tensor, p
     if steps.result is None:
         ctx.log("no pruned step within the red line: the model is handed on unpruned", style="yellow")
     else:
-        kept = steps.trajectory[-1] if steps.trajectory[-1]["within"] else steps.trajectory[-2]
+        kept = steps.trajectory[steps.chosen]  # the trajectory holds step k at index k
         ctx.log(f"kept step {steps.chosen}: {kept['macs_fraction']:.1%} of the MACs, "
                 f"{kept['params_fraction']:.1%} of the parameters")
     return steps
