@@ -13,6 +13,7 @@ from __future__ import annotations
 from serve_bench.latency.profile_comparison import int8_loss_reasons
 from serve_bench.limits import Limits
 from serve_bench.load.capacity import capacity, interval_trusted, loadgen_valid_for, passes
+from serve_bench.runners import RUNNERS
 from serve_bench.report_model import Entry, Paired, Ratio, ServerRun, SweepConfig
 from train.detection.coco_map import needed_for_bootstrap
 from serve_bench.stats.paired import (LEVEL, POWER, PairedCounts, drop_interval, needed_test_images,
@@ -71,10 +72,10 @@ def quantized_not_faster(artifacts: list[Entry], isa: dict | None = None) -> lis
 
 
 def _profiled_where_timed(entry: Entry) -> bool:
-    """The profilers of onnxruntime, OpenVINO and torch run on the CPU, TensorRT's on the GPU: a profile
-    explains the latency only where the file was timed on that device."""
-    profile_device = "cuda" if entry.backend == "tensorrt" else "cpu"
-    return entry.runner.get("device") == profile_device
+    """A runtime's profiler times a file on one device (its runner's ``profiler_device``: the CPU for onnxruntime,
+    OpenVINO and torch, the GPU for TensorRT): a profile explains the latency only where the file was timed there."""
+    runner = RUNNERS.get(entry.backend)
+    return runner is not None and entry.runner.get("device") == runner.profiler_device
 
 
 def _profile_words(int8: Entry, fp32: Entry | None) -> str:

@@ -1,4 +1,4 @@
-"""What ships: self-describing ONNX files, the release bundle and its check, the README's serving
+"""What ships: self-describing ONNX files, the release bundle and its check, the docs' serving
 example, report paths relative to the run, and the MLflow record of a run."""
 from __future__ import annotations
 
@@ -169,15 +169,19 @@ def test_a_failed_gate_is_refused_unless_anyway_which_marks_the_bundle(finished,
     assert sorted(p.name for p in bundle.iterdir()) == before
 
 
-def _readme_example(marker: str = "serving-example") -> str:
-    text = (ROOT / "README.md").read_text()
+SERVING_PAGE = ROOT / "docs" / "pages" / "guides" / "release-and-verify.md"
+
+
+def _serving_example(marker: str = "serving-example") -> str:
+    """A serving example as the docs show it (the README links to that page)."""
+    text = SERVING_PAGE.read_text()
     block = re.search(rf"<!-- {marker} -->\n```python\n(.*?)```", text, re.S)
-    assert block, f"the README's serving example is marked with <!-- {marker} -->"
+    assert block, f"{SERVING_PAGE.relative_to(ROOT)}'s serving example is marked with <!-- {marker} -->"
     return block.group(1)
 
 
 def _serve_alone(example: str, model: Path, images: list[Path], folder: Path) -> list[str]:
-    """The README's example run from ``folder`` with ``-I`` (no project on the path), one answer per image."""
+    """The docs' serving example run from ``folder`` with ``-I`` (no project on the path), one answer per image."""
     script = folder / "serve.py"
     script.write_text(example.rsplit("\n\nprint(", 1)[0] + "\n\nimport sys\nfor path in sys.argv[2:]:\n"
                       "    print(classify(sys.argv[1], path))\n"
@@ -188,13 +192,13 @@ def _serve_alone(example: str, model: Path, images: list[Path], folder: Path) ->
     return result.stdout.split()
 
 
-def test_the_readme_serving_example_classifies_real_images_from_the_bundle_alone(finished, tmp_path):
+def test_the_docs_serving_example_classifies_real_images_from_the_bundle_alone(finished, tmp_path):
     folder, _, run_dir = finished
     bundle = tmp_path / "bundle"
     assert main(["release", str(run_dir), "--to", str(bundle)]) == 0
     card = json.loads((bundle / "model_card.json").read_text())
     images = sorted((folder / "test-images").rglob("*.png"), key=lambda p: p.name)[:40]
-    answers = _serve_alone(_readme_example(), bundle / card["released"]["file"], images, tmp_path)
+    answers = _serve_alone(_serving_example(), bundle / card["released"]["file"], images, tmp_path)
     # the answers are the measured file's own: its top-1 for these test images, as the bench recorded them
     predictions = load_predictions(run_dir / "bench" / "report")
     order = [int(p.stem.split("-")[1]) for p in images]
@@ -437,7 +441,7 @@ def test_a_release_on_openvino_names_its_runtime_verifies_in_it_and_serves_with_
     result = run_cli("verify", str(bundle), str(folder / "test-images"))
     assert "loads in openvino" in result.stdout and "same accuracy" in result.stdout, result.stdout + result.stderr
     images = sorted((folder / "test-images").rglob("*.png"), key=lambda p: p.name)[:40]
-    answers = _serve_alone(_readme_example("serving-example-openvino"), bundle / card["released"]["file"], images,
+    answers = _serve_alone(_serving_example("serving-example-openvino"), bundle / card["released"]["file"], images,
                            tmp_path)
     order = [int(p.stem.split("-")[1]) for p in images]
     expected = load_predictions(run / "bench" / "report").topk[candidate["name"]][order, 0]

@@ -71,6 +71,7 @@ class Runner:
     # is measured at the batch it serves
     answers_depend_on_batch: ClassVar[bool] = False
     fixed_device: ClassVar[str | None] = None  # the device it runs on whatever the bench's (TensorRT: cuda)
+    profiler_device: ClassVar[str] = "cpu"  # where its operator profiler times a file (TensorRT's: cuda)
 
     def __init__(self, path: str | Path, *, threads: int | None = None, device: str = "cpu", **options: Any) -> None:
         self.path, self.device = Path(path), device

@@ -11,6 +11,7 @@ class TensorRTRunner(Runner):
 
     backend = "tensorrt"
     fixed_device = "cuda"
+    profiler_device = "cuda"
 
     def _load(self) -> None:
         try:
