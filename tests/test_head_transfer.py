@@ -158,3 +158,23 @@ def test_pretrained_on_other_classes_then_head_first_beats_training_from_scratch
                        "stages.train.freeze_backbone_epochs=5")
              - test_top1(f"scratch-{seed}", f"seed={seed}") for seed in range(3)]
     assert sum(gains) / len(gains) >= 10.0, gains
+
+
+def test_the_stand_in_checkpoint_is_seeded_shaped_like_a_download_and_transfers_onto_the_datas_classes(tmp_path):
+    """train.stand_in_weights (the pretrained reference pipeline's checkpoint where nothing can be downloaded):
+    the same seed writes the same tensors, its classifier is for 1,000 classes, and the model stage's transfer
+    loads everything else onto a 10-class model."""
+    from safetensors.torch import load_file
+
+    from train.stand_in_weights import main
+
+    first, again, other = tmp_path / "a.safetensors", tmp_path / "b.safetensors", tmp_path / "c.safetensors"
+    for out, seed in ((first, "0"), (again, "0"), (other, "1")):
+        assert main([str(out), "--model", "timm:resnet10t", "--seed", seed]) == 0
+    state, same, differs = load_file(first), load_file(again), load_file(other)
+    assert state.keys() == same.keys() and all(torch.equal(state[k], same[k]) for k in state)
+    assert not torch.equal(state["conv1.0.weight"], differs["conv1.0.weight"])
+    assert state["fc.weight"].shape == (1000, 512)
+    transfer = load_for_data(build_model("timm:resnet10t", 10, 3), state)
+    assert transfer is not None and transfer.classifier == "fc" and transfer.made_for["fc.weight"] == [10, 512]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.safetensors", "b.safetensors", "c.safetensors"]
