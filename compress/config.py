@@ -19,7 +19,8 @@ class Strict(BaseModel):
 
 
 class DataConfig(Strict):
-    """The images every stage reads, split once into train, validation, calibration and test."""
+    """The images every stage reads, split once into train, validation and test (calibration images are a
+    seeded subset of train)."""
 
     name: Literal["digits", "mnist5k", "imagefolder", "cifar10", "synthetic", "coco", "shapes"] = Field(
         ..., description="digits, mnist5k (built in); imagefolder (your class-per-folder images); cifar10 (its "
@@ -31,10 +32,11 @@ class DataConfig(Strict):
     channels: Literal[1, 3] | None = Field(None, description="convert to 1 (grey) or 3 (RGB) channels")
     mean: list[float] | None = Field(None, description="per-channel mean; default: measured on the train split")
     std: list[float] | None = Field(None, description="per-channel std; default: measured on the train split")
-    val_fraction: float = Field(0.1, gt=0, lt=1, description="share of the images held out for validation (what "
-                                                              "stages judge on)")
-    test_fraction: float = Field(0.2, gt=0, lt=1, description="share held out for the test split (read once, by "
-                                                               "the bench)")
+    val_fraction: float = Field(0.1, gt=0, lt=1, description="share of the images left after the test split that "
+                                                              "is held out for validation (what stages judge on)")
+    test_fraction: float = Field(0.2, gt=0, lt=1, description="share of the images held out for the test split "
+                                                               "(stages report it, the bench gates on it; no stage "
+                                                               "decides on it)")
     test_path: str | None = Field(None, description="imagefolder: a folder of your own (the same class sub-folders) "
                                   "that is the whole test split, kept apart from data.path (test_fraction is then "
                                   "unused): how to measure a model trained elsewhere on images you know are new to it")
@@ -224,7 +226,8 @@ class PipelineConfig(Strict):
     task: Literal["classification", "detection"] = Field(
         "classification", description="detection: boxes and classes from COCO-format data (data.name coco or "
                                       "shapes), judged by COCO mAP (red_line.metric map or map50)")
-    seed: int = Field(0, ge=0, description="seeds the data split, initialisation and every stage's shuffling")
+    seed: int = Field(0, ge=0, description="seeds initialisation and every stage's shuffling (the "
+                                                            "split has its own: data.split_seed)")
     run_dir: str | None = Field(None, description="default: runs/<name> beside the current directory")
     data: DataConfig = Field(..., description="the images: a built-in set, your image folder or COCO folder")
     model: ModelConfig = Field(..., description="the architecture and, optionally, the weights to start from")

@@ -61,6 +61,14 @@ def type_words(annotation) -> str:
     return names.get(annotation, getattr(annotation, "__name__", str(annotation)))
 
 
+def bounds_words(field) -> str:
+    """A field's numeric bounds as a user reads them (``≥ 18, ≤ 23``), from its constraints (``ge``, ``gt``, …)."""
+    signs = {"ge": "≥", "gt": ">", "le": "≤", "lt": "<"}
+    words = [f"{sign} {getattr(c, key)}" for c in field.metadata for key, sign in signs.items()
+             if getattr(c, key, None) is not None]
+    return f" ({', '.join(words)})" if words else ""
+
+
 def _default_value(field):
     if field.is_required():
         return PydanticUndefined
@@ -87,7 +95,7 @@ def model_rows(model: type[BaseModel], prefix: str, seen: set | None = None,
         key = field.alias or name
         nested = nested_models(field.annotation)
         value = getattr(instance, name) if instance is not None else _default_value(field)
-        yield Row(f"{prefix}{key}", type_words(field.annotation), value_words(value),
+        yield Row(f"{prefix}{key}", type_words(field.annotation) + bounds_words(field), value_words(value),
                   (field.description or "").replace("|", "\\|").replace("\n", " ")), nested
         for sub in nested:
             if (sub, prefix + key) not in seen:
@@ -156,7 +164,9 @@ def cli_reference() -> str:
             if isinstance(action, argparse._HelpAction):
                 continue
             flag = ", ".join(action.option_strings) or action.dest
-            default = "" if action.default in (None, argparse.SUPPRESS, False, []) else f" (default: `{action.default}`)"
+            shown = not (action.default is None or action.default is False or action.default == argparse.SUPPRESS
+                         or action.default == [])
+            default = f" (default: `{action.default}`)" if shown else ""
             rows.append(f"| `{flag}` | {(action.help or '—').replace('|', '/')}{default} |")
         text = (sub.description or "").strip()
         out.append(f"### compress {name}\n\n{summary}\n\n```\n{usage}\n```\n\n" + (f"{text}\n\n" if text else "")

@@ -33,3 +33,33 @@ def points_outside_intervals(report: dict) -> list[str]:
             problems.append(f"{name}: speedup_p99 {art['speedup_p99']:g} is not 1/latency_ratio.p99 "
                             f"{ratio['ratio']:g}")
     return problems
+
+
+def untyped_keys(model, data, where: str = "") -> list[str]:
+    """Keys of ``data`` that ``model`` (a report model class) does not name, through its typed sections."""
+    import typing
+
+    from pydantic import BaseModel
+
+    def models_in(annotation) -> list:
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            return [annotation]
+        return [m for arg in typing.get_args(annotation) for m in models_in(arg)]
+
+    def mapping(annotation) -> bool:  # dict[...] or dict[...] | None
+        return typing.get_origin(annotation) is dict or any(typing.get_origin(a) is dict
+                                                             for a in typing.get_args(annotation))
+
+    fields = {(f.alias or n): f for n, f in model.model_fields.items()}
+    found = [f"{where}{k}" for k in data if k not in fields]
+    for key, value in data.items():
+        sections = models_in(fields[key].annotation) if key in fields else []
+        if not sections:
+            continue  # no section under it: a value, or a mapping of the runtime's own facts as it reported them
+        if mapping(fields[key].annotation) and isinstance(value, dict):
+            items = [(f"[{k!r}]", v) for k, v in value.items()]  # a mapping of sections: each value checked
+        else:
+            items = [(f"[{i}]", v) for i, v in enumerate(value)] if isinstance(value, list) else [("", value)]
+        found += [k for label, item in items if isinstance(item, dict)
+                  for k in untyped_keys(sections[0], item, f"{where}{key}{label}.")]
+    return found

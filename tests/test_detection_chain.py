@@ -126,6 +126,10 @@ def test_a_coco_folder_written_by_hand_trains_one_epoch_and_benches(tmp_path):
     report = json.loads((run_dir / "bench" / "report" / "report.json").read_text())
     names = {a["name"] for a in report["artifacts"]}
     assert names == {"train.model", "export.onnx"}
+    from serve_bench.report_model import Report
+    from tests.report_invariants import untyped_keys
+
+    assert untyped_keys(Report, report) == []  # a detector's figures (mAP, its bootstrap, the NMS) are all typed
     meta = json.loads((run_dir / "manifest.json").read_text())["artifacts"]["export.onnx"]
     import onnx
 

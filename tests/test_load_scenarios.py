@@ -13,7 +13,9 @@ import yaml
 from compress.cli import main
 from compress.config import Latency
 from serve_bench.limits import Limits
+from serve_bench.report_model import Report
 from tests.report_entries import as_entries, as_entry
+from tests.report_invariants import untyped_keys
 from serve_bench.gate import evaluate
 from serve_bench.load.capacity import best_config, capacity, passes
 from serve_bench.load.loadgen_scenarios import ScenarioSettings, run_scenario
@@ -229,6 +231,7 @@ def test_a_pipeline_gated_on_the_server_scenario_reports_loadgen_and_the_harness
     folder = tmp_path / "run" / "bench" / "report"
     report = json.loads((folder / "report.json").read_text())
     assert report["gate"]["latency_basis"].startswith("server scenario at 200.0 queries/s")
+    assert untyped_keys(Report, report) == []  # every key the traffic measurement writes is in the reference
     for art in report["artifacts"]:
         run = art["traffic"]["at_target"]
         assert run["scenario"] == "server" and run["offered_qps"] == 200 and run["queries"] >= 50

@@ -21,6 +21,30 @@ def test_the_bar_draws_on_a_terminal_only():
     assert "measuring 2 files" in shown.getvalue()
 
 
+def test_the_eta_shows_after_one_slow_update_from_the_rate_since_start():
+    """A search trial takes minutes: rich's own column (speed from the last 30 s) would show no ETA at all; on a
+    fake clock, one trial of four done after 60 s leaves 3 minutes, and 2 of 4 after 200 s leaves 200 s."""
+    import io
+
+    from rich.console import Console
+    from rich.progress import Progress
+
+    from train.progress import _eta_since_start_column
+
+    now = [0.0]
+    column = _eta_since_start_column()
+    progress = Progress(column, console=Console(file=io.StringIO()), get_time=lambda: now[0], auto_refresh=False)
+    task_id = progress.add_task("search trials", total=4)
+    task = progress.tasks[0]
+    assert column.render(task).plain == "-:--:--"  # nothing done yet: no rate to project
+    now[0] = 60.0
+    progress.update(task_id, completed=1)
+    assert column.render(task).plain == "0:03:00"
+    now[0] = 200.0
+    progress.update(task_id, completed=2)
+    assert column.render(task).plain == "0:03:20"
+
+
 def test_the_traffic_bar_counts_every_test_a_measurement_can_run():
     """Two files at the target rate (server), one load each, and a sweep of one of them over two configurations:
     per configuration an offline ceiling, three rates, one bisection probe and the confirmation."""

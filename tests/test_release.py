@@ -92,6 +92,18 @@ def test_every_onnx_written_states_its_input_classes_lineage_and_recipe_read_wit
                                              recipe["calibration"].items() if k not in ("method", "samples")}}
 
 
+def test_every_key_the_bench_writes_is_a_field_of_the_report_model(finished):
+    """The generated report reference lists the model's fields: a key the bench writes outside them would be
+    undocumented (and unchecked), so a produced report.json holds none."""
+    from serve_bench.report_model import Report
+    from tests.report_invariants import untyped_keys
+
+    _, _, run_dir = finished
+    report = _report(run_dir)
+    assert len(report["artifacts"]) >= 3 and all("latency_ms" in a for a in report["artifacts"])
+    assert untyped_keys(Report, report) == []
+
+
 def test_report_paths_are_relative_to_the_run_directory_and_survive_a_move(finished, tmp_path):
     _, _, run_dir = finished
     moved = tmp_path / "moved"

@@ -83,6 +83,24 @@ class StepProgress:
         self.close()
 
 
+def _eta_since_start_column():
+    """rich's TimeRemainingColumn estimates speed from the last 30 s of updates only, so a bar updated less often
+    (a search trial of minutes, a one-minute traffic test) never shows an ETA: this one projects the average
+    rate since the bar started over what is left."""
+    from rich.progress import ProgressColumn
+    from rich.text import Text
+
+    class EtaSinceStart(ProgressColumn):
+        def render(self, task) -> Text:
+            elapsed, total = task.elapsed, task.total
+            if not elapsed or not total or task.completed <= 0:
+                return Text("-:--:--", style="progress.remaining")
+            left = elapsed * max(0.0, total - task.completed) / task.completed
+            return Text(_fmt_eta(left), style="progress.remaining")
+
+    return EtaSinceStart()
+
+
 class LiveBar:
     """A bar with an ETA for a step that takes more than a few seconds (bench rounds, traffic tests, search trials).
 
@@ -97,10 +115,10 @@ class LiveBar:
         self._progress = None
         if self.live:
             from rich.console import Console
-            from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeRemainingColumn
+            from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn
 
             self._progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), TaskProgressColumn(),
-                                      TimeRemainingColumn(), TextColumn("{task.fields[note]}"),
+                                      _eta_since_start_column(), TextColumn("{task.fields[note]}"),
                                       console=Console(file=stream, force_terminal=True), transient=True,
                                       auto_refresh=False)  # no drawing thread beside a measurement: drawn on update
             self._progress.start()

@@ -97,6 +97,15 @@ def _check_criterion(cfg: PruneConfig, model: nn.Module, field: str) -> None:
                           f"no BatchNorm layers ({what}); set sparsity.epochs: 0")
 
 
+def _kept(result, measure: str | None, short: bool = False) -> str:
+    """What the pruned model kept, led by the measure its budget was set on (a params target names the params)."""
+    macs, params = result.macs_after / result.macs_before, result.params_after / result.params_before
+    if short:
+        return f"params {params:.1%}, MACs {macs:.1%}" if measure == "params" else f"MACs {macs:.1%}"
+    return (f"{params:.1%} of the params ({macs:.1%} of the MACs)" if measure == "params"
+            else f"{macs:.1%} of the MACs")
+
+
 def _not_pruned_line(result: PruneResult) -> str:
     """One line saying what kept its width and why (the report file lists every layer)."""
     parts = [f"{reason}: {', '.join(names[:3])}{f' and {len(names) - 3} more' if len(names) > 3 else ''}"
@@ -244,7 +253,7 @@ class PruneStage(Stage):
         score, after_surgery = val_score(model, data, cfg.finetune, device, ctx.group)
         heads = (f", attention heads {sum(result.heads_before.values())} → {sum(result.heads_after.values())}"
                  if result.heads_before else "")
-        ctx.log(f"pruned to {result.macs_after / result.macs_before:.1%} of the MACs "
+        ctx.log(f"pruned to {_kept(result, cfg.target.measure)} "
                 f"({result.params_after:,} of {result.params_before:,} params{heads}, {result.importance} importance); "
                 f"val {score} right after surgery {after_surgery:.2f}")
         ctx.log(f"not pruned: {_not_pruned_line(result)}")
@@ -260,8 +269,8 @@ class PruneStage(Stage):
             refresh_batchnorm(ctx, model, cfg.batchnorm, cfg.finetune, "after the finetune", run.device)
         _, after = val_score(model, data, cfg.finetune, run.device if run else device, ctx.group)
         if data.meaningful_accuracy:
-            stop_if_collapsed(ctx, score, before, after, f"pruned to {result.macs_after / result.macs_before:.1%} "
-                              "of the MACs" + (f" and finetuned {_epochs(cfg.finetune.epochs)}" if run else ""),
+            stop_if_collapsed(ctx, score, before, after, f"pruned to {_kept(result, cfg.target.measure)}"
+                              + (f" and finetuned {_epochs(cfg.finetune.epochs)}" if run else ""),
                               _collapse_hint(cfg))
         test = test_accuracy(ctx.data, model, cfg.finetune, run)
         model.cpu().eval()
@@ -287,7 +296,7 @@ class PruneStage(Stage):
                    **({"auto": steps.record(score, cfg.auto.epochs(cfg.finetune), cfg.target.measure)} if steps is not None else {}),
                    "precision": {phase: {"name": r.precision.name, "reason": r.precision.reason}
                                  for phase, r in runs.items()},
-                   "summary": f"MACs {result.macs_after / result.macs_before:.1%}, {headline(test_metrics(test))}, "
+                   "summary": f"{_kept(result, cfg.target.measure, short=True)}, {headline(test_metrics(test))}, "
                               f"latency ×{ratio:.2f}"}
         report.update(channels_before=result.channels_before, channels_after=result.channels_after,
                       heads_before=result.heads_before, heads_after=result.heads_after,

@@ -39,7 +39,8 @@ class TrainingSettings(Strict):
     QAT) takes these, each with its own defaults."""
 
     epochs: int = Field(8, ge=1, description="passes over the train split")
-    batch_size: int = Field(128, ge=1, description="images per optimizer step (per process when distributed)")
+    batch_size: int = Field(128, ge=1, description="images per forward pass in training (per process when distributed; an "
+                                                  "optimizer step takes batch_size × grad_accum)")
     eval_batch_size: int = Field(512, ge=1, description="images per forward pass when measuring accuracy")
     optimizer: Literal["adamw", "sgd"] = Field("adamw", description="adamw, or sgd with Nesterov momentum")
     lr: float = Field(2e-3, gt=0, le=10, description="peak learning rate (after warm-up)")
@@ -59,8 +60,8 @@ class TrainingSettings(Strict):
     label_smoothing: float = Field(0.0, ge=0, lt=1, description="share of the target's probability spread over the "
                                                                "other classes")
     amp: Literal["auto", "off", "bf16", "fp16"] = Field(
-        "auto", description="mixed precision: auto is bf16 where the CPU has native bf16, fp16 with a GradScaler on "
-                            "CUDA, else off (fp32)")
+        "auto", description="mixed precision: auto is bf16 where the device computes bf16 natively (CPU or GPU), "
+                            "else fp16 with a GradScaler on CUDA and fp32 on the CPU")
     channels_last: bool = Field(False, description="NHWC memory format: faster convolutions on CPUs with oneDNN and "
                                                    "on tensor cores")
     compile: bool = Field(False, description="torch.compile the model first (slower start, faster steps)")

@@ -108,7 +108,12 @@ class Entry(_Open):
     accuracy_at_serving_batch: dict[str, Any] | None = None
     machine_load: dict[str, Any] | None = None
     operator_profile: dict[str, Any] | None = None
-    runner: dict[str, Any] = Field(default_factory=dict, description="what the runtime ran with, read back from it")
+    runner: dict[str, Any] = Field(default_factory=dict, description=(
+        "what the runtime ran with, read back from it: backend, device, threads, and its own settings (OpenVINO's "
+        "inference_precision, the execution provider); the gate reads device (a profile explains latency only "
+        "where the file was timed on the profiler's device) and inference_precision (a float file on bf16 kernels)"))
+    postprocess_ms: dict[str, Any] | None = Field(None, description="a detector: its NMS per image (p50, p99 ms, n, "
+                                                                    "what), timed apart from the file's latency")
     traffic: EntryTraffic | None = None
     contender: dict[str, Any] | None = Field(None, description="a search's split bench: the trial it stands for")
     role: str | None = Field(None, description="reference: measured to compare against, never judged or released "
@@ -138,6 +143,7 @@ class Gate(_Open):
 
 class TestIndependence(_Open):
     status: str | None = None
+    note: str | None = Field(None, description="what the status means for the accuracy measured, in words")
 
 
 class DataFacts(_Open):

@@ -59,6 +59,8 @@ class LatencyFigures(_Open):
     p99_ci: Interval | None = None
     p50_ci_blocks: Interval | None = None
     p99_ci_blocks: Interval | None = None
+    short_of_floors: bool = Field(False, description="the bench's max_iters cap ended this file's measurement "
+                                                     "before it met min_iters and min_seconds (flagged)")
 
 
 class Ratio(_Open):
@@ -92,8 +94,15 @@ class Paired(_Open):
     discordant: int | None = None
     method: str | None = None
     sd: float | None = Field(None, description="a bootstrap's spread of the drop (mAP)")
+    draws: int | None = Field(None, description="a bootstrap's resamples that gave a drop (mAP)")
+    draws_undefined: int | None = Field(None, description="resamples with no drop (a class absent from them)")
     level: float | None = None
     mcnemar_p: float | None = None
+    max_drop: float | None = Field(None, description="the red line the drop was judged against (points)")
+    non_inferior: bool | None = Field(None, description="the drop's upper bound is within the red line")
+    needed_test_images: int | None = Field(None, description="where it is not: the test images that would tell, "
+                                                             "at this drop, with the stated power")
+    needed_test_images_power: float | None = None
 
 
 class RuntimeParity(_Open):
@@ -131,6 +140,12 @@ class SteadyState(_Open):
     reason: str | None = None
     level: float | None = None
     upper_among: dict[str, float | None] | None = None
+    method: str | None = Field(None, description="how the interval was made (complete busy periods as units)")
+    percentiles_of: str | None = Field(None, description="which queries the percentile is of")
+    se: float | None = Field(None, description="the p99's standard error (ms)")
+    tail: list[float] | None = Field(None, description="the slowest latencies (ms) the p99 and its interval rest on")
+    warmup_s: float | None = Field(None, description="seconds discarded at the start")
+    max_queries: int | None = Field(None, description="the most queries the run could issue")
 
 
 class LoadGenVerdict(_Open):
@@ -140,6 +155,14 @@ class LoadGenVerdict(_Open):
     target_latency_ms: float | None = None
     early_stopping_ms: dict[str, float | None] | None = Field(None, description="LoadGen's early-stopping "
                                                                                "percentile estimates, {'p99': ms}")
+    early_stopping_met: bool | None = None
+    min_queries_met: bool | None = None
+    min_duration_met: bool | None = None
+    perf_constraints_met: bool | None = Field(None, description="server: LoadGen's latency constraint met")
+    queries: int | None = Field(None, description="queries LoadGen issued")
+    latency_ms: dict[str, float | None] | None = Field(None, description="LoadGen's own percentiles (ms)")
+    mean_ms: float | None = None
+    max_ms: float | None = None
 
 
 class ServerRun(_Open):
@@ -147,7 +170,12 @@ class ServerRun(_Open):
 
     scenario: str | None = None
     offered_qps: float | None = None
+    scheduled_qps: float | None = Field(None, description="the rate LoadGen's schedule actually held")
     completed_qps: float | None = None
+    tests: int | None = Field(None, description="LoadGen tests this figure took")
+    wall_s: float | None = None
+    service_ms: dict[str, float | None] | None = Field(None, description="time in the model per query: mean, p50, "
+                                                                         "p99, mean_square (the queue's known answer)")
     queries: int | None = None
     sustainable: bool | None = None
     sustainable_reason: str | None = None
@@ -181,6 +209,7 @@ class Capacity(_Open):
     status: str | None = None
     reason: str | None = None
     censored: bool | None = Field(None, description="every probed rate passed: the capacity may be higher")
+    sustainable: bool | None = Field(None, description="some probed rate was sustained within the budget")
 
 
 class SweepConfig(_Open):
@@ -206,3 +235,5 @@ class EntryTraffic(_Open):
     at_target: ServerRun | None = None
     loads: list[ServerRun] | None = None
     sweep: Sweep | None = None
+    machine_load: dict[str, Any] | None = Field(None, description="other processes' share of the CPU during these "
+                                                                  "tests")
