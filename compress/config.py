@@ -36,7 +36,8 @@ class DataConfig(Strict):
                                                               "is held out for validation (what stages judge on)")
     test_fraction: float = Field(0.2, gt=0, lt=1, description="share of the images held out for the test split "
                                                                "(stages report it, the bench gates on it; no stage "
-                                                               "decides on it)")
+                                                               "decides on it); unused where the data has an official "
+                                                               "test set (cifar10) or test_path is given")
     test_path: str | None = Field(None, description="imagefolder: a folder of your own (the same class sub-folders) "
                                   "that is the whole test split, kept apart from data.path (test_fraction is then "
                                   "unused): how to measure a model trained elsewhere on images you know are new to it")
@@ -74,8 +75,10 @@ class DataConfig(Strict):
             raise ValueError("give both mean and std, or neither (then both are measured on the train split)")
         if self.std is not None and any(s <= 0 for s in self.std):
             raise ValueError("every std value must be > 0")
-        if self.val_fraction + self.test_fraction >= 0.9:
-            raise ValueError("val_fraction + test_fraction must leave at least 10% for training")
+        train_share = (1 - self.test_fraction) * (1 - self.val_fraction)  # val is a share of what test leaves
+        if train_share < 0.1:
+            raise ValueError(f"test_fraction {self.test_fraction} and val_fraction {self.val_fraction} leave "
+                             f"{train_share:.0%} of the images for training; leave at least 10%")
         return self
 
 

@@ -61,12 +61,24 @@ def type_words(annotation) -> str:
     return names.get(annotation, getattr(annotation, "__name__", str(annotation)))
 
 
+def _constraints(annotation) -> list:
+    """The constraints inside an annotation's ``Annotated`` members (``Annotated[float, Field(gt=0)] | "auto"``)."""
+    found = []
+    if typing.get_origin(annotation) is typing.Annotated:
+        for item in annotation.__metadata__:
+            found += list(getattr(item, "metadata", None) or [item])  # a Field(...) holds its own constraints
+    for arg in typing.get_args(annotation):
+        found += _constraints(arg)
+    return found
+
+
 def bounds_words(field) -> str:
-    """A field's numeric bounds as a user reads them (``≥ 18, ≤ 23``), from its constraints (``ge``, ``gt``, …)."""
+    """A field's numeric bounds as a user reads them (``≥ 18, ≤ 23``), from its constraints (``ge``, ``gt``, …),
+    the field's own or a union member's."""
     signs = {"ge": "≥", "gt": ">", "le": "≤", "lt": "<"}
-    words = [f"{sign} {getattr(c, key)}" for c in field.metadata for key, sign in signs.items()
-             if getattr(c, key, None) is not None]
-    return f" ({', '.join(words)})" if words else ""
+    words = [f"{sign} {getattr(c, key)}" for c in [*field.metadata, *_constraints(field.annotation)]
+             for key, sign in signs.items() if getattr(c, key, None) is not None]
+    return f" ({', '.join(dict.fromkeys(words))})" if words else ""
 
 
 def _default_value(field):

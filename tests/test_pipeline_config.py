@@ -139,3 +139,13 @@ def test_every_reference_pipeline_is_valid(path):
     """The reference pipelines are documentation too: one that no longer validates is found here, not by a user."""
     pipeline = load_pipeline(ROOT / "pipelines" / path)
     assert pipeline.stages
+
+
+def test_the_training_share_left_by_the_splits_is_what_is_refused_below_ten_percent():
+    """val_fraction is a share of what the test split leaves: 0.5 and 0.5 leave 25% for training (accepted, though
+    their sum is 1), 0.8 and 0.6 leave 8% (refused, with the share named)."""
+    from compress.config import DataConfig
+
+    assert DataConfig(name="digits", test_fraction=0.5, val_fraction=0.5).val_fraction == 0.5
+    with pytest.raises(ValueError, match=r"leave 8% of the images for training; leave at least 10%"):
+        DataConfig(name="digits", test_fraction=0.8, val_fraction=0.6)

@@ -43,6 +43,14 @@ def test_the_eta_shows_after_one_slow_update_from_the_rate_since_start():
     now[0] = 200.0
     progress.update(task_id, completed=2)
     assert column.render(task).plain == "0:03:20"
+    # a resumed search: 10 of 20 trials were done by an earlier process; one new trial in 300 s leaves 9 × 300 s
+    now[0] = 0.0
+    resumed = progress.add_task("search trials", total=20, completed=10, initial=10)
+    task = next(t for t in progress.tasks if t.id == resumed)
+    assert column.render(task).plain == "-:--:--"
+    now[0] = 300.0
+    progress.update(resumed, completed=11)
+    assert column.render(task).plain == "0:45:00"
 
 
 def test_the_traffic_bar_counts_every_test_a_measurement_can_run():

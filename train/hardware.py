@@ -64,7 +64,7 @@ class NativeTypes:
 def native_types(device: torch.device) -> NativeTypes:
     """The one detection point for precision choices (tests replace it to play other machines)."""
     if device.type == "cuda":
-        bf16 = bool(torch.cuda.is_bf16_supported())
+        bf16 = bool(torch.cuda.is_bf16_supported(including_emulation=False))  # emulated bf16 (pre-Ampere) is slow
         major, minor = torch.cuda.get_device_capability(device)
         return NativeTypes(bf16=bf16, fp16=True, why=f"CUDA compute capability {major}.{minor}"
                            + ("" if bf16 else ", bf16 not supported"))

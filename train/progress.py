@@ -93,9 +93,10 @@ def _eta_since_start_column():
     class EtaSinceStart(ProgressColumn):
         def render(self, task) -> Text:
             elapsed, total = task.elapsed, task.total
-            if not elapsed or not total or task.completed <= 0:
+            done_here = task.completed - task.fields.get("initial", 0)  # a resumed search's earlier trials took no time here
+            if not elapsed or not total or done_here <= 0:
                 return Text("-:--:--", style="progress.remaining")
-            left = elapsed * max(0.0, total - task.completed) / task.completed
+            left = elapsed * max(0.0, total - task.completed) / done_here
             return Text(_fmt_eta(left), style="progress.remaining")
 
     return EtaSinceStart()
@@ -106,10 +107,12 @@ class LiveBar:
 
     Drawn on a terminal and gone when the step ends (the step's own lines stay); where the output is not a
     terminal (a log file, CI) it draws nothing and logs nothing, because those readers already get the step's
-    own lines. ``total`` may be an upper bound: ``close`` completes it.
+    own lines. ``total`` may be an upper bound: ``close`` completes it. ``initial``: what was done before this
+    process (a resumed search's trials), which the ETA's rate leaves out.
     """
 
-    def __init__(self, label: str, total: float, *, stream: TextIO | None = None, live: bool | None = None) -> None:
+    def __init__(self, label: str, total: float, *, initial: float = 0, stream: TextIO | None = None,
+                 live: bool | None = None) -> None:
         stream = stream or sys.stderr
         self.live = (stream.isatty() if live is None else live) and total > 0
         self._progress = None
@@ -122,7 +125,7 @@ class LiveBar:
                                       console=Console(file=stream, force_terminal=True), transient=True,
                                       auto_refresh=False)  # no drawing thread beside a measurement: drawn on update
             self._progress.start()
-            self._task = self._progress.add_task(label, total=total, note="")
+            self._task = self._progress.add_task(label, total=total, completed=initial, initial=initial, note="")
 
     def update(self, completed: float | None = None, *, advance: float | None = None, note: str = "") -> None:
         if self._progress is None:

@@ -285,7 +285,8 @@ class Search:
 
     def _loop(self, study, optuna) -> None:
         s = self.settings
-        with LiveBar("search trials", s.trials) as bar:  # an ETA on a terminal; the trial lines say the rest
+        # an ETA on a terminal (from this process's trials: a resumed study's earlier ones took no time here)
+        with LiveBar("search trials", s.trials, initial=self._finished(study, optuna)) as bar:
             self._trials(study, optuna, bar)
 
     def _trials(self, study, optuna, bar: LiveBar) -> None:

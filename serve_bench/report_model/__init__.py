@@ -65,11 +65,13 @@ class Spread(_Open):
     min: float
     max: float
     max_over_min: float | None = None
+    std: float | None = Field(None, description="the percentile's standard deviation across the repeats")
 
 
 class Repeats(_Open):
     k: int
     spread: dict[str, Spread]
+    per_repeat: list[dict[str, float]] | None = Field(None, description="each repeat's percentiles (ms)")
 
 
 class Entry(_Open):

@@ -60,7 +60,7 @@ class LatencyFigures(_Open):
     p50_ci_blocks: Interval | None = None
     p99_ci_blocks: Interval | None = None
     short_of_floors: bool = Field(False, description="the bench's max_iters cap ended this file's measurement "
-                                                     "before it met min_iters and min_seconds (flagged)")
+                                                     "before it met min_iters and min_duration_s (flagged)")
 
 
 class Ratio(_Open):
@@ -142,7 +142,8 @@ class SteadyState(_Open):
     upper_among: dict[str, float | None] | None = None
     method: str | None = Field(None, description="how the interval was made (complete busy periods as units)")
     percentiles_of: str | None = Field(None, description="which queries the percentile is of")
-    se: float | None = Field(None, description="the p99's standard error (ms)")
+    se: float | None = Field(None, description="the standard error of the share of queries above the point "
+                                                "(a share, no unit)")
     tail: list[float] | None = Field(None, description="the slowest latencies (ms) the p99 and its interval rest on")
     warmup_s: float | None = Field(None, description="seconds discarded at the start")
     max_queries: int | None = Field(None, description="the most queries the run could issue")
@@ -174,7 +175,8 @@ class ServerRun(_Open):
     completed_qps: float | None = None
     tests: int | None = Field(None, description="LoadGen tests this figure took")
     wall_s: float | None = None
-    service_ms: dict[str, float | None] | None = Field(None, description="time in the model per query: mean, p50, "
+    service_ms: dict[str, float | None] | None = Field(None, description="the server's time per batch (the model "
+                                                                         "and handing its answers back): mean, p50, "
                                                                          "p99, mean_square (the queue's known answer)")
     queries: int | None = None
     sustainable: bool | None = None
@@ -209,7 +211,7 @@ class Capacity(_Open):
     status: str | None = None
     reason: str | None = None
     censored: bool | None = Field(None, description="every probed rate passed: the capacity may be higher")
-    sustainable: bool | None = Field(None, description="some probed rate was sustained within the budget")
+    sustainable: bool | None = Field(None, description="some probed rate passed the budget by this rule")
 
 
 class SweepConfig(_Open):
