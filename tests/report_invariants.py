@@ -1,5 +1,9 @@
-"""Checks every figure a bench report writes against its own interval; used by the tests of real reports."""
+"""Checks of real bench reports: every figure against its own interval, and every key against the report model."""
 from __future__ import annotations
+
+import typing
+
+from pydantic import BaseModel
 
 _ROUNDING = 0.5e-4  # report.json rounds ratios and speed-ups to 4 decimals
 
@@ -37,10 +41,6 @@ def points_outside_intervals(report: dict) -> list[str]:
 
 def untyped_keys(model, data, where: str = "") -> list[str]:
     """Keys of ``data`` that ``model`` (a report model class) does not name, through its typed sections."""
-    import typing
-
-    from pydantic import BaseModel
-
     def models_in(annotation) -> list:
         if isinstance(annotation, type) and issubclass(annotation, BaseModel):
             return [annotation]

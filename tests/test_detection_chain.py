@@ -14,6 +14,8 @@ from compress.cli import main
 from compress.quantization.detection_int8 import file_map, tail_nodes
 from compress.quantization.ptq import Calibration, preprocess, quantize
 from export.onnx_export import export_onnx
+from serve_bench.report_model import Report
+from tests.report_invariants import untyped_keys
 from tests.test_detection_data import hand_written_folder
 
 BENCH = {"name": "bench", "kind": "bench", "min_iters": 200, "min_samples": 200, "min_duration_s": 0.3,
@@ -126,9 +128,6 @@ def test_a_coco_folder_written_by_hand_trains_one_epoch_and_benches(tmp_path):
     report = json.loads((run_dir / "bench" / "report" / "report.json").read_text())
     names = {a["name"] for a in report["artifacts"]}
     assert names == {"train.model", "export.onnx"}
-    from serve_bench.report_model import Report
-    from tests.report_invariants import untyped_keys
-
     assert untyped_keys(Report, report) == []  # a detector's figures (mAP, its bootstrap, the NMS) are all typed
     meta = json.loads((run_dir / "manifest.json").read_text())["artifacts"]["export.onnx"]
     import onnx

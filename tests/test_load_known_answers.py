@@ -10,6 +10,8 @@ import pytest
 from serve_bench.load.serving_loop import ServingSettings
 from serve_bench.latency.traffic import TrafficSettings, measure_traffic
 from serve_bench.latency.worker import BenchWorker
+from serve_bench.report_model import EntryTraffic, Traffic
+from tests.report_invariants import untyped_keys
 
 pytestmark = [pytest.mark.slow, pytest.mark.serial]  # real traffic timed: alone on the machine
 POOL = np.zeros((32, 1, 2, 2), dtype=np.float32)
@@ -41,8 +43,5 @@ def test_a_sweep_finds_more_load_within_the_budget_with_dynamic_batching():
         assert config["offline"]["completed_qps"] >= max(r["completed_qps"] for r in config["curve"]) * 0.9
     assert entries["sim"]["at_target"]["offered_qps"] == 200
     assert facts["sut_overhead"]["server"]["latency_ms"]["p50"] < 2.0
-    from serve_bench.report_model import EntryTraffic, Traffic
-    from tests.report_invariants import untyped_keys
-
     # every key of the sweep, its capacities and probes is a field of the report model (and so in the reference)
     assert untyped_keys(EntryTraffic, entries["sim"]) == [] and untyped_keys(Traffic, facts) == []

@@ -18,8 +18,10 @@ import yaml
 
 from compress.cli import main
 from serve_bench.accuracy.predictions import load_predictions
+from serve_bench.report_model import Report
 from serve_bench.runners import usable_onnx_runtimes
 from tests.conftest import ROOT, TINY, run_cli
+from tests.report_invariants import untyped_keys
 
 # OpenVINO (where a test adds it) pinned to f32: its default (auto) runs the INT8 file's float parts in bf16 on a CPU
 # with native bf16, which moved 9 of 359 answers (2.5%) between the runtimes on an AVX-512 BF16 EPYC; the parity
@@ -95,9 +97,6 @@ def test_every_onnx_written_states_its_input_classes_lineage_and_recipe_read_wit
 def test_every_key_the_bench_writes_is_a_field_of_the_report_model(finished):
     """The generated report reference lists the model's fields: a key the bench writes outside them would be
     undocumented (and unchecked), so a produced report.json holds none."""
-    from serve_bench.report_model import Report
-    from tests.report_invariants import untyped_keys
-
     _, _, run_dir = finished
     report = _report(run_dir)
     assert len(report["artifacts"]) >= 3 and all("latency_ms" in a for a in report["artifacts"])
