@@ -412,14 +412,82 @@ def test_no_rung_within_the_red_line_still_ships_the_closest_and_the_gate_refuse
     assert any(r.startswith("quantize.onnx_cpu: the quantize stage found no rung") for r in report["gate"]["reasons"])
 
 
-def test_a_lint_violation_on_the_chosen_trt_file_fails_the_stage(tmp_path, monkeypatch, capsys):
+def test_a_trt_file_that_fails_the_lint_is_left_out_and_the_rest_of_the_run_goes_on(tmp_path, monkeypatch):
     from compress.quantization.qdq_lint import LintResult
     from compress.stages import quantize_stage
 
     monkeypatch.setattr(quantize_stage, "lint_qdq", lambda *a, **k: LintResult(violations=["Conv x: input not quantized"]))
-    code, manifest = _tiny_quantize_run(tmp_path, {}, 100.0)
-    assert code == 3 and "fails the lint: Conv x: input not quantized" in capsys.readouterr().err
+    engine = {"name": "export", "kind": "export", "formats": ["onnx", "tensorrt"], "tensorrt": {"precision": "int8"},
+              "parity": {"samples": 32}}
+    code, manifest = _tiny_quantize_run(tmp_path, {}, 100.0, engine)
+    assert code == 0  # no TensorRT here: the engine is skipped, not failed for want of the file left out
+    quantize = manifest["stages"]["quantize"]["metrics"]
+    assert "quantize.onnx_cpu" in manifest["artifacts"] and "quantize.onnx_trt" not in manifest["artifacts"]
+    assert quantize["left_out"]["trt"].startswith("the TensorRT Q/DQ file of rung ptq fails the lint (1 violation: "
+                                                  "Conv x: input not quantized)")
+    assert "skipped" in quantize["onnx_trt"] and "skipped" in manifest["stages"]["export"]["metrics"]["tensorrt"]
+
+
+def test_an_int8_engine_from_a_trt_file_left_out_fails_naming_why(tmp_path, monkeypatch, capsys):
+    from compress.quantization.qdq_lint import LintResult
+    from compress.stages import export_stage, quantize_stage
+
+    monkeypatch.setattr(quantize_stage, "lint_qdq", lambda *a, **k: LintResult(violations=["Gemm g: weight not quantized"]))
+    monkeypatch.setattr(export_stage, "unavailable_reason", lambda: None)  # TensorRT "present"
+    code, manifest = _tiny_quantize_run(tmp_path, {}, 100.0, {"name": "export", "kind": "export", "formats": ["tensorrt"],
+                                                              "tensorrt": {"precision": "int8"}})
+    assert code == 3 and manifest["stages"]["quantize"]["status"] == "completed"
+    assert "no INT8 engine: quantize left quantize.onnx_trt out: the TensorRT Q/DQ file" in capsys.readouterr().err
+
+
+def test_a_lint_violation_fails_the_stage_when_the_trt_file_is_all_it_ships(tmp_path, monkeypatch, capsys):
+    from compress.quantization.qdq_lint import LintResult
+    from compress.stages import quantize_stage
+
+    monkeypatch.setattr(quantize_stage, "lint_qdq", lambda *a, **k: LintResult(violations=["Conv x: input not quantized"]))
+    code, manifest = _tiny_quantize_run(tmp_path, {"flavours": ["trt"]}, 100.0)
+    assert code == 3 and "fails the lint (1 violation: Conv x: input not quantized); add cpu" in capsys.readouterr().err
     assert "quantize.onnx_trt" not in manifest["artifacts"]  # nothing registered from a failed stage
+
+
+class _TimmShapedTail(torch.nn.Module):
+    """The layers the x86 quantizer missed by their exact type: timm's ``Conv2dSame`` (stride-2 convolutions of the
+    ``tf_*`` ports) before a depthwise ReLU6 block, and MobileNetV3's head: 1×1 conv, hard-swish, flatten, then
+    timm's ``Linear`` (a subclass of ``nn.Linear``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        from timm.layers import Conv2dSame, Linear
+
+        self.stem, self.bn = Conv2dSame(1, 8, 3, stride=2), torch.nn.BatchNorm2d(8)
+        self.dw, self.bn_dw = torch.nn.Conv2d(8, 8, 3, padding=1, groups=8), torch.nn.BatchNorm2d(8)
+        self.act = torch.nn.ReLU6()
+        self.pool, self.conv_head, self.hswish = torch.nn.AdaptiveAvgPool2d(1), torch.nn.Conv2d(8, 16, 1), torch.nn.Hardswish()
+        self.flatten, self.classifier = torch.nn.Flatten(1), Linear(16, 3)
+
+    def forward(self, x):
+        y = self.act(self.bn_dw(self.dw(self.act(self.bn(self.stem(x))))))
+        return self.classifier(self.flatten(self.hswish(self.conv_head(self.pool(y)))))
+
+
+def test_qat_fake_quantizes_subclassed_conv_and_linear_layers():
+    prepared = qat_pt2e.prepare(_TimmShapedTail().eval(), torch.randn(2, 1, 12, 12))
+    layers = [n for n in prepared.graph.nodes if n.target in (torch.ops.aten.conv2d.default, torch.ops.aten.linear.default)]
+    assert len(layers) == 4
+    for layer in layers:  # input and weight of every layer through a fake-quantizer (before: Conv2dSame's and Linear's not)
+        assert all(a.op == "call_module" and a.target.startswith("activation_post_process") for a in layer.args[:2]), layer
+
+
+@pytest.mark.slow  # convert_pt2e alone takes ~11 s
+def test_qat_of_timm_shaped_layers_writes_a_trt_file_that_passes_the_lint(tmp_path):
+    sample = torch.randn(2, 1, 12, 12)
+    prepared = qat_pt2e.prepare(_TimmShapedTail().eval(), sample)
+    qat_pt2e.observe(prepared, torch.randn(8, 1, 12, 12))
+    export_onnx(qat_pt2e.convert(prepared), sample, tmp_path / "qat.onnx", captured=True)
+    lint = lint_qdq(tmp_path / "qat.onnx")
+    assert lint.ok, lint.violations  # before: "Conv …: input and weight not quantized", "Gemm …: weight not quantized"
+    ops = Counter(n.op_type for n in onnx.load(str(tmp_path / "qat.onnx")).graph.node)
+    assert ops["Conv"] == 3 and ops["Gemm"] + ops["MatMul"] == 1 and ops["BatchNormalization"] == 0  # both BNs folded
 
 
 def test_a_model_qat_cannot_capture_keeps_the_earlier_rung_marked_over_the_red_line(tmp_path, monkeypatch):

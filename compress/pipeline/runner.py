@@ -182,7 +182,10 @@ class Runner:
             self.manifest.artifacts[f"external.{role}"] = ArtifactRecord(
                 name=f"external.{role}", kind=kind, path=str(path), sha256=digest, size_bytes=size, stage="external")
 
-    def _inputs(self, stage_name: str, refs: dict[str, str]) -> dict[str, InputArtifact]:
+    def _inputs(self, stage_name: str, refs: dict[str, str],
+                left_out: dict[str, str] | None = None) -> dict[str, InputArtifact]:
+        """The stage's input artifacts, verified; ``left_out`` collects its optional roles an earlier stage left
+        out on purpose (role → why)."""
         manifest = self.manifest
         assert manifest is not None
         inputs = {}
@@ -195,10 +198,15 @@ class Runner:
                            if isinstance(m, dict) and "skipped" in m]
                 collected = role.startswith(ARTIFACT_ROLE) and not getattr(self.pipeline.stage(stage_name),
                                                                            "artifacts", None)
-                if collected and made is not None and made.status == "completed" and artifact not in made.outputs:
+                # a role its stage can do without (optional_inputs), left out on purpose by a completed stage
+                optional = bool(skipped) and role in registry.get(self.pipeline.stage(stage_name).kind).optional_inputs
+                if (collected or optional) and made is not None and made.status == "completed" \
+                        and artifact not in made.outputs:
                     if skipped:  # e.g. a TensorRT engine on a machine without TensorRT
                         logger.info(f"{artifact} not included: {producer} skipped it ({'; '.join(skipped)})",
                                     extra={"stage": stage_name})
+                    if optional and left_out is not None:
+                        left_out[role] = f"{producer} left {artifact} out: {'; '.join(skipped)}"
                     continue
                 if skipped:
                     raise ArtifactError(f"stage {stage_name!r} needs input {artifact}, which stage {producer!r} "
@@ -257,7 +265,8 @@ class Runner:
         cfg = self.pipeline.stages[index]
         cls = registry.get(cfg.kind)
         assert cls is not None
-        inputs = self._inputs(cfg.name, refs)
+        left_out: dict[str, str] = {}
+        inputs = self._inputs(cfg.name, refs, left_out)
         material = self._key_material(cfg, cls, inputs)
         input_digests = material["inputs"]
         key = _hash({k: v for k, v in material.items() if k != "input_names"})
@@ -292,7 +301,7 @@ class Runner:
         manifest.save(self.run_dir)
         ctx = StageContext(run_dir=self.run_dir, stage_dir=self.run_dir / cfg.name, name=cfg.name,
                            pipeline=self.pipeline.config, cache_key=key, console=self.console, load_data=self._load_data,
-                           environment=manifest.environment)
+                           environment=manifest.environment, left_out=left_out)
         logger.info(f"running ({cfg.kind}): {reason}", extra={"stage": cfg.name})
         spread = self._distributed(cfg, cls)
         if spread is None and self.pipeline.config.distributed.processes > 1:

@@ -131,10 +131,49 @@ def _split_shared_activations(graph_module: torch.fx.GraphModule) -> int:
     return renamed
 
 
+# The layer types the x86 quantizer looks for, and the aten op each one captures to.
+_QUANTIZED_LAYERS = ((nn.Conv2d, torch.ops.aten.conv2d.default), (nn.Linear, torch.ops.aten.linear.default))
+
+
+def _qualified(kind: type) -> str:
+    return f"{kind.__module__}.{kind.__qualname__}"
+
+
+def _name_layer_subclasses(graph_module: torch.fx.GraphModule, model: nn.Module) -> int:
+    """Record a subclass of ``nn.Conv2d`` / ``nn.Linear`` as the layer it is, on its conv / linear node.
+
+    The quantizer finds its layers by the exact type a node came from, so timm's ``Linear`` (the classifier
+    of MobileNetV3 and EfficientNet) and ``Conv2dSame`` (the stride-2 convolutions of the ``tf_*`` ports)
+    were left in float, and the TensorRT file of the QAT rung then failed the lint. Only the conv / linear
+    node itself is renamed: a subclass's own padding stays outside the layer, as it runs.
+    """
+    renamed = 0
+    for node in graph_module.graph.nodes:
+        modules = node.meta.get("nn_module_stack")
+        if node.op != "call_function" or not modules:
+            continue
+        key, (fqn, kind) = list(modules.items())[-1]
+        for base, op in _QUANTIZED_LAYERS:
+            if node.target != op:
+                continue
+            try:
+                module = model.get_submodule(fqn)
+            except AttributeError:
+                break
+            if isinstance(module, base) and type(module) is not base and kind != _qualified(base):
+                node.meta["nn_module_stack"] = {**modules, key: (fqn, _qualified(base))}
+                source = node.meta.get("source_fn_stack")
+                if source:
+                    node.meta["source_fn_stack"] = [*source[:-1], (source[-1][0], base)]
+                renamed += 1
+            break
+    return renamed
+
+
 def _is_activation(kind) -> bool:
     if isinstance(kind, type):
         return issubclass(kind, _SINGLE_OP_MODULES)
-    return isinstance(kind, str) and kind in {f"{c.__module__}.{c.__qualname__}" for c in _SINGLE_OP_MODULES}
+    return isinstance(kind, str) and kind in {_qualified(c) for c in _SINGLE_OP_MODULES}
 
 
 def prepare(model: nn.Module, sample: torch.Tensor) -> nn.Module:
@@ -147,6 +186,7 @@ def prepare(model: nn.Module, sample: torch.Tensor) -> nn.Module:
     try:
         captured = torch.export.export(model, (sample.float().cpu(),), dynamic_shapes=({0: batch_dim()},)).module()
         _split_shared_activations(captured)
+        _name_layer_subclasses(captured, model)
         prepared = prepare_qat_pt2e(captured, quantizer)
     except Exception as exc:  # torch.export raises many types for untraceable models
         raise QATUnavailable(f"torch.export / prepare_qat_pt2e could not capture the model: {exc}") from exc

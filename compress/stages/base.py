@@ -64,6 +64,7 @@ class StageContext:
     environment: dict[str, Any] = field(default_factory=dict)  # the machine and software this run is on
     group: ProcessGroupInfo = SINGLE  # this process's rank when the stage runs under torchrun
     distributed: DistributedSettings | None = None  # the stage's settings when it runs on several processes
+    left_out: dict[str, str] = field(default_factory=dict)  # optional input roles an earlier stage left out: why
 
     @property
     def data(self) -> "DataBundle":
@@ -96,6 +97,9 @@ class Stage:
     Config: ClassVar[type[StageConfig]]
     input_roles: ClassVar[tuple[str, ...]] = ()
     required_inputs: ClassVar[tuple[str, ...]] = ()
+    # Roles the stage runs without when the stage that makes them completed and recorded why it left them out
+    # (``{"<role>": {"skipped": why}}`` in its metrics); any other missing input stops the run.
+    optional_inputs: ClassVar[tuple[str, ...]] = ()
     produces: ClassVar[tuple[str, ...]] = ()
     deployable: ClassVar[tuple[str, ...]] = ()  # produced roles a benchmark measures
     collects_deployable: ClassVar[bool] = False  # takes every earlier deployable artifact as "artifact:<name>"

@@ -9,7 +9,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from compress.config import StageConfig, Strict
-from compress.errors import ArtifactError, ConfigError
+from compress.errors import ArtifactError, ConfigError, StageError
 from compress.stages.base import InputArtifact, Output, Stage, StageContext, StageResult
 from compress.stages.int8_records import input_onnx
 from compress.stages.model_source import model_from_artifact, onnx_description
@@ -72,6 +72,7 @@ class ExportStage(Stage):
     produces = ("onnx", "engine")
     deployable = ("onnx", "engine")
     latest_of = {"qdq": "onnx_trt"}  # an INT8 engine is built from the quantize stage's TensorRT Q/DQ file
+    optional_inputs = ("qdq",)  # a quantize stage may leave its TensorRT file out (it fails the lint)
     keyed_on_environment = True
     judges_on_data = False  # parity compares two runtimes on the same images; no accuracy is judged
 
@@ -91,21 +92,31 @@ class ExportStage(Stage):
             outputs.append(onnx_output)
             source = (onnx_output.path / onnx_output.meta["file"], onnx_output.meta, f"{ctx.name}.onnx")
         if "tensorrt" in cfg.formats:
+            reason = unavailable_reason()
             if cfg.tensorrt.precision == "int8":
                 given = inputs.get("qdq") or inputs.get("onnx")
-                if given is None:
+                if given is None and "qdq" in ctx.left_out:  # wired, but the quantize stage could not ship it
+                    if not reason:
+                        raise StageError(f"stage {ctx.name!r}: no INT8 engine: {ctx.left_out['qdq']}")
+                elif given is None:
                     raise ConfigError(f"stages.{ctx.name}.tensorrt.precision: int8 needs a Q/DQ ONNX: add a "
                                       f"quantize stage with trt in its flavours before this one (its onnx_trt "
-                                      f"file is used) or set "
-                                      f"inputs: {{qdq: <artifact>}}")
-                source = (input_onnx(given), given.meta, given.name)
+                                      f"file is used; a quantize stage whose TensorRT file fails the lint leaves "
+                                      f"it out, see its log) or set inputs: {{qdq: <artifact>}}")
+                else:
+                    source = (input_onnx(given), given.meta, given.name)
             elif source is None:
                 if "onnx" not in inputs:
                     raise ConfigError(f"stages.{ctx.name}: formats [tensorrt] without onnx needs an ONNX input "
                                       f"(inputs: {{onnx: <stage>}}) or add onnx to formats")
                 source = (input_onnx(inputs["onnx"]), inputs["onnx"].meta, inputs["onnx"].name)
-            engine, metrics["tensorrt"] = self._tensorrt(ctx, cfg, *source)
-            if engine is not None:
+            if reason:
+                if cfg.tensorrt.required:
+                    raise ConfigError(f"stages.{ctx.name}.tensorrt.required is true but {reason}")
+                ctx.log(f"tensorrt: skipped: {reason}", style="yellow")
+                metrics["tensorrt"] = {"skipped": reason}
+            else:
+                engine, metrics["tensorrt"] = self._tensorrt(ctx, cfg, *source)
                 outputs.append(engine)
         metrics["summary"] = _summary(metrics)
         return StageResult(outputs=outputs, metrics=metrics)
@@ -168,13 +179,7 @@ class ExportStage(Stage):
         return Output("onnx", "onnx", ctx.stage_dir / "onnx", meta=meta, made_from=[given.name]), metrics
 
     def _tensorrt(self, ctx: StageContext, cfg: ExportConfig, onnx_file: Path, source_meta: dict,
-                  source_name: str) -> tuple[Output | None, dict]:
-        reason = unavailable_reason()
-        if reason:
-            if cfg.tensorrt.required:
-                raise ConfigError(f"stages.{ctx.name}.tensorrt.required is true but {reason}")
-            ctx.log(f"tensorrt: skipped: {reason}", style="yellow")
-            return None, {"skipped": reason}
+                  source_name: str) -> tuple[Output, dict]:
         trt = cfg.tensorrt
         cache = ctx.run_dir / "tensorrt.timing-cache" if trt.timing_cache is None else ctx.run_dir / trt.timing_cache
         settings = BuildSettings(precision=trt.precision, min_batch=trt.min_batch, opt_batch=trt.opt_batch,

@@ -145,10 +145,9 @@ class QuantizeStage(Stage):
                               "Check the calibration (calibration.method, samples) and give QAT more epochs "
                               "(qat.epochs); a model this far off is not a rounding error.")
         lints = {a.rung: lint_qdq(a.files["trt"], set(a.float_layers)).as_dict() for a in attempts if "trt" in a.files}
-        if chosen.rung in lints and not lints[chosen.rung]["ok"]:
-            raise StageError(f"stage {ctx.name!r}: the TensorRT Q/DQ file of rung {chosen.rung} fails the lint: "
-                             + "; ".join(lints[chosen.rung]["violations"][:8]))
-        test = {f: score_test(p) for f, p in chosen.files.items()}
+        left_out = self._left_out(ctx, cfg, chosen, lints)
+        shipped = [f for f in cfg.flavours if f not in left_out]
+        test = {f: score_test(chosen.files[f]) for f in shipped}
         test.update({f"cpu@{r}": score_test(chosen.files["cpu"], settings.serve_batch, runtime=r,
                                             threads=check["threads"], options=check["options"].get(r))
                      for r in cpu_runtimes})
@@ -176,8 +175,10 @@ class QuantizeStage(Stage):
                    "red_line": {"metric": red.metric, "max_drop": red.max_drop, "within": within,
                                 "test_drop": drops, "test": {f: t[red.metric] for f, t in test.items()}},
                    "flags": flags, "rungs": rungs}
+        if left_out:
+            summary["left_out"] = left_out
         outputs = []
-        for f in cfg.flavours:
+        for f in shipped:
             with ctx.atomic_output_dir(f"onnx_{f}") as folder:
                 shutil.copy2(chosen.files[f], folder / "model.onnx")
                 meta = onnx_meta(f, chosen, inputs["model"], description, summary, test[f])
@@ -188,9 +189,29 @@ class QuantizeStage(Stage):
         with ctx.atomic_output_dir("report") as folder:
             (folder / "ladder.json").write_text(json.dumps(summary, indent=2))
         shutil.rmtree(work, ignore_errors=True)
-        metrics = {**summary, "summary": f"rung {chosen.rung}, test drop " + ", ".join(
-            f"{f} {d:+.2f}" for f, d in drops.items()) + f" ({verdict}, {red.max_drop:g} points)"}
+        metrics = {**summary, **{f"onnx_{f}": {"skipped": why} for f, why in left_out.items()},
+                   "summary": f"rung {chosen.rung}, test drop " + ", ".join(
+            f"{f} {d:+.2f}" for f, d in drops.items()) + f" ({verdict}, {red.max_drop:g} points)"
+                   + "".join(f"; {f} file left out (lint)" for f in left_out)}
         return StageResult(outputs=[*outputs, Output("report", "report", ctx.stage_dir / "report")], metrics=metrics)
+
+    @staticmethod
+    def _left_out(ctx: StageContext, cfg: QuantizeConfig, chosen: Attempt, lints: dict) -> dict[str, str]:
+        """The flavours the stage cannot ship, each with its reason: a TensorRT file whose chosen rung fails the
+        lint (a layer TensorRT would run in float) is left out while the others ship; alone, it stops the stage."""
+        lint = lints.get(chosen.rung)
+        if lint is None or lint["ok"]:
+            return {}
+        violations = lint["violations"]
+        why = (f"the TensorRT Q/DQ file of rung {chosen.rung} fails the lint ({len(violations)} violation"
+               f"{'s' if len(violations) != 1 else ''}: " + "; ".join(violations[:4])
+               + ("; …" if len(violations) > 4 else "") + ")")
+        if list(cfg.flavours) == ["trt"]:
+            raise StageError(f"stage {ctx.name!r}: {why}; add cpu to stages.{ctx.name}.flavours to ship the CPU "
+                             "file, or keep those layers in float on purpose")
+        ctx.log(f"trt flavour left out: {why}; TensorRT would run those layers in float. The other flavours ship; "
+                "an INT8 engine needs a clean file", style="yellow")
+        return {"trt": why}
 
     @staticmethod
     def _decode_tail(ctx: StageContext, model, float_onnx, field: str) -> list[str]:
