@@ -19,6 +19,7 @@ from export.onnx_export import export_onnx
 from serve_bench.latency.operator_profile import profile_artifact
 from serve_bench.report.profile import profile_table, unfused_qdq_line
 from serve_bench.runners import RunnerError
+from serve_bench.runners.kernel_census import census, census_line
 from train.model_io import describe, save_model
 from train.models import build_model
 
@@ -110,6 +111,9 @@ def test_a_conv_net_spends_its_time_in_conv_and_only_measured_runs_count(profile
     assert profile["top_nodes"][0]["op"] == conv[0]
     assert profile["unfused_qdq"] == [] and profile["edge_qdq"] == []
     assert unfused_qdq_line("fp32", profile) is None
+    kernels = profile["kernels"]  # three convolutions and the classifier, all in float
+    assert (kernels["integer"], kernels["float"], kernels["float_precisions"]) == (0, 4, ["fp32"])
+    assert census_line(kernels) == "0 of 4 compute layers in int8 (4 in fp32)"
 
 
 def test_cleanly_quantized_convs_fold_their_qdq_into_integer_kernels(profiles, onnx_files):
@@ -119,6 +123,8 @@ def test_cleanly_quantized_convs_fold_their_qdq_into_integer_kernels(profiles, o
     assert "QLinearConv" in ops and ops["QLinearConv"]["calls_per_run"] == 3.0, list(ops)
     assert "Conv" not in ops and "FusedConv" not in ops and "DequantizeLinear" in ops
     assert profile["unfused_qdq"] == [] and unfused_qdq_line("chain", profile) is None
+    assert (profile["kernels"]["integer"], profile["kernels"]["float"]) == (3, 0)
+    assert census_line(profile["kernels"], 0) == "3 of 3 compute layers in int8"
     # What still runs is the conversion at the float interface: the input's Q and the output's DQ.
     graph = onnx.load(str(folder / "chain_int8.onnx")).graph
     expected = {n.name for n in graph.node if (n.op_type == "QuantizeLinear" and n.input[0] == "input")
@@ -143,6 +149,7 @@ def test_sixteen_bit_activations_leave_named_qdq_nodes_running_around_a_float_co
     profile = profiles["int16"]
     ops = _ops(profile)
     assert "QLinearConv" not in ops and {"Conv", "FusedConv"} & set(ops), list(ops)
+    assert profile["kernels"]["integer"] == 0 and profile["kernels"]["float"] == 4  # Q/DQ asked for, none fused
     in_file = _qdq_nodes(folder / "int16.onnx")
     unfused = {n["node"]: n for n in profile["unfused_qdq"]}
     named = {name for name, n in unfused.items() if n["in_file"]}
@@ -160,6 +167,32 @@ def test_sixteen_bit_activations_leave_named_qdq_nodes_running_around_a_float_co
     line = unfused_qdq_line("int16", profile)
     first = profile["unfused_qdq"][0]["node"]
     assert line.startswith(f"int16: onnxruntime ran {len(unfused)} Q/DQ nodes unfused ({first}, ") and "more" in line
+
+
+def test_openvino_names_the_precision_each_compute_layer_ran_in(onnx_files):
+    pytest.importorskip("openvino")
+    from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
+
+    folder, batch = onnx_files
+    # uint8 activations: OpenVINO 2026.4's CPU plugin has no kernel for asymmetric int8 ones ("No suitable
+    # implementations" at compile time), the layout of chain_int8
+    quantize_static(str(folder / "chain_fp32.onnx"), str(folder / "chain_u8.onnx"), _Calibration("input"),
+                    quant_format=QuantFormat.QDQ, activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8)
+    fp32, int8 = (profile_artifact("openvino", str(folder / f"{name}.onnx"), batch[:1], threads=1, iters=3)
+                  for name in ("chain_fp32", "chain_u8"))
+    assert fp32["kernels"]["integer"] == 0 and fp32["kernels"]["float"] == 3  # bf16 or fp32, as the CPU has it
+    assert fp32["kernels"]["float_precisions"][0] in ("bf16", "fp32")
+    assert int8["kernels"]["integer"] == 3 and int8["kernels"]["float"] == 0
+
+
+def test_the_census_reads_kernel_names_not_op_types():
+    nodes = {"a": ("Convolution", "brgconv_avx512_amx_1x1_I8", 3.0), "b": ("GroupConvolution", "jit_avx512_dw_bf16", 6.0),
+             "c": ("FullyConnected", "brgemm_avx512_amx_f32", 1.5), "d": ("FakeQuantize", "jit_avx512_f32", 9.0)}
+    kernels = census("openvino", nodes, runs=3)
+    assert (kernels["integer"], kernels["float"], kernels["float_precisions"]) == (1, 2, ["bf16", "fp32"])
+    assert [n["node"] for n in kernels["float_layers"]] == ["b", "c"] and kernels["float_ms"] == 2.5
+    assert census("torch", nodes, runs=1) is None and census_line(None) == "—"
+    assert census_line(kernels, 4) == "1 of 3 compute layers in int8 (2 in bf16/fp32), 4 Q/DQ unfused"
 
 
 def test_torch_time_goes_to_convolution(tmp_path):

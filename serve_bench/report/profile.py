@@ -6,6 +6,7 @@ module only renders them, so the report can be re-rendered from report.json alon
 from __future__ import annotations
 
 from serve_bench.report_model import Entry, Report
+from serve_bench.runners.kernel_census import census_line
 
 Table = tuple[list[str], list[list[str]]]
 
@@ -40,6 +41,27 @@ def unfused_qdq_line(name: str, profile: dict, shown: int = 3) -> str | None:
             "left around operators that did not become integer kernels.")
 
 
+def kernel_section(report: Report) -> list[tuple[str, Table]]:
+    """One table of what each runtime made of each file: compute layers run in int8 against float, the Q/DQ it
+    left unfused, and the time of the float layers (from the runtime's own profile, not from the file)."""
+    rows = []
+    for art in report.artifacts:
+        profile = art.operator_profile or {}
+        kernels = profile.get("kernels")
+        if not kernels:
+            continue
+        unfused = len(profile.get("unfused_qdq") or [])
+        slowest = ", ".join(f"{n['node']} ({n['precision']})" for n in kernels["float_layers"][:2])
+        rows.append([art.name, profile.get("backend", "?"), art.precision or "?", str(kernels["integer"]),
+                     str(kernels["float"]) + (f" ({'/'.join(kernels['float_precisions'])})" if kernels["float"] else ""),
+                     str(unfused), fmt(kernels["float_ms"]), slowest or "—"])
+    if not rows or not any(r[2] == "int8" for r in rows):
+        return []
+    head = ["file", "runtime", "precision", "int8 compute layers", "float compute layers", "Q/DQ unfused",
+            "float layers ms/run", "slowest float layers"]
+    return [("Compute layers as each runtime ran them (from its profile)", (head, rows))]
+
+
 def profile_sections(report: Report) -> list[tuple[str, Table]]:
     """One table per profiled artifact ("Where the time goes: NAME"), with what the times are in its title."""
     out = []
@@ -48,6 +70,8 @@ def profile_sections(report: Report) -> list[tuple[str, Table]]:
         if not profile or profile.get("error") or not profile.get("ops"):
             continue
         run = f", {profile['run_ms']:.3f} ms per run under the profiler" if profile.get("run_ms") else ""
+        if profile.get("kernels"):
+            run += f"; {census_line(profile['kernels'], len(profile.get('unfused_qdq') or []))}"
         out.append((f"Where the time goes: {art.name} ({profile['backend']}, batch {profile['batch_size']}"
                     f"{run})", profile_table(profile)))
     return out

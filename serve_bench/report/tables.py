@@ -6,7 +6,7 @@ speed-up, so a reader sees at once which differences are real.
 """
 from __future__ import annotations
 
-from serve_bench.report.profile import profile_sections
+from serve_bench.report.profile import kernel_section, profile_sections
 from serve_bench.report.traffic import traffic_sections
 from serve_bench.report_model import Entry, Ratio, Report
 
@@ -188,4 +188,4 @@ def sections(report: Report) -> list[tuple[str, Table]]:
            (EXPORT_ALONE_TITLE, export_alone_table(report)),
            ("Run-to-run spread", repeat_table(report)), ("INT8 ladder", ladder_table(report)),
            ("Same file, another runtime", runtime_table(report))]
-    return [(title, table) for title, table in out if table[1]] + traffic_sections(report) + profile_sections(report)
+    return [(title, table) for title, table in out if table[1]] + traffic_sections(report) + kernel_section(report) + profile_sections(report)

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from serve_bench.runners.base import RunnerError
+from serve_bench.runners.kernel_census import census
 from serve_bench.runners.native_output import native_stderr_to_log
 
 logger = logging.getLogger(__name__)
@@ -53,15 +54,17 @@ def _shares(times: list[float]) -> list[float]:
 
 def _result(backend: str, batch: np.ndarray, iters: int, threads: int | None, run_ms: float | None,
             per_op: dict[str, list[float]], top_nodes: list[dict], unfused: list[dict] | None = None,
-            edge: list[dict] | None = None) -> dict:
-    """The common shape; ``per_op`` maps op type → [summed ms over all runs, calls over all runs]."""
+            edge: list[dict] | None = None, kernels: dict | None = None) -> dict:
+    """The common shape; ``per_op`` maps op type → [summed ms over all runs, calls over all runs]; ``kernels``:
+    the compute layers the runtime ran in integer and in float (``kernel_census``), where its profile says."""
     ordered = sorted(per_op.items(), key=lambda kv: (-kv[1][0], kv[0]))
     shares = _shares([ms for _, (ms, _) in ordered])
     ops = [{"op": op, "ms_per_run": _r(ms / iters), "calls_per_run": _r(calls / iters), "share": share}
            for (op, (ms, calls)), share in zip(ordered, shares)]
     return {"backend": backend, "runs": iters, "batch_size": int(batch.shape[0]), "threads": threads,
             "run_ms": _r(run_ms), "ops_ms": _r(sum(ms for ms, _ in per_op.values()) / iters), "ops": ops,
-            "top_nodes": top_nodes, "unfused_qdq": unfused or [], "edge_qdq": edge or [], "note": _NOTES[backend]}
+            "top_nodes": top_nodes, "unfused_qdq": unfused or [], "edge_qdq": edge or [], "note": _NOTES[backend],
+            **({"kernels": kernels} if kernels is not None else {})}
 
 
 def _qdq_in_file(path: str) -> tuple[set[str], set[str], set[str]]:
@@ -139,7 +142,8 @@ def profile_onnxruntime(path: str, batch: np.ndarray, *, threads: int, iters: in
             at_edge = name in (quant_in if op == "QuantizeLinear" else dequant_out)
             (edge if at_edge else unfused).append({"node": name, "op": op, "ms_per_run": _r(ms / n),
                                                    "in_file": name in named})
-    result = _result("onnxruntime", batch, n, threads, run_ms, per_op, top_nodes, unfused, edge)
+    result = _result("onnxruntime", batch, n, threads, run_ms, per_op, top_nodes, unfused, edge,
+                     census("onnxruntime", {k: tuple(v) for k, v in per_node.items()}, n))
     logger.info("profiled %s with onnxruntime: %d runs, %.3f ms per run, %d op types, %d unfused Q/DQ",
                 path, n, run_ms, len(per_op), len(unfused))
     return result
@@ -183,7 +187,8 @@ def profile_openvino(path: str, batch: np.ndarray, *, threads: int, iters: int, 
         if op == "FakeQuantize":
             (edge if name in quant_in else unfused).append({"node": name, "op": op, "ms_per_run": _r(ms / iters),
                                                             "in_file": name in named})
-    result = _result("openvino", batch, iters, threads, run_total * 1e3 / iters, per_op, top_nodes, unfused, edge)
+    result = _result("openvino", batch, iters, threads, run_total * 1e3 / iters, per_op, top_nodes, unfused, edge,
+                     census("openvino", {k: tuple(v) for k, v in per_node.items()}, iters))
     logger.info("profiled %s with OpenVINO: %d runs, %d layer types, %d unfused FakeQuantize", path, iters,
                 len(per_op), len(unfused))
     return result
