@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import copy
+import importlib.util
 import json
 from collections import Counter
 
@@ -69,9 +70,21 @@ def test_ptq_writes_both_flavours_and_records_the_rung(ptq_run):
     assert metrics["rung"] == "ptq" and metrics["climbed"] == [] and metrics["red_line"]["within"]
     ptq = metrics["rungs"][0]
     assert ptq["calibration"] == {"method": "minmax", "samples": 64, "split": "calib (a seeded subset of train)"}
-    assert set(ptq["flavours"]) == {"cpu", "trt"} and "latency" in ptq and ptq["trt_lint"]["ok"]
+    openvino = importlib.util.find_spec("openvino") is not None and importlib.util.find_spec("nncf") is not None
+    assert set(ptq["flavours"]) == {"cpu", "trt", *(["openvino"] if openvino else [])}
+    assert "latency" in ptq and ptq["trt_lint"]["ok"]
     artifacts = manifest["artifacts"]
     assert artifacts["quantize.onnx_cpu"]["meta"]["flavour"] == "cpu"
+    # each runtime's file runs there only: the CPU file on onnxruntime, NNCF's file on OpenVINO
+    assert artifacts["quantize.onnx_cpu"]["meta"]["runtimes"] == ["onnxruntime", *([] if openvino else ["openvino"])][
+        :1 if openvino else None] or not openvino
+    kernels = metrics["kernels"]
+    assert kernels["cpu@onnxruntime"]["integer"] == 22 and kernels["cpu@onnxruntime"]["float"] == 0  # 21 convs, fc
+    if openvino:
+        meta = artifacts["quantize.onnx_openvino"]["meta"]
+        assert meta["runtimes"] == ["openvino"] and meta["qdq"].startswith("NNCF auto preset (cnn)")
+        assert ptq["nncf"]["preset"] == "auto" and ptq["nncf"]["model_type"] == "cnn"
+        assert kernels["openvino@openvino"]["integer"] >= 20  # NNCF's file runs its convolutions in int8 there
     assert artifacts["quantize.onnx_trt"]["meta"]["quantization"]["rung"] == "ptq"
     from export.onnx_metadata import read_data_identity
 
@@ -580,3 +593,44 @@ def test_depthwise_convolutions_get_one_weight_scale_per_channel_in_both_flavour
         assert scales.max() / scales.min() > 100  # one scale per filter, following its range
     session = ort.InferenceSession(str(tmp_path / "dw_cpu.onnx"), providers=["CPUExecutionProvider"])
     assert session.run(None, {session.get_inputs()[0].name: images[:4]})[0].shape == (4, 10)
+
+
+def test_a_file_made_for_openvino_is_measured_and_judged_there_only(tmp_path):
+    from types import SimpleNamespace
+
+    from compress.stages.base import InputArtifact
+    from compress.stages.measurement import candidates_of
+    from serve_bench.runners.openvino_runner import OpenVinoSettings
+
+    folder = tmp_path / "onnx_openvino"
+    folder.mkdir()
+    (folder / "model.onnx").write_bytes(b"")
+    meta = {"file": "model.onnx", "precision": "int8", "runtimes": ["openvino"],
+            "red_line": {"within": True, "test_drop": 0.4}}
+    cfg = SimpleNamespace(runtimes=["onnxruntime", "openvino"], device="cpu", name="bench", openvino=OpenVinoSettings(),
+                          torch_compile=False, inter_op_threads=1)
+    artifact = InputArtifact("quantize.onnx_openvino", "onnx", folder, meta)
+    specs = candidates_of(artifact, cfg)
+    assert [(s.name, s.backend, s.refused) for s in specs] == [("quantize.onnx_openvino", "openvino", None)]
+    assert candidates_of(artifact, SimpleNamespace(**{**vars(cfg), "runtimes": ["onnxruntime"]})) == []
+    assert _refusal(meta, "openvino") is None and "checked its red line on openvino only" in _refusal(meta, "onnxruntime")
+
+
+def test_the_openvino_flavour_is_left_out_with_its_reason_unless_asked_for_by_name(monkeypatch):
+    from compress.errors import ConfigError
+    from compress.stages import int8_flavours
+
+    monkeypatch.setattr(int8_flavours, "cpu_check_plan", lambda *a: {"runtimes": [], "versions": {}, "serve_batch": 1,
+                                                                     "threads": None, "options": {}})
+    plan = int8_flavours.flavour_plan(["cpu", "trt", "openvino"], False, None, [], 1, "stages.quantize")
+    assert plan["flavours"] == ["cpu", "trt"] and "not among the runtimes the bench measures" in plan["left_out"]["openvino"]
+    with pytest.raises(ConfigError, match=r"stages\.quantize\.flavours: openvino cannot be made here: OpenVINO is not"):
+        int8_flavours.flavour_plan(["cpu", "openvino"], True, None, [], 1, "stages.quantize")
+    monkeypatch.setattr(int8_flavours, "cpu_check_plan", lambda *a: {"runtimes": ["openvino"], "versions": {},
+                                                                     "serve_batch": 1, "threads": None, "options": {}})
+    monkeypatch.setattr(int8_flavours, "nncf_version", lambda: "3.4")
+    plan = int8_flavours.flavour_plan(["cpu", "openvino"], False, None, [], 1, "stages.quantize")
+    # NNCF's file ships on OpenVINO, so the CPU file is no longer checked (nor released) there
+    assert plan["flavours"] == ["cpu", "openvino"] and plan["runtimes"] == [] and plan["nncf"] == "3.4"
+    assert int8_flavours.ships_on("cpu", plan["runtimes"]) == ["onnxruntime"]
+    assert int8_flavours.flavour_plan(["cpu"], True, None, [], 1, "q")["runtimes"] == ["openvino"]

@@ -419,34 +419,36 @@ def test_the_quick_opening_leaves_mlflow_settings_the_user_made_and_restores_the
 
 @pytest.mark.skipif("openvino" not in usable_onnx_runtimes(), reason="OpenVINO is not installed here (compress[cpu])")
 def test_a_release_on_openvino_names_its_runtime_verifies_in_it_and_serves_with_openvino_alone(finished, tmp_path):
-    """The same INT8 file measured on both runtimes; the OpenVINO candidate released, verified and served there."""
+    """The quantize stage's OpenVINO file (NNCF's), measured and judged on OpenVINO alone, released, verified and
+    served there."""
     folder, pipeline, run_dir = finished
     run = tmp_path / "run"
     shutil.copytree(run_dir, run)
-    # from quantize: its red-line check follows the bench's runtimes, so it now runs the CPU file in OpenVINO too
+    # from quantize: its flavours follow the bench's runtimes, so it now makes the OpenVINO file too
     assert main(["run", str(pipeline), "--run-dir", str(run), "--from", "quantize",
                  "stages.bench.runtimes=[onnxruntime, openvino]"]) in (0, 1)
-    ladder = json.loads((run / "manifest.json").read_text())["artifacts"]["quantize.onnx_cpu"]["meta"]["red_line"]
-    assert "openvino" in ladder["test_drop_on"]  # checked where it may ship
+    artifacts = json.loads((run / "manifest.json").read_text())["artifacts"]
+    meta = artifacts["quantize.onnx_openvino"]["meta"]
+    assert meta["runtimes"] == ["openvino"] and "test_drop" in meta["red_line"]  # checked where it ships
+    assert artifacts["quantize.onnx_cpu"]["meta"]["runtimes"] == ["onnxruntime"]  # no longer run in OpenVINO
     report = json.loads((run / "bench" / "report" / "report.json").read_text())
-    candidate = next(a for a in report["artifacts"] if a["name"] == "quantize.onnx_cpu@openvino")
-    assert candidate["artifact"] == "quantize.onnx_cpu" and candidate["backend"] == "openvino"
+    names = [a["name"] for a in report["artifacts"]]
+    assert "quantize.onnx_cpu@openvino" not in names and "quantize.onnx_openvino@onnxruntime" not in names
+    candidate = next(a for a in report["artifacts"] if a["name"] == "quantize.onnx_openvino")
+    assert candidate["artifact"] == "quantize.onnx_openvino" and candidate["backend"] == "openvino"
     assert not candidate.get("refused") and candidate["runner"]["inference_precision"] == "f32"
-    parity = candidate["runtime_parity"]  # the same bytes in two runtimes, paired image by image
-    assert parity["reference"] == "quantize.onnx_cpu" and parity["n"] == candidate["accuracy"]["n"]
-    # INT8 rounding in two runtimes moves the answers the tiny model is unsure of, not many: with f32 pinned, 1-2% of
-    # the 359 images on a 2-core AVX2 EPYC and 2.8-3.3% on an AMX Xeon (oneDNN's AMX INT8 kernels round their
-    # requantization otherwise); a real fault (wrong scales, a swapped layout) moves most answers. The bound is
-    # about twice the worst seen; the accuracies stay within 2 points because flips go both ways.
-    assert parity["top1_differs_pct"] <= 6.0, parity
+    kernels = json.loads((run / "manifest.json").read_text())["stages"]["quantize"]["metrics"]["kernels"]
+    assert kernels["openvino@openvino"]["integer"] > 0  # NNCF's layout runs in int8 there
+    # Two quantizers of one model (NNCF's and onnxruntime's, different ranges): on the tiny model's 359 test images
+    # they stay within a few points of each other
     assert abs(candidate["accuracy"]["top1"] - next(a for a in report["artifacts"] if a["name"] ==
-                                                    "quantize.onnx_cpu")["accuracy"]["top1"]) <= 2.0
+                                                    "quantize.onnx_cpu")["accuracy"]["top1"]) <= 5.0
     bundle = tmp_path / "bundle"
     chosen = report["gate"]["release"] == candidate["name"] and report["gate"]["passed"]
     args = [] if chosen else ["--artifact", candidate["name"], "--anyway"]
     assert main(["release", str(run), "--to", str(bundle), *args]) == 0
     card = json.loads((bundle / "model_card.json").read_text())
-    assert card["released"]["artifact"] == "quantize.onnx_cpu" and card["released"]["candidate"] == candidate["name"]
+    assert card["released"]["artifact"] == "quantize.onnx_openvino" and card["released"]["candidate"] == candidate["name"]
     assert card["runtime"]["name"] == "openvino" and card["runtime"]["version"] == candidate["runner"]["version"]
     assert f"openvino {card['runtime']['version']}" in (bundle / "MODEL_CARD.md").read_text()
     result = run_cli("verify", str(bundle), str(folder / "test-images"))

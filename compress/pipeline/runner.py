@@ -194,12 +194,18 @@ class Runner:
             if problem:
                 producer = artifact.split(".", 1)[0]
                 made = manifest.stages.get(producer)
-                skipped = [m["skipped"] for m in (made.metrics.values() if made else [])
-                           if isinstance(m, dict) and "skipped" in m]
-                collected = role.startswith(ARTIFACT_ROLE) and not getattr(self.pipeline.stage(stage_name),
-                                                                           "artifacts", None)
+                # why it was skipped: the producer's metrics under the artifact's own role where it says, else
+                # every skip it recorded (the export stage records an engine's under "tensorrt")
+                own = made.metrics.get(artifact.split(".", 1)[1]) if made else None
+                skipped = [own["skipped"]] if isinstance(own, dict) and "skipped" in own else \
+                    [m["skipped"] for m in (made.metrics.values() if made else []) if isinstance(m, dict) and "skipped" in m]
+                left_on_purpose = isinstance(own, dict) and "skipped" in own  # its producer said why, by name
+                stage_cfg = self.pipeline.stage(stage_name)
+                # a bench's collected files: those it lists too, where their producer left them out on purpose
+                collected = role.startswith(ARTIFACT_ROLE) and (not getattr(stage_cfg, "artifacts", None)
+                                                                or left_on_purpose)
                 # a role its stage can do without (optional_inputs), left out on purpose by a completed stage
-                optional = bool(skipped) and role in registry.get(self.pipeline.stage(stage_name).kind).optional_inputs
+                optional = left_on_purpose and role in registry.get(stage_cfg.kind).optional_inputs
                 if (collected or optional) and made is not None and made.status == "completed" \
                         and artifact not in made.outputs:
                     if skipped:  # e.g. a TensorRT engine on a machine without TensorRT

@@ -17,7 +17,10 @@ from typing import Callable
 import numpy as np
 
 from compress.quantization import measure as int8_measure
+from compress.quantization.latency_fallback import LatencyFallbackSettings, greedy, layer_groups
+from compress.quantization.nncf_ptq import NNCFQuantizationError, NNCFSettings, quantize_onnx as nncf_quantize
 from compress.quantization.ptq import Calibration, QuantizationError, compute_nodes, quantize
+from serve_bench.runners import RunnerError
 
 logger = logging.getLogger(__name__)
 
@@ -26,9 +29,15 @@ class RungUnavailable(QuantizationError):
     """A rung cannot run here (its engine is missing or cannot take the model); the earlier rungs stand."""
 
 
+# The runtime each flavour's file is made for. cpu: onnxruntime's x86 kernels (uint8 activations); trt: TensorRT's
+# explicit quantization (symmetric int8); openvino: quantized by NNCF, which places Q/DQ where OpenVINO fuses them.
+FLAVOUR_RUNTIME = {"cpu": "onnxruntime", "trt": "tensorrt", "openvino": "openvino"}
+
+
 @dataclass
 class LadderSettings:
     flavours: tuple[str, ...] = ("cpu", "trt")
+    nncf: NNCFSettings = field(default_factory=lambda: NNCFSettings(preset="auto", model_type="auto"))
     calibration: Calibration = field(default_factory=Calibration)
     metric: str = "top1"
     max_drop: float = 0.5
@@ -79,7 +88,8 @@ class Ladder:
     def __init__(self, float_onnx: Path, work: Path, settings: LadderSettings, calib: np.ndarray,
                  val_images: np.ndarray, val_labels: np.ndarray, reference: float,
                  log: Callable[[str], None] = logger.info, score: Callable[..., dict] | None = None,
-                 output_error: Callable[[np.ndarray, np.ndarray], float] = int8_measure.output_error) -> None:
+                 output_error: Callable[[np.ndarray, np.ndarray], float] = int8_measure.output_error,
+                 exported_onnx: Path | None = None) -> None:
         """``score(path, batch_size, runtime=, threads=, options=)`` judges a file on the validation split
         (default: top-k accuracy of its logits against ``val_labels``; a detector's: its mAP); ``output_error``
         ranks the layers for the fallback (a detector's weighs its scores, not only its pixel coordinates)."""
@@ -89,12 +99,38 @@ class Ladder:
         self.score = score or (lambda path, batch, **kw: int8_measure.split_accuracy(
             path, self.val_images, self.val_labels, batch, **kw))
         self.cache = work / f"calibration-{settings.calibration.method}.json"
+        # NNCF quantizes the float file as exported, not onnxruntime's pre-processed one: that pass rewrites
+        # hard-swish as x · hard-sigmoid(x), which OpenVINO no longer fuses (MobileNetV3: p50 3.55 against 2.08 ms)
+        self.exported_onnx = exported_onnx or float_onnx
+        self.left_out: dict[str, str] = {}  # flavours that could not be made or run here, with why
+        self.nncf_facts: dict = {}  # how NNCF made the openvino file (preset, model type) on the last rung
         work.mkdir(parents=True, exist_ok=True)
+
+    @property
+    def flavours(self) -> tuple[str, ...]:
+        return tuple(f for f in self.settings.flavours if f not in self.left_out)
+
+    def _leave_out(self, flavour: str, why: str) -> None:
+        self.left_out[flavour] = why
+        self.log(f"{flavour} flavour left out: {why}; the other flavours go on")
 
     def measure(self, rung: str, files: dict[str, Path], details: dict | None = None,
                 float_layers: list[str] | None = None) -> Attempt:
         s = self.settings
-        val = {f: self.score(p, s.eval_batch) for f, p in files.items()}
+        if not files:
+            raise QuantizationError(f"{rung}: no flavour could be made here ("
+                                    + "; ".join(f"{f}: {why}" for f, why in self.left_out.items()) + ")")
+        val = {}
+        for f, p in list(files.items()):
+            if f != "openvino":
+                val[f] = self.score(p, s.eval_batch)
+                continue
+            try:  # judged as OpenVINO answers, at the batch it serves
+                val[f] = self.score(p, s.serve_batch, runtime="openvino", threads=s.runtime_threads,
+                                    options=s.runtime_options.get("openvino"))
+            except RunnerError as exc:  # e.g. no CPU kernel for the layout NNCF chose
+                self._leave_out(f, f"OpenVINO could not run the {rung} file: {exc}")
+                del files[f]
         if "cpu" in files:  # the CPU file on each other runtime it may ship on: each answer checked
             val.update({f"cpu@{r}": self.score(files["cpu"], s.serve_batch, runtime=r, threads=s.runtime_threads,
                                                options=s.runtime_options.get(r))
@@ -110,9 +146,29 @@ class Ladder:
     def _quantize_all(self, tag: str, exclude: list[str]) -> dict[str, Path]:
         folder = self.work / tag
         folder.mkdir(parents=True, exist_ok=True)
-        return {f: quantize(self.float_onnx, folder / f"model-{f}.onnx", f, self.settings.calibration, self.calib,
-                            self.cache, exclude=[*self.settings.keep_float, *exclude], reduce_range=self._reduce(f))
-                for f in self.settings.flavours}
+        keep = [*self.settings.keep_float, *exclude]
+        files = {}
+        for f in self.flavours:
+            if f == "openvino":
+                made = self._nncf(folder / f"model-{f}.onnx", keep)
+                if made is not None:
+                    files[f] = made
+                continue
+            files[f] = quantize(self.float_onnx, folder / f"model-{f}.onnx", f, self.settings.calibration, self.calib,
+                                self.cache, exclude=keep, reduce_range=self._reduce(f))
+        return files
+
+    def _nncf(self, out: Path, keep: list[str]) -> Path | None:
+        """The OpenVINO file, quantized by NNCF on the same calibration images; a failure leaves the flavour out."""
+        try:
+            result = nncf_quantize(self.exported_onnx, out, self.calib, self.settings.nncf, ignored=keep)
+        except (ImportError, NNCFQuantizationError, RuntimeError, ValueError) as exc:  # NNCFUnavailable: ImportError
+            self._leave_out("openvino", f"NNCF could not quantize the model: {exc}")
+            return None
+        self.nncf_facts = {"engine": f"nncf {result.nncf_version} (ONNX backend)", "preset": result.preset,
+                           "model_type": result.model_type, "samples": result.samples,
+                           "float_nodes": list(result.ignored), "seconds": result.seconds}
+        return out
 
     def _reduce(self, flavour: str) -> bool:
         return flavour == "cpu" and self.settings.cpu_weights == "7bit"
@@ -121,7 +177,8 @@ class Ladder:
         cal = self.settings.calibration
         files = self._quantize_all("ptq", [])
         return self.measure("ptq", files, {"calibration": {"method": cal.method, "samples": len(self.calib),
-                                                           "split": "calib (a seeded subset of train)"}})
+                                                           "split": "calib (a seeded subset of train)"},
+                                           **({"nncf": self.nncf_facts} if "openvino" in files else {})})
 
     def sensitivity(self, flavour: str) -> list[dict]:
         """Per compute layer: the logit error when only that layer is quantized, largest first."""
@@ -140,8 +197,10 @@ class Ladder:
 
     def fallback(self, failed: Attempt) -> Attempt:
         """Keep the fewest most sensitive layers in float until the drop is within the red line."""
-        # rank on the flavour that missed by most (the CPU file's, when it missed on another runtime)
+        # rank on the flavour that missed by most (the CPU file's, when it missed on another runtime); NNCF's
+        # file is ranked with onnxruntime's symmetric int8 (the trt layout), the scheme closest to its default
         flavour = max(failed.drops, key=failed.drops.get).split("@")[0]
+        flavour = "trt" if flavour == "openvino" else flavour
         ranked = self.sensitivity(flavour)
         self.log(f"fallback: most sensitive layers ({flavour}): "
                  + ", ".join(f"{r['node']} {r['error']:.2e}" for r in ranked[:5]))
@@ -159,6 +218,55 @@ class Ladder:
         best.details = {"ranked_on": flavour, "sensitivity": ranked, "tries": tries,
                         "max_float_layers": self.settings.max_float_layers}
         return best
+
+
+def latency_fallback(ladder: Ladder, chosen: Attempt, settings: LatencyFallbackSettings) -> dict | None:
+    """Keep in float the layer groups whose INT8 costs the CPU file time on onnxruntime (see latency_fallback),
+    judged on validation like any rung (on every runtime the CPU file is checked on); the chosen attempt's CPU
+    file, accuracy and drops are replaced where a faster file within the red line is found. None where nothing
+    was tried (no CPU file, a QAT file, which is not re-quantized, or no such groups in the graph)."""
+    s = ladder.settings
+    if not settings.enabled or "cpu" not in chosen.files or chosen.rung == "qat":
+        return None
+    groups = layer_groups(ladder.float_onnx)
+    if not groups:
+        ladder.log("latency fallback: no squeeze-excite, depthwise or hard-activation layers to try in float")
+        return None
+    folder = ladder.work / "latency"
+    folder.mkdir(parents=True, exist_ok=True)
+    base = [*s.keep_float, *chosen.float_layers]
+
+    def make(nodes: list[str], tag: str) -> Path:
+        return quantize(ladder.float_onnx, folder / f"{tag}.onnx", "cpu", s.calibration, ladder.calib, ladder.cache,
+                        exclude=[*base, *nodes], reduce_range=ladder._reduce("cpu"))
+
+    def scores(path: Path) -> dict[str, dict]:
+        out = {"cpu": ladder.score(path, s.eval_batch)}
+        out.update({f"cpu@{r}": ladder.score(path, s.serve_batch, runtime=r, threads=s.runtime_threads,
+                                             options=s.runtime_options.get(r)) for r in s.cpu_runtimes})
+        return out
+
+    judged: dict[Path, dict] = {}
+
+    def judge(path: Path) -> float:
+        judged[path] = scores(path)
+        return max(ladder.reference - v[s.metric] for v in judged[path].values())
+
+    pool = ladder.val_images[:16]
+    record = greedy(groups, make, lambda current, files: int8_measure.p50_ratios(
+        current, files, pool, min_iters=settings.min_iters, threads=s.runtime_threads), judge,
+        chosen.files["cpu"], s.max_drop, settings, log=ladder.log)
+    if record["kept_float"]:
+        chosen.files["cpu"] = record["file"]
+        for key, value in judged[record["file"]].items():
+            chosen.val[key], chosen.drops[key] = value, ladder.reference - value[s.metric]
+        ladder.log(f"latency fallback: the CPU file keeps {', '.join(record['kept_float'])} in float "
+                   f"({len(record['float_nodes'])} layers), {record['seconds']:.0f} s")
+    else:
+        ladder.log(f"latency fallback: no layer group was measurably faster in float ({record['seconds']:.0f} s)")
+    record["file"] = Path(record["file"]).name
+    chosen.details["latency_fallback"] = record
+    return record
 
 
 def choose(attempts: list[Attempt]) -> Attempt:

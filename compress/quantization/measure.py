@@ -16,6 +16,7 @@ from serve_bench.latency.harness import HarnessSettings, measure_interleaved
 from serve_bench.runners import make_runner, predict
 from serve_bench.stats.summary import percentile
 from serve_bench.latency.worker import BenchWorker, all_ready
+from serve_bench.stats.latency_intervals import paired_ratio
 
 
 def logits(path: Path, images: np.ndarray, batch_size: int = 64, threads: int | None = None,
@@ -53,3 +54,20 @@ def quick_latency(paths: dict[str, Path], pool: np.ndarray, min_iters: int = 300
         measured = measure_interleaved(workers, settings)
     return {name: {"p50_ms": round(percentile(m.latencies_ms, 50), 4), "p99_ms": round(percentile(m.latencies_ms, 99), 4),
                    "n": len(m.latencies_ms)} for name, m in measured.items()}
+
+
+def p50_ratios(reference: Path, candidates: dict[str, Path], pool: np.ndarray, runtime: str = "onnxruntime",
+               min_iters: int = 300, threads: int | None = None, options: dict | None = None) -> dict[str, dict]:
+    """Each candidate's batch-1 p50 over ``reference``'s on ``runtime``, paired by round in one interleaved run
+    (every file in its own worker), with the 95% interval over the rounds."""
+    settings = HarnessSettings(warmup_iters=20, warmup_s=0.1, min_iters=min_iters, min_duration_s=1.0,
+                               block_iters=50, block_s=0.1, settle_s=0.05)
+    paths = {"reference": reference, **candidates}
+    worker_options = {"device": "cpu", **({"threads": threads} if threads else {}), **(options or {})}
+    with contextlib.ExitStack() as stack:
+        workers = all_ready({name: stack.enter_context(BenchWorker(name, runtime, str(path), worker_options, pool, 1,
+                                                                   wait=False))
+                             for name, path in paths.items()})
+        measured = measure_interleaved(workers, settings)
+    return {name: paired_ratio(measured[name].blocked, measured["reference"].blocked, 50).as_dict()
+            for name in candidates}

@@ -14,7 +14,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 import numpy as np
 import onnx
@@ -23,7 +23,8 @@ from compress.quantization import measure
 from export.onnx_export import check
 from serve_bench.accuracy.classification import accuracy
 
-PRESETS = ("performance", "mixed")
+PRESETS = ("auto", "performance", "mixed")  # auto: NNCF's own choice for the model type (mixed for transformers)
+MODEL_TYPES = ("auto", "cnn", "transformer")
 INSTALL_HINT = "pip install 'compress[cpu]' (or pip install nncf)"
 
 
@@ -44,10 +45,15 @@ class NNCFSettings:
     preset: str = "performance"  # performance: symmetric activations and weights; mixed: asymmetric activations
     samples: int = 300  # calibration images (NNCF's subset_size)
     fast_bias_correction: bool = True
+    # transformer: NNCF's scheme for attention and LayerNorm networks (model_type=TRANSFORMER); auto: when the
+    # graph has attention (a Softmax between MatMuls), as NNCF's documentation asks for such models
+    model_type: str = "cnn"
 
     def __post_init__(self) -> None:
         if self.preset not in PRESETS:
             raise ValueError(f"preset must be one of {PRESETS}, got {self.preset!r}")
+        if self.model_type not in MODEL_TYPES:
+            raise ValueError(f"model_type must be one of {MODEL_TYPES}, got {self.model_type!r}")
         if self.samples < 1:
             raise ValueError(f"samples must be ≥ 1, got {self.samples}")
 
@@ -59,6 +65,9 @@ class NNCFResult:
     samples: int  # images NNCF actually calibrated on
     ops: dict[str, int]  # node types of the quantized graph
     seconds: float
+    preset: str = "performance"  # the preset it ran with ("default" where NNCF chose by the model type)
+    model_type: str = "cnn"
+    ignored: tuple[str, ...] = ()  # nodes kept in float (NNCF's ignored scope)
 
     @property
     def qdq_pairs(self) -> int:
@@ -81,12 +90,22 @@ def _nncf_errors(nncf) -> tuple[type[Exception], ...]:
     return tuple(getattr(nncf.errors, name) for name in names if hasattr(nncf.errors, name))
 
 
+def has_attention(model: onnx.ModelProto) -> bool:
+    """A Softmax whose output feeds a MatMul: the attention NNCF's transformer scheme is made for."""
+    consumers: dict[str, list[str]] = {}
+    for node in model.graph.node:
+        for name in node.input:
+            consumers.setdefault(name, []).append(node.op_type)
+    return any(n.op_type == "Softmax" and "MatMul" in consumers.get(n.output[0], []) for n in model.graph.node)
+
+
 def quantize_onnx(float_onnx: Path, out: Path, images: np.ndarray, settings: NNCFSettings,
-                  log: Callable[[str], None] | None = None) -> NNCFResult:
+                  log: Callable[[str], None] | None = None, ignored: Sequence[str] = ()) -> NNCFResult:
     """Quantize ``float_onnx`` with NNCF into ``out`` (a Q/DQ ONNX file checked by onnx's full checker).
 
     ``images`` are calibration images (never the test split), NCHW float32, fed one per item as
     an OpenVINO user's ``transform_fn`` does; at most ``settings.samples`` of them are used.
+    ``ignored`` names nodes to keep in float (NNCF's ignored scope; names that are absent are skipped).
     """
     version = nncf_version()
     import nncf
@@ -96,15 +115,22 @@ def quantize_onnx(float_onnx: Path, out: Path, images: np.ndarray, settings: NNC
     input_name = model.graph.input[0].name
     count = min(settings.samples, len(images))
     items = [np.ascontiguousarray(images[i:i + 1], dtype=np.float32) for i in range(count)]
-    preset = {"performance": nncf.QuantizationPreset.PERFORMANCE, "mixed": nncf.QuantizationPreset.MIXED}
+    preset = {"auto": None, "performance": nncf.QuantizationPreset.PERFORMANCE, "mixed": nncf.QuantizationPreset.MIXED}
+    model_type = settings.model_type if settings.model_type != "auto" else \
+        "transformer" if has_attention(model) else "cnn"
+    extra = {"model_type": nncf.ModelType.TRANSFORMER} if model_type == "transformer" else {}
+    if ignored:
+        extra["ignored_scope"] = nncf.IgnoredScope(names=list(ignored), validate=False)
     if log is not None:
         log(f"nncf {version}: quantizing {float_onnx.name} on {count} calibration images "
-            f"(preset {settings.preset}, fast bias correction {'on' if settings.fast_bias_correction else 'off'})")
+            f"(preset {settings.preset}, model type {model_type}, fast bias correction "
+            f"{'on' if settings.fast_bias_correction else 'off'}"
+            + (f", {len(ignored)} nodes kept in float" if ignored else "") + ")")
     start = time.perf_counter()
     try:
         quantized = nncf.quantize(model, nncf.Dataset(items, lambda image: {input_name: image}),
                                   preset=preset[settings.preset], subset_size=count,
-                                  fast_bias_correction=settings.fast_bias_correction)
+                                  fast_bias_correction=settings.fast_bias_correction, **extra)
     except (*_nncf_errors(nncf), RuntimeError, ValueError) as exc:
         hint = "" if settings.fast_bias_correction else (
             "; NNCF's full bias correction (fast_bias_correction: false) fails on ONNX graphs whose residual branch "
@@ -117,7 +143,8 @@ def quantize_onnx(float_onnx: Path, out: Path, images: np.ndarray, settings: NNC
     if not ops.get("QuantizeLinear") or not ops.get("DequantizeLinear"):
         raise NNCFQuantizationError(f"nncf.quantize returned {float_onnx.name} without QuantizeLinear/"
                                     f"DequantizeLinear nodes (node types: {ops}); nothing was quantized")
-    return NNCFResult(path=out, nncf_version=version, samples=count, ops=ops, seconds=round(seconds, 2))
+    return NNCFResult(path=out, nncf_version=version, samples=count, ops=ops, seconds=round(seconds, 2),
+                      preset=settings.preset, model_type=model_type, ignored=tuple(ignored))
 
 
 def compare_on_split(float_onnx: Path, int8_onnx: Path, images: np.ndarray, labels: np.ndarray) -> dict:

@@ -94,12 +94,17 @@ def rung_records(attempts: list[Attempt], lints: dict, float_onnx: Path, val_x: 
 
 
 def onnx_meta(flavour: str, chosen: Attempt, source: InputArtifact, description: dict, summary: dict,
-              test: dict) -> dict:
-    """The manifest metadata of one shipped Q/DQ file: what it is, where it came from, how it was chosen."""
+              test: dict, runtimes: list[str]) -> dict:
+    """The manifest metadata of one shipped Q/DQ file: what it is, where it came from, how it was chosen, and the
+    runtimes it ships on (the bench measures it there only; none for the TensorRT file, which feeds an engine)."""
     graph = onnx.load(str(chosen.files[flavour]), load_external_data=False).graph
+    nncf = chosen.details.get("nncf") or {}
     return {"file": "model.onnx", "files": ["model.onnx"], "precision": "int8", "flavour": flavour,
+            **({"runtimes": runtimes} if runtimes else {}),
             "qdq": {"cpu": f"uint8 activations, int8 per-channel weights ({summary['cpu_weights']})",
-                    "trt": "symmetric int8 activations and per-channel weights, zero-point 0"}[flavour],
+                    "trt": "symmetric int8 activations and per-channel weights, zero-point 0",
+                    "openvino": (f"NNCF {nncf.get('preset', '?')} preset ({nncf.get('model_type', '?')}), laid out "
+                                 "for OpenVINO" if nncf else "symmetric int8 from QAT, read by OpenVINO")}[flavour],
             "input_name": graph.input[0].name, "output_name": graph.output[0].name, "dynamic_batch": True,
             "preprocessing": description["preprocessing"], "num_classes": description["architecture"]["num_classes"],
             "params": source.meta.get("params"), "macs": source.meta.get("macs"), "source_model": source.name,

@@ -66,6 +66,11 @@ def candidates_of(artifact: InputArtifact, cfg, runtime: str | None = None, on_t
     bench): a refusal that rests on the quantize stage's test-split drop is left out (that bench judges the drop
     on validation itself, and must not see test), one for a runtime the check never covered is kept."""
     runtimes = onnx_runtimes(cfg.runtimes, cfg.device, f"stages.{cfg.name}.runtimes")
+    if artifact.meta.get("runtimes"):  # a file made for one runtime (the quantize stage's openvino file) runs there
+        made_for = [r for r in runtimes if r in artifact.meta["runtimes"]]
+        if not made_for and runtime is None:
+            return []  # none of its runtimes is measured here
+        runtimes = made_for or runtimes
     specs = on_runtimes(artifact_spec(artifact, cfg), runtimes, runtime_options(cfg))
     if runtime is not None:
         specs = [s for s in specs if s.extra.get("runtime") == runtime]
@@ -155,7 +160,7 @@ def _refusal(meta: dict, backend: str, on_test: bool = True) -> str | None:
     red = meta.get("red_line")
     if not red:
         return None
-    drops = {"onnxruntime": red.get("test_drop"), **(red.get("test_drop_on") or {})}
+    drops = {(meta.get("runtimes") or ["onnxruntime"])[0]: red.get("test_drop"), **(red.get("test_drop_on") or {})}
     if red.get("within") is False and on_test:
         return ("the quantize stage found no rung within the red line on every runtime it checked (test drop "
                 + ", ".join(f"{r} {d}" for r, d in drops.items()) + " points); refused")

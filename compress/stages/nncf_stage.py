@@ -35,6 +35,9 @@ class NNCFConfig(StageConfig):
     preset: Literal["performance", "mixed"] = Field(
         "performance", description="performance: symmetric activations and weights (NNCF's default for CNNs); "
                                    "mixed: asymmetric activations")
+    model_type: Literal["auto", "cnn", "transformer"] = Field(
+        "auto", description="transformer: NNCF's scheme for attention networks (model_type=TRANSFORMER); auto: "
+                            "transformer where the graph has attention (a Softmax feeding a MatMul)")
     fast_bias_correction: bool = Field(
         True, description="NNCF's fast bias correction; false: the slower full one, which NNCF 3.4's ONNX backend "
                           "fails on ResNets (a convolution on the residual branch)")
@@ -78,12 +81,15 @@ class NNCFStage(Stage):
             ctx.log(f"exporting {source.name} to ONNX opset {cfg.opset}")
             float_onnx = export_onnx(model, torch.from_numpy(val_x[:2]), work / "float.onnx", opset=cfg.opset).path
 
-        settings = NNCFSettings(preset=cfg.preset, samples=samples, fast_bias_correction=cfg.fast_bias_correction)
-        recipe = {"method": METHOD, "nncf_version": version, "preset": cfg.preset, "samples": samples,
+        settings = NNCFSettings(preset=cfg.preset, samples=samples, fast_bias_correction=cfg.fast_bias_correction,
+                                model_type=cfg.model_type)
+        recipe = {"method": METHOD, "nncf_version": version, "preset": cfg.preset, "model_type": cfg.model_type,
+                  "samples": samples,
                   "fast_bias_correction": cfg.fast_bias_correction, "format": "QDQ",
                   "calibration_split": "calib (a seeded subset of train)"}
         with ctx.atomic_output_dir("onnx") as folder:
             result = quantize_onnx(float_onnx, folder / "model.onnx", calib, settings, log=ctx.log)
+            recipe["model_type"] = result.model_type  # auto resolved by the graph
             label_onnx(result.path, ctx, source, description, data_identity=data.identity(), quantization=recipe)
         ctx.log(f"wrote {ctx.name}/onnx/model.onnx: {result.qdq_pairs} QuantizeLinear and "
                 f"{result.ops.get('DequantizeLinear', 0)} DequantizeLinear nodes, checked ({result.seconds:.1f}s)")

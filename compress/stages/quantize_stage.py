@@ -11,7 +11,8 @@ from pydantic import Field
 from compress.config import StageConfig, Strict
 from compress.distillation.loss import check_pair
 from compress.errors import ConfigError, StageError
-from compress.quantization.ladder import Attempt, Ladder, LadderSettings, choose, climb
+from compress.quantization.ladder import Attempt, Ladder, LadderSettings, choose, climb, latency_fallback
+from compress.quantization.latency_fallback import LatencyFallbackSettings
 from compress.quantization.ptq import Calibration, preprocess
 from compress.quantization.qdq_lint import lint_qdq
 from compress.quantization.qdq_rewrite import int8_to_uint8_activations, weights_to_7bit
@@ -21,7 +22,7 @@ from compress.stages.int8_records import (input_onnx, onnx_meta, reference_accur
 from compress.stages.model_source import model_from_artifact, onnx_description
 from compress.stages.onnx_labels import label_onnx
 from compress.stages.qat_rung import QATSettings, run_qat
-from compress.stages.runtime_choice import cpu_check_plan
+from compress.stages.int8_flavours import OpenVinoFlavour, flavour_plan, kernel_census, ships_on
 from compress.stages.training_run import is_detection, stop_if_collapsed
 from compress.quantization.detection_int8 import detection_output_error, tail_nodes
 from export.onnx_export import export_onnx
@@ -42,14 +43,30 @@ class FallbackConfig(Strict):
     sensitivity_samples: int = Field(256, ge=1, description="validation images used to rank the layers")
 
 
+class LatencyFallbackConfig(Strict):
+    """The ladder's latency counterpart: layer groups whose INT8 costs the CPU file time kept in float."""
+
+    enabled: bool = Field(True, description="after the accuracy ladder, try squeeze-excite, depthwise and "
+                                            "hard-activation convolutions in float on onnxruntime; keep a group "
+                                            "float where its file is measurably faster and within the red line")
+    max_rounds: int = Field(3, ge=1, description="greedy rounds (each makes and times one file per remaining group)")
+    min_iters: int = Field(300, ge=50, description="timed requests per file per round, interleaved, batch 1")
+
+
 class QuantizeConfig(StageConfig):
     kind: Literal["quantize"] = Field("quantize", description="INT8: post-training quantization, then layers kept "
                                                               "in float, then QAT, until within the red line")
-    flavours: list[Literal["cpu", "trt"]] = Field(["cpu", "trt"], min_length=1,
-                                                  description="cpu: uint8 activations; trt: symmetric int8")
+    flavours: list[Literal["cpu", "trt", "openvino"]] = Field(
+        ["cpu", "trt", "openvino"], min_length=1,
+        description="one INT8 file per runtime, made the way it fuses: cpu for onnxruntime (uint8 activations), trt "
+                    "for TensorRT (symmetric int8), openvino by NNCF (left out, with the reason logged, where OpenVINO "
+                    "or NNCF is not usable here and the list is the default)")
+    openvino: OpenVinoFlavour = Field(default_factory=OpenVinoFlavour, description="how NNCF makes the openvino file")
     calibration: CalibrationConfig = Field(default_factory=CalibrationConfig, description="how activation ranges "
                                                                                        "are found")
     fallback: FallbackConfig = Field(default_factory=FallbackConfig, description="the float-layer rung")
+    latency_fallback: LatencyFallbackConfig = Field(default_factory=LatencyFallbackConfig,
+                                                    description="layers kept in float for speed, by measurement")
     qat: QATSettings = Field(default_factory=QATSettings, description="the quantization-aware training rung")
     opset: int = Field(18, ge=18, le=23, description="ONNX opset of the quantized files")
     cpu_weights: Literal["7bit", "8bit"] = Field(
@@ -57,15 +74,17 @@ class QuantizeConfig(StageConfig):
                             "(8bit weights saturate onnxruntime's u8s8 kernels where VNNI is missing)")
     runtimes: list[Literal["onnxruntime", "openvino"]] | None = Field(
         None, min_length=1, description="runtimes the CPU file's red line is checked on (each answers with its own "
-                                        "kernels); default: every one usable here, as the bench measures it on")
+                                        "kernels; OpenVINO only where no openvino file is made); default: every one "
+                                        "usable here, as the bench measures it on")
 
 
-def recipe(flavour: str, cfg: QuantizeConfig, meta: dict) -> dict:
+def recipe(flavour: str, cfg: QuantizeConfig, meta: dict, nncf: dict | None = None) -> dict:
     """How a shipped file was quantized, as its ONNX metadata states it."""
     q = meta["quantization"]
     return {"flavour": flavour, "format": "QDQ", "scheme": meta["qdq"], "rung": q["rung"],
             "float_layers": q["float_layers"], "calibration": cfg.calibration.model_dump(mode="json"),
-            "qat": cfg.qat.model_dump(mode="json") if q["rung"] == "qat" else None, "opset": cfg.opset}
+            "qat": cfg.qat.model_dump(mode="json") if q["rung"] == "qat" else None, "opset": cfg.opset,
+            **({"nncf": nncf} if flavour == "openvino" and q["rung"] != "qat" and nncf else {})}
 
 
 class QuantizeStage(Stage):
@@ -73,8 +92,8 @@ class QuantizeStage(Stage):
     Config = QuantizeConfig
     input_roles = ("model", "baseline", "teacher")
     required_inputs = ("model",)
-    produces = ("onnx_cpu", "onnx_trt", "report")
-    deployable = ("onnx_cpu",)
+    produces = ("onnx_cpu", "onnx_trt", "onnx_openvino", "report")
+    deployable = ("onnx_cpu", "onnx_openvino")
     uses = ("seed", "data", "red_line")
 
     @classmethod
@@ -91,10 +110,10 @@ class QuantizeStage(Stage):
 
     @staticmethod
     def runtime_check(cfg: QuantizeConfig, pipeline) -> dict:
-        """The runtimes besides onnxruntime the CPU file's red line is checked on, and how (see cpu_check_plan)."""
-        if "cpu" not in cfg.flavours:
-            return {"runtimes": [], "versions": {}, "serve_batch": None, "threads": None, "options": {}}
-        return cpu_check_plan(cfg.runtimes, pipeline.stages, pipeline.latency.batch_size, f"stages.{cfg.name}.runtimes")
+        """The flavours made here and the runtimes besides onnxruntime the CPU file's red line is checked on, and
+        how (see int8_flavours.flavour_plan)."""
+        return flavour_plan(cfg.flavours, "flavours" in cfg.model_fields_set, cfg.runtimes, pipeline.stages,
+                            pipeline.latency.batch_size, f"stages.{cfg.name}")
 
     def run(self, ctx: StageContext, inputs: dict[str, InputArtifact]) -> StageResult:
         cfg: QuantizeConfig = self.config  # type: ignore[assignment]
@@ -118,24 +137,29 @@ class QuantizeStage(Stage):
         shutil.rmtree(work, ignore_errors=True)
         work.mkdir(parents=True)
         if given_onnx:
-            float_onnx = preprocess(input_onnx(inputs["model"]), work / "float.prep.onnx")
+            exported = input_onnx(inputs["model"])
         else:
-            export_onnx(model, torch.from_numpy(val_x[:2]), work / "float.onnx", opset=cfg.opset)
-            float_onnx = preprocess(work / "float.onnx", work / "float.prep.onnx")
+            exported = export_onnx(model, torch.from_numpy(val_x[:2]), work / "float.onnx", opset=cfg.opset).path
+        float_onnx = preprocess(exported, work / "float.prep.onnx")
         check = self.runtime_check(cfg, ctx.pipeline)
         cpu_runtimes = tuple(check["runtimes"])
+        for flavour, why in check["left_out"].items():
+            ctx.log(f"{flavour} flavour not made here: {why}", style="yellow")
         settings = LadderSettings(
-            flavours=tuple(cfg.flavours), calibration=Calibration(**cfg.calibration.model_dump(exclude={"samples"})),
+            flavours=tuple(check["flavours"]), nncf=cfg.openvino.settings(len(calib)), calibration=Calibration(**cfg.calibration.model_dump(exclude={"samples"})),
             metric=red.metric, max_drop=red.max_drop, max_float_layers=cfg.fallback.max_float_layers,
             sensitivity_samples=cfg.fallback.sensitivity_samples, cpu_weights=cfg.cpu_weights,
             cpu_runtimes=cpu_runtimes, serve_batch=check["serve_batch"], runtime_options=check["options"],
             runtime_threads=check["threads"], keep_float=tuple(self._decode_tail(ctx, model, float_onnx, field)))
         ladder = Ladder(float_onnx, work, settings, calib, val_x, val_y, ref_val[red.metric], log=ctx.log,
                         score=split_scorer(data, "val"),
+                        exported_onnx=exported,
                         **({"output_error": detection_output_error} if is_detection(data) else {}))
         score_test = split_scorer(data, "test")
         attempts, climbed = self._climb(ctx, cfg, ladder, model, description, inputs, calib, field)
         chosen = choose(attempts)
+        if data.meaningful_accuracy:
+            latency_fallback(ladder, chosen, LatencyFallbackSettings(**cfg.latency_fallback.model_dump()))
         if data.meaningful_accuracy:  # against the float model quantized, not the baseline earlier stages moved from
             flavour = max(chosen.drops, key=chosen.drops.get)
             input_val = ref_val if ref_artifact.name == inputs["model"].name else reference_accuracy(
@@ -145,9 +169,11 @@ class QuantizeStage(Stage):
                               "Check the calibration (calibration.method, samples) and give QAT more epochs "
                               "(qat.epochs); a model this far off is not a rounding error.")
         lints = {a.rung: lint_qdq(a.files["trt"], set(a.float_layers)).as_dict() for a in attempts if "trt" in a.files}
-        left_out = self._left_out(ctx, cfg, chosen, lints)
-        shipped = [f for f in cfg.flavours if f not in left_out]
-        test = {f: score_test(chosen.files[f]) for f in shipped}
+        left_out = {**check["left_out"], **ladder.left_out, **self._left_out(ctx, cfg, chosen, lints)}
+        shipped = [f for f in cfg.flavours if f in chosen.files and f not in left_out]
+        test = {f: score_test(chosen.files[f]) if f != "openvino" else
+                score_test(chosen.files[f], settings.serve_batch, runtime="openvino", threads=check["threads"],
+                           options=check["options"].get("openvino")) for f in shipped}
         test.update({f"cpu@{r}": score_test(chosen.files["cpu"], settings.serve_batch, runtime=r,
                                             threads=check["threads"], options=check["options"].get(r))
                      for r in cpu_runtimes})
@@ -157,6 +183,10 @@ class QuantizeStage(Stage):
         within = (chosen.within and all(d <= red.max_drop for d in drops.values())) if data.meaningful_accuracy \
             else None
         rungs = rung_records(attempts, lints, float_onnx, val_x, red.metric)
+        kernels = kernel_census({f: chosen.files[f] for f in shipped}, cpu_runtimes, val_x, check["threads"],
+                                check["options"])
+        ctx.log("compute layers as the runtimes ran them: " + "; ".join(
+            f"{name} {k.get('line') or k.get('error')}" for name, k in kernels.items()))
         cpu_latency = next((r["latency"] for r in rungs if r["rung"] == chosen.rung and "latency" in r), None)
         flags = []
         if cpu_latency and cpu_latency["int8_p50_ms"] >= cpu_latency["fp32_p50_ms"]:
@@ -174,16 +204,17 @@ class QuantizeStage(Stage):
                    "reference_val": ref_val[red.metric], "reference_test": ref_test[red.metric],
                    "red_line": {"metric": red.metric, "max_drop": red.max_drop, "within": within,
                                 "test_drop": drops, "test": {f: t[red.metric] for f, t in test.items()}},
-                   "flags": flags, "rungs": rungs}
+                   "flags": flags, "rungs": rungs, "kernels": kernels}
         if left_out:
             summary["left_out"] = left_out
         outputs = []
         for f in shipped:
             with ctx.atomic_output_dir(f"onnx_{f}") as folder:
                 shutil.copy2(chosen.files[f], folder / "model.onnx")
-                meta = onnx_meta(f, chosen, inputs["model"], description, summary, test[f])
+                meta = onnx_meta(f, chosen, inputs["model"], description, summary, test[f],
+                                 ships_on(f, cpu_runtimes))
                 label_onnx(folder / "model.onnx", ctx, inputs["model"], description, data_identity=data.identity(),
-                           quantization=recipe(f, cfg, meta))
+                           quantization=recipe(f, cfg, meta, ladder.nncf_facts))
             outputs.append(Output(f"onnx_{f}", "onnx", ctx.stage_dir / f"onnx_{f}", made_from=[inputs["model"].name],
                                   meta=meta))
         with ctx.atomic_output_dir("report") as folder:
@@ -206,7 +237,7 @@ class QuantizeStage(Stage):
         why = (f"the TensorRT Q/DQ file of rung {chosen.rung} fails the lint ({len(violations)} violation"
                f"{'s' if len(violations) != 1 else ''}: " + "; ".join(violations[:4])
                + ("; …" if len(violations) > 4 else "") + ")")
-        if list(cfg.flavours) == ["trt"]:
+        if list(chosen.files) == ["trt"]:
             raise StageError(f"stage {ctx.name!r}: {why}; add cpu to stages.{ctx.name}.flavours to ship the CPU "
                              "file, or keep those layers in float on purpose")
         ctx.log(f"trt flavour left out: {why}; TensorRT would run those layers in float. The other flavours ship; "
@@ -257,7 +288,10 @@ class QuantizeStage(Stage):
         details = run_qat(ctx, model, cfg.qat, torch.from_numpy(calib), folder / "model-trt.onnx",
                           f"{field}.qat", teacher)
         files = {"trt": folder / "model-trt.onnx"}
-        if "cpu" in cfg.flavours:
+        if "openvino" in ladder.flavours:  # OpenVINO reads the symmetric int8 Q/DQ the QAT graph converts to
+            shutil.copy2(files["trt"], folder / "model-openvino.onnx")
+            files["openvino"] = folder / "model-openvino.onnx"
+        if "cpu" in ladder.flavours:
             import onnx
 
             cpu, moved = int8_to_uint8_activations(onnx.load(str(files["trt"])))
@@ -267,4 +301,4 @@ class QuantizeStage(Stage):
                 details["qat"]["cpu_flavour"] += f", {halved} weight tensors to 7 bits"
             onnx.save(cpu, str(folder / "model-cpu.onnx"))
             files["cpu"] = folder / "model-cpu.onnx"
-        return ladder.measure("qat", {f: files[f] for f in cfg.flavours}, details)
+        return ladder.measure("qat", {f: files[f] for f in ladder.flavours}, details)
