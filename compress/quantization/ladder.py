@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Callable
 
 import numpy as np
+import onnx
 
 from compress.quantization import measure as int8_measure
 from compress.quantization.latency_fallback import LatencyFallbackSettings, greedy, layer_groups
@@ -51,6 +52,9 @@ class LadderSettings:
     serve_batch: int = 1
     runtime_options: dict = field(default_factory=dict)  # runtime → runner options, as the bench runs it
     runtime_threads: int | None = None
+    # Where an OpenVINO file is asked for, the CPU file is not checked on OpenVINO; if that file cannot be made or
+    # run, the check on OpenVINO comes back for the CPU file (True where OpenVINO is usable here)
+    openvino_usable: bool = False
     # Nodes never quantized on any rung: a detector's decode tail, which puts pixel coordinates and 0..1 scores
     # into one output that a single INT8 scale cannot hold.
     keep_float: tuple[str, ...] = ()
@@ -103,7 +107,7 @@ class Ladder:
         # hard-swish as x · hard-sigmoid(x), which OpenVINO no longer fuses (MobileNetV3: p50 3.55 against 2.08 ms)
         self.exported_onnx = exported_onnx or float_onnx
         self.left_out: dict[str, str] = {}  # flavours that could not be made or run here, with why
-        self.nncf_facts: dict = {}  # how NNCF made the openvino file (preset, model type) on the last rung
+        self.nncf_made: dict[Path, dict] = {}  # how NNCF made each openvino file (preset, model type, float nodes)
         work.mkdir(parents=True, exist_ok=True)
 
     @property
@@ -113,6 +117,10 @@ class Ladder:
     def _leave_out(self, flavour: str, why: str) -> None:
         self.left_out[flavour] = why
         self.log(f"{flavour} flavour left out: {why}; the other flavours go on")
+        s = self.settings
+        if flavour == "openvino" and s.openvino_usable and "cpu" in s.flavours and "openvino" not in s.cpu_runtimes:
+            s.cpu_runtimes = (*s.cpu_runtimes, "openvino")  # the CPU file is checked (and may ship) there again
+            self.log("the CPU file is checked on OpenVINO instead")
 
     def measure(self, rung: str, files: dict[str, Path], details: dict | None = None,
                 float_layers: list[str] | None = None) -> Attempt:
@@ -137,6 +145,8 @@ class Ladder:
                         for r in s.cpu_runtimes})
         drops = {f: self.reference - v[s.metric] for f, v in val.items()}
         within = all(d <= s.max_drop for d in drops.values())
+        if "openvino" in files and files["openvino"] in self.nncf_made:
+            details = {**(details or {}), "nncf": self.nncf_made[files["openvino"]]}
         self.log(f"{rung}: val {s.metric} " + ", ".join(f"{f} {v[s.metric]:.2f} (drop {drops[f]:+.2f})"
                                                         for f, v in val.items())
                  + (" — within the red line" if within else f" — over the red line {s.max_drop:g}"))
@@ -159,15 +169,24 @@ class Ladder:
         return files
 
     def _nncf(self, out: Path, keep: list[str]) -> Path | None:
-        """The OpenVINO file, quantized by NNCF on the same calibration images; a failure leaves the flavour out."""
+        """The OpenVINO file, quantized by NNCF on the same calibration images; a failure leaves the flavour out.
+
+        The float nodes are named in the pre-processed graph (the sensitivity ranking, a detector's tail); where one
+        of them is not in the exported graph (onnxruntime's pass fuses MatMul + Add into a Gemm of another name),
+        NNCF quantizes the pre-processed graph instead, so that every layer meant to stay float does."""
+        exported = {n.name for n in onnx.load(str(self.exported_onnx), load_external_data=False).graph.node}
+        unmatched = [n for n in keep if n not in exported]
+        source = self.float_onnx if unmatched else self.exported_onnx
         try:
-            result = nncf_quantize(self.exported_onnx, out, self.calib, self.settings.nncf, ignored=keep)
+            result = nncf_quantize(source, out, self.calib, self.settings.nncf, ignored=keep)
         except (ImportError, NNCFQuantizationError, RuntimeError, ValueError) as exc:  # NNCFUnavailable: ImportError
             self._leave_out("openvino", f"NNCF could not quantize the model: {exc}")
             return None
-        self.nncf_facts = {"engine": f"nncf {result.nncf_version} (ONNX backend)", "preset": result.preset,
-                           "model_type": result.model_type, "samples": result.samples,
-                           "float_nodes": list(result.ignored), "seconds": result.seconds}
+        self.nncf_made[out] = {"engine": f"nncf {result.nncf_version} (ONNX backend)", "preset": result.preset,
+                               "model_type": result.model_type, "samples": result.samples,
+                               "float_nodes": list(result.ignored), "seconds": result.seconds,
+                               "graph": "as exported" if source == self.exported_onnx else
+                               f"pre-processed ({len(unmatched)} float nodes are not in the exported graph)"}
         return out
 
     def _reduce(self, flavour: str) -> bool:
@@ -177,8 +196,7 @@ class Ladder:
         cal = self.settings.calibration
         files = self._quantize_all("ptq", [])
         return self.measure("ptq", files, {"calibration": {"method": cal.method, "samples": len(self.calib),
-                                                           "split": "calib (a seeded subset of train)"},
-                                           **({"nncf": self.nncf_facts} if "openvino" in files else {})})
+                                                           "split": "calib (a seeded subset of train)"}})
 
     def sensitivity(self, flavour: str) -> list[dict]:
         """Per compute layer: the logit error when only that layer is quantized, largest first."""
@@ -215,7 +233,7 @@ class Ladder:
                 break
         if best is None:  # nothing to keep in float: the model has no Conv/Gemm/MatMul
             return failed
-        best.details = {"ranked_on": flavour, "sensitivity": ranked, "tries": tries,
+        best.details = {**best.details, "ranked_on": flavour, "sensitivity": ranked, "tries": tries,
                         "max_float_layers": self.settings.max_float_layers}
         return best
 
@@ -252,10 +270,25 @@ def latency_fallback(ladder: Ladder, chosen: Attempt, settings: LatencyFallbackS
         judged[path] = scores(path)
         return max(ladder.reference - v[s.metric] for v in judged[path].values())
 
-    pool = ladder.val_images[:16]
-    record = greedy(groups, make, lambda current, files: int8_measure.p50_ratios(
-        current, files, pool, min_iters=settings.min_iters, threads=s.runtime_threads), judge,
-        chosen.files["cpu"], s.max_drop, settings, log=ladder.log)
+    pool = ladder.val_images[:16 * s.serve_batch]
+
+    def time_against(current: Path, files: dict[str, Path]) -> dict[str, dict]:
+        # every group of a round is a comparison: their 95% intervals are widened together (Bonferroni)
+        return int8_measure.p50_ratios(current, files, pool, min_iters=settings.min_iters, threads=s.runtime_threads,
+                                       batch_size=s.serve_batch, level=1 - 0.05 / max(len(files), 1))
+
+    ladder_file = chosen.files["cpu"]
+    record = greedy(groups, make, time_against, judge, ladder_file, s.max_drop, settings, log=ladder.log)
+    if record["kept_float"]:
+        # the winner's own ratio was measured in the run that picked it: confirm it in a fresh run, or keep the
+        # ladder's file
+        confirm = int8_measure.p50_ratios(ladder_file, {"final": record["file"]}, pool, min_iters=settings.min_iters,
+                                          threads=s.runtime_threads, batch_size=s.serve_batch)["final"]
+        record["confirmed"] = confirm
+        if confirm["ci"][1] >= 1.0:
+            ladder.log(f"latency fallback: a fresh run did not confirm the gain (p50 ×{confirm['ratio']:.2f} "
+                       f"[{confirm['ci'][0]:.2f}, {confirm['ci'][1]:.2f}]): the CPU file stays as the ladder made it")
+            record.update(kept_float=[], float_nodes=[], file=ladder_file)
     if record["kept_float"]:
         chosen.files["cpu"] = record["file"]
         for key, value in judged[record["file"]].items():

@@ -55,15 +55,26 @@ def layer_groups(float_onnx: Path) -> dict[str, list[str]]:
         weight = shapes.get(node.input[1])
         return group > 1 and weight is not None and len(weight) == 4 and weight[1] == 1
 
+    def after(node: onnx.NodeProto) -> list[onnx.NodeProto]:
+        return consumers.get(node.output[0], [])
+
+    def excite(squeeze: onnx.NodeProto) -> str | None:
+        """The excite conv of a squeeze conv: reached through its activation, and gating by a multiply
+        (directly or through a sigmoid-like activation); a head conv after the global pooling has none."""
+        for act in after(squeeze):
+            for conv in (c for c in after(act) if c.op_type == "Conv"):
+                if any(g.op_type == "Mul" or any(h.op_type == "Mul" for h in after(g)) for g in after(conv)):
+                    return conv.name
+        return None
+
     se, dw, hard = [], [], []
     for node in graph.node:
         if node.op_type != "Conv":
             continue
         source = producer.get(node.input[0])
-        if source is not None and source.op_type in POOLING:  # the squeeze: pooled channels into a small conv
-            se.append(node.name)
-            for act in consumers.get(node.output[0], []):  # its activation, then the excite conv
-                se += [c.name for c in consumers.get(act.output[0], []) if c.op_type == "Conv"]
+        gate = excite(node) if source is not None and source.op_type in POOLING else None
+        if gate is not None:  # the squeeze (pooled channels into a small conv) and its excite conv
+            se += [node.name, gate]
         elif depthwise(node):
             dw.append(node.name)
         if feeds_hard_activation(node) and node.name not in se:

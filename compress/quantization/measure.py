@@ -57,17 +57,19 @@ def quick_latency(paths: dict[str, Path], pool: np.ndarray, min_iters: int = 300
 
 
 def p50_ratios(reference: Path, candidates: dict[str, Path], pool: np.ndarray, runtime: str = "onnxruntime",
-               min_iters: int = 300, threads: int | None = None, options: dict | None = None) -> dict[str, dict]:
-    """Each candidate's batch-1 p50 over ``reference``'s on ``runtime``, paired by round in one interleaved run
-    (every file in its own worker), with the 95% interval over the rounds."""
+               min_iters: int = 300, threads: int | None = None, options: dict | None = None, batch_size: int = 1,
+               level: float = 0.95) -> dict[str, dict]:
+    """Each candidate's p50 over ``reference``'s on ``runtime`` at ``batch_size``, paired by round in one
+    interleaved run (every file in its own worker), with its ``level`` interval over the rounds. The settle pause
+    is the harness's own (0.2 s: shorter left the previous worker's threads spinning into the next block)."""
     settings = HarnessSettings(warmup_iters=20, warmup_s=0.1, min_iters=min_iters, min_duration_s=1.0,
-                               block_iters=50, block_s=0.1, settle_s=0.05)
+                               block_iters=50, block_s=0.1)
     paths = {"reference": reference, **candidates}
     worker_options = {"device": "cpu", **({"threads": threads} if threads else {}), **(options or {})}
     with contextlib.ExitStack() as stack:
-        workers = all_ready({name: stack.enter_context(BenchWorker(name, runtime, str(path), worker_options, pool, 1,
-                                                                   wait=False))
+        workers = all_ready({name: stack.enter_context(BenchWorker(name, runtime, str(path), worker_options, pool,
+                                                                   batch_size, wait=False))
                              for name, path in paths.items()})
         measured = measure_interleaved(workers, settings)
-    return {name: paired_ratio(measured[name].blocked, measured["reference"].blocked, 50).as_dict()
+    return {name: paired_ratio(measured[name].blocked, measured["reference"].blocked, 50, level=level).as_dict()
             for name in candidates}

@@ -111,7 +111,8 @@ def onnx_meta(flavour: str, chosen: Attempt, source: InputArtifact, description:
             "quantization": {"rung": chosen.rung, "flavour": flavour, "float_layers": chosen.float_layers,
                              "climbed": summary["climbed"], "rungs": [_compact(r) for r in summary["rungs"]]},
             "test": test,
-            "red_line": {"within": summary["red_line"]["within"], "test_drop": summary["red_line"]["test_drop"][flavour],
+            "red_line": {"within": summary["red_line"]["within_by_file"][flavour],
+                         "test_drop": summary["red_line"]["test_drop"][flavour],
                          **({"test_drop_on": {k.split("@", 1)[1]: d for k, d in summary["red_line"]["test_drop"].items()
                                               if k.startswith(f"{flavour}@")}} if flavour == "cpu" else {})},
             "flags": summary["flags"]}

@@ -67,16 +67,15 @@ def candidates_of(artifact: InputArtifact, cfg, runtime: str | None = None, on_t
     on validation itself, and must not see test), one for a runtime the check never covered is kept."""
     runtimes = onnx_runtimes(cfg.runtimes, cfg.device, f"stages.{cfg.name}.runtimes")
     if artifact.meta.get("runtimes"):  # a file made for one runtime (the quantize stage's openvino file) runs there
-        made_for = [r for r in runtimes if r in artifact.meta["runtimes"]]
-        if not made_for and runtime is None:
+        runtimes = [r for r in runtimes if r in artifact.meta["runtimes"]]
+        if not runtimes and runtime is None:
             return []  # none of its runtimes is measured here
-        runtimes = made_for or runtimes
     specs = on_runtimes(artifact_spec(artifact, cfg), runtimes, runtime_options(cfg))
     if runtime is not None:
         specs = [s for s in specs if s.extra.get("runtime") == runtime]
         if not specs:
             raise ArtifactError(f"{artifact.name} cannot be measured on {runtime}: the bench stage measures it on "
-                                f"{', '.join(runtimes)} here")
+                                f"{', '.join(runtimes) or 'none of the runtimes it is made for'} here")
     for spec in specs:
         spec.refused = _refusal(artifact.meta, spec.backend, on_test)
     return specs

@@ -94,6 +94,9 @@ class QuantizeStage(Stage):
     required_inputs = ("model",)
     produces = ("onnx_cpu", "onnx_trt", "onnx_openvino", "report")
     deployable = ("onnx_cpu", "onnx_openvino")
+    # it judges files on this machine's runtimes and times them (the latency fallback, the kernel census): another
+    # machine or runtime version re-runs it
+    keyed_on_environment = True
     uses = ("seed", "data", "red_line")
 
     @classmethod
@@ -146,7 +149,9 @@ class QuantizeStage(Stage):
         for flavour, why in check["left_out"].items():
             ctx.log(f"{flavour} flavour not made here: {why}", style="yellow")
         settings = LadderSettings(
-            flavours=tuple(check["flavours"]), nncf=cfg.openvino.settings(len(calib)), calibration=Calibration(**cfg.calibration.model_dump(exclude={"samples"})),
+            flavours=tuple(check["flavours"]), nncf=cfg.openvino.settings(len(calib)),
+            openvino_usable="openvino" in check["flavours"],
+            calibration=Calibration(**cfg.calibration.model_dump(exclude={"samples"})),
             metric=red.metric, max_drop=red.max_drop, max_float_layers=cfg.fallback.max_float_layers,
             sensitivity_samples=cfg.fallback.sensitivity_samples, cpu_weights=cfg.cpu_weights,
             cpu_runtimes=cpu_runtimes, serve_batch=check["serve_batch"], runtime_options=check["options"],
@@ -169,6 +174,7 @@ class QuantizeStage(Stage):
                               "Check the calibration (calibration.method, samples) and give QAT more epochs "
                               "(qat.epochs); a model this far off is not a rounding error.")
         lints = {a.rung: lint_qdq(a.files["trt"], set(a.float_layers)).as_dict() for a in attempts if "trt" in a.files}
+        cpu_runtimes = tuple(settings.cpu_runtimes)  # OpenVINO comes back where its own file could not be made
         left_out = {**check["left_out"], **ladder.left_out, **self._left_out(ctx, cfg, chosen, lints)}
         shipped = [f for f in cfg.flavours if f in chosen.files and f not in left_out]
         test = {f: score_test(chosen.files[f]) if f != "openvino" else
@@ -182,6 +188,11 @@ class QuantizeStage(Stage):
         # not judged at all (None) where the labels are random.
         within = (chosen.within and all(d <= red.max_drop for d in drops.values())) if data.meaningful_accuracy \
             else None
+        # each file is released or refused on its own figures: validation and test, on every runtime it ships on
+        own = {f: [d for runs in (chosen.drops, drops) for k, d in runs.items() if k == f or k.startswith(f"{f}@")]
+               for f in shipped}
+        within_by_file = {f: all(d <= red.max_drop for d in own[f]) if data.meaningful_accuracy else None
+                          for f in shipped}
         rungs = rung_records(attempts, lints, float_onnx, val_x, red.metric)
         kernels = kernel_census({f: chosen.files[f] for f in shipped}, cpu_runtimes, val_x, check["threads"],
                                 check["options"])
@@ -203,7 +214,7 @@ class QuantizeStage(Stage):
                    "reference": ref_artifact.name,
                    "reference_val": ref_val[red.metric], "reference_test": ref_test[red.metric],
                    "red_line": {"metric": red.metric, "max_drop": red.max_drop, "within": within,
-                                "test_drop": drops, "test": {f: t[red.metric] for f, t in test.items()}},
+                                "within_by_file": within_by_file, "test_drop": drops, "test": {f: t[red.metric] for f, t in test.items()}},
                    "flags": flags, "rungs": rungs, "kernels": kernels}
         if left_out:
             summary["left_out"] = left_out
@@ -214,7 +225,7 @@ class QuantizeStage(Stage):
                 meta = onnx_meta(f, chosen, inputs["model"], description, summary, test[f],
                                  ships_on(f, cpu_runtimes))
                 label_onnx(folder / "model.onnx", ctx, inputs["model"], description, data_identity=data.identity(),
-                           quantization=recipe(f, cfg, meta, ladder.nncf_facts))
+                           quantization=recipe(f, cfg, meta, chosen.details.get("nncf")))
             outputs.append(Output(f"onnx_{f}", "onnx", ctx.stage_dir / f"onnx_{f}", made_from=[inputs["model"].name],
                                   meta=meta))
         with ctx.atomic_output_dir("report") as folder:
@@ -223,7 +234,7 @@ class QuantizeStage(Stage):
         metrics = {**summary, **{f"onnx_{f}": {"skipped": why} for f, why in left_out.items()},
                    "summary": f"rung {chosen.rung}, test drop " + ", ".join(
             f"{f} {d:+.2f}" for f, d in drops.items()) + f" ({verdict}, {red.max_drop:g} points)"
-                   + "".join(f"; {f} file left out (lint)" for f in left_out)}
+                   + "".join(f"; {f} file left out" for f in left_out)}
         return StageResult(outputs=[*outputs, Output("report", "report", ctx.stage_dir / "report")], metrics=metrics)
 
     @staticmethod
