@@ -22,7 +22,6 @@ same model, not how good the model is. Writes ``matrix.json`` and ``matrix.md`` 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import platform
 import subprocess
@@ -31,6 +30,8 @@ from pathlib import Path
 
 import numpy as np
 import yaml
+
+from compress.quantization.flavours import CPU, OPENVINO
 
 MODELS = ("mobilenetv3_large_100", "efficientnet_b0", "resnet50", "deit_tiny_patch16_224")
 PEER = "nncf-openvino"
@@ -47,7 +48,7 @@ def pipeline(model: str, data: Path, weights: Path, size: int) -> dict:
             {"name": "train", "kind": "train", "freeze_backbone_epochs": 1, "epochs": 1, "batch_size": 32,
              "optimizer": "adamw", "lr": 1.0e-3, "weight_decay": 0.05, "schedule": "cosine", "warmup_epochs": 0,
              "amp": "auto", "checkpoint_every": 0},
-            {"name": "quantize", "kind": "quantize", "flavours": ["cpu", "openvino"],
+            {"name": "quantize", "kind": "quantize", "flavours": [CPU.name, OPENVINO.name],
              "calibration": {"method": "entropy", "samples": 128}, "fallback": {"enabled": False},
              "qat": {"enabled": False}},
             {"name": "export", "kind": "export", "formats": ["onnx"]},
@@ -89,7 +90,7 @@ def peer_file(run_dir: Path, calib: np.ndarray) -> Path:
 
     source = run_dir / "export" / "onnx" / "model.onnx"
     key = {"onnx": hashlib.sha256(source.read_bytes()).hexdigest(), "calib": hashlib.sha256(calib.tobytes()).hexdigest(),
-           "nncf": nncf.__version__, "openvino": ov.get_version()}
+           "nncf": nncf.__version__, OPENVINO.runtime: ov.get_version()}
     out, stamp = run_dir / PEER / "model.xml", run_dir / PEER / "made-from.json"
     if out.exists() and stamp.exists() and json.loads(stamp.read_text()) == key:
         return out
@@ -113,15 +114,22 @@ def split_images(run_dir: Path, name: str, limit: int | None = None) -> tuple[np
     return split_arrays(load_section(loaded.config.data, str(run_dir / "pipeline.resolved.yaml")), name, limit)
 
 
+def float_file(runtime: str) -> str:
+    """The name of the fp32 file's candidate on ``runtime``: what every file on that runtime is compared with."""
+    return "fp32" if runtime == CPU.runtime else f"fp32@{runtime}"
+
+
 def candidates(run_dir: Path, peer: Path) -> dict[str, tuple[str, Path]]:
-    """Name → (runtime, file): the files measured, each on the runtime it is made for."""
+    """Name → (runtime, file): the fp32 file on both runtimes, the quantize stage's files each on the runtime it is
+    made for, and the peer on OpenVINO."""
     manifest = json.loads((run_dir / "manifest.json").read_text())
-    files = {"fp32": ("onnxruntime", run_dir / "export" / "onnx" / "model.onnx"),
-             "fp32@openvino": ("openvino", run_dir / "export" / "onnx" / "model.onnx"),
-             "int8 (quantize.onnx_cpu)": ("onnxruntime", run_dir / "quantize" / "onnx_cpu" / "model.onnx")}
-    if "quantize.onnx_openvino" in manifest["artifacts"]:
-        files["int8 (quantize.onnx_openvino)"] = ("openvino", run_dir / "quantize" / "onnx_openvino" / "model.onnx")
-    files[f"int8 ({PEER}, by hand)"] = ("openvino", peer)
+    fp32 = run_dir / "export" / "onnx" / "model.onnx"
+    files = {float_file(f.runtime): (f.runtime, fp32) for f in (CPU, OPENVINO)}
+    for flavour in (CPU, OPENVINO):
+        if f"quantize.onnx_{flavour.name}" in manifest["artifacts"]:
+            files[f"int8 (quantize.onnx_{flavour.name})"] = (flavour.runtime, run_dir / "quantize" /
+                                                             f"onnx_{flavour.name}" / "model.onnx")
+    files[f"int8 ({PEER}, by hand)"] = (OPENVINO.runtime, peer)
     return files
 
 
@@ -137,7 +145,7 @@ def accuracy_of(files: dict[str, tuple[str, Path]], images: np.ndarray, labels: 
             hits[name] = predict(runner, images, 1).argmax(axis=1) == labels
     out = {}
     for name, (runtime, _) in files.items():
-        reference = "fp32" if runtime == "onnxruntime" else "fp32@openvino"
+        reference = float_file(runtime)
         counts = paired_counts(hits[reference], hits[name])
         low, high = drop_interval(counts)
         out[name] = {"top1": round(float(hits[name].mean()) * 100, 2),
@@ -149,20 +157,18 @@ def accuracy_of(files: dict[str, tuple[str, Path]], images: np.ndarray, labels: 
 def latency_of(files: dict[str, tuple[str, Path]], pool: np.ndarray, seconds: float) -> dict[str, dict]:
     """One interleaved run of every file (each in its own worker), batch 1, all cores; p50/p99 and every p50
     ratio against the peer, paired by round."""
-    from serve_bench.latency.harness import HarnessSettings, measure_interleaved
-    from serve_bench.latency.worker import BenchWorker, all_ready
+    from compress.quantization.measure import interleaved
+    from serve_bench.latency.harness import HarnessSettings
     from serve_bench.stats.latency_intervals import paired_ratio
     from serve_bench.stats.summary import percentile
 
-    settings = HarnessSettings(min_iters=500, min_duration_s=seconds)
-    with contextlib.ExitStack() as stack:
-        workers = all_ready({name: stack.enter_context(BenchWorker(name, runtime, str(path), {}, pool, 1, wait=False))
-                             for name, (runtime, path) in files.items()})
-        measured = measure_interleaved(workers, settings)
+    measured = interleaved({name: path for name, (_, path) in files.items()}, pool,
+                           HarnessSettings(min_iters=500, min_duration_s=seconds),
+                           runtime={name: runtime for name, (runtime, _) in files.items()})
     peer = next(n for n in files if PEER in n)
     out = {}
     for name, m in measured.items():
-        fp32 = "fp32" if files[name][0] == "onnxruntime" else "fp32@openvino"  # the float file on the same runtime
+        fp32 = float_file(files[name][0])  # the float file on the same runtime
         out[name] = {"p50_ms": round(percentile(m.latencies_ms, 50), 3), "p99_ms": round(percentile(m.latencies_ms, 99), 3),
                      "requests": m.requests, "p50_vs_peer": paired_ratio(m.blocked, measured[peer].blocked, 50).as_dict(),
                      "p50_vs_fp32": paired_ratio(m.blocked, measured[fp32].blocked, 50).as_dict()}

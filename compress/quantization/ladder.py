@@ -18,10 +18,11 @@ import numpy as np
 import onnx
 
 from compress.quantization import measure as int8_measure
+from compress.quantization.flavours import CPU, FLAVOURS, ONNX_RUNTIME, OPENVINO, TRT
 from compress.quantization.latency_fallback import LatencyFallbackSettings, greedy, layer_groups
 from compress.quantization.nncf_ptq import NNCFQuantizationError, NNCFSettings, quantize_onnx as nncf_quantize
 from compress.quantization.ptq import Calibration, QuantizationError, compute_nodes, quantize
-from serve_bench.runners import RunnerError
+from serve_bench.runners import RUNNERS, RunnerError
 
 logger = logging.getLogger(__name__)
 
@@ -30,14 +31,9 @@ class RungUnavailable(QuantizationError):
     """A rung cannot run here (its engine is missing or cannot take the model); the earlier rungs stand."""
 
 
-# The runtime each flavour's file is made for. cpu: onnxruntime's x86 kernels (uint8 activations); trt: TensorRT's
-# explicit quantization (symmetric int8); openvino: quantized by NNCF, which places Q/DQ where OpenVINO fuses them.
-FLAVOUR_RUNTIME = {"cpu": "onnxruntime", "trt": "tensorrt", "openvino": "openvino"}
-
-
 @dataclass
 class LadderSettings:
-    flavours: tuple[str, ...] = ("cpu", "trt")
+    flavours: tuple[str, ...] = (CPU.name, TRT.name)
     nncf: NNCFSettings = field(default_factory=lambda: NNCFSettings(preset="auto", model_type="auto"))
     calibration: Calibration = field(default_factory=Calibration)
     metric: str = "top1"
@@ -118,9 +114,23 @@ class Ladder:
         self.left_out[flavour] = why
         self.log(f"{flavour} flavour left out: {why}; the other flavours go on")
         s = self.settings
-        if flavour == "openvino" and s.openvino_usable and "cpu" in s.flavours and "openvino" not in s.cpu_runtimes:
-            s.cpu_runtimes = (*s.cpu_runtimes, "openvino")  # the CPU file is checked (and may ship) there again
+        if flavour == OPENVINO.name and s.openvino_usable and CPU.name in s.flavours \
+                and OPENVINO.runtime not in s.cpu_runtimes:
+            s.cpu_runtimes = (*s.cpu_runtimes, OPENVINO.runtime)  # the CPU file is checked (and may ship) there again
             self.log("the CPU file is checked on OpenVINO instead")
+
+    def judge(self, path: Path, runtime: str, score: Callable[..., dict] | None = None) -> dict:
+        """Accuracy of ``path`` as ``runtime`` answers (``score``: another split's scorer): at the batch the bench
+        serves where that runtime's answers depend on the batch, with the bench's threads and options."""
+        s, score = self.settings, score or self.score
+        if runtime == ONNX_RUNTIME:
+            return score(path, s.eval_batch)
+        batch = s.serve_batch if RUNNERS[runtime].answers_depend_on_batch else s.eval_batch
+        return score(path, batch, runtime=runtime, threads=s.runtime_threads, options=s.runtime_options.get(runtime))
+
+    def cpu_elsewhere(self, path: Path, score: Callable[..., dict] | None = None) -> dict[str, dict]:
+        """The CPU file judged on each other runtime it may ship on (``cpu@<runtime>``): each one's answers checked."""
+        return {f"{CPU.name}@{r}": self.judge(path, r, score) for r in self.settings.cpu_runtimes}
 
     def measure(self, rung: str, files: dict[str, Path], details: dict | None = None,
                 float_layers: list[str] | None = None) -> Attempt:
@@ -130,23 +140,20 @@ class Ladder:
                                     + "; ".join(f"{f}: {why}" for f, why in self.left_out.items()) + ")")
         val = {}
         for f, p in list(files.items()):
-            if f != "openvino":
-                val[f] = self.score(p, s.eval_batch)
-                continue
-            try:  # judged as OpenVINO answers, at the batch it serves
-                val[f] = self.score(p, s.serve_batch, runtime="openvino", threads=s.runtime_threads,
-                                    options=s.runtime_options.get("openvino"))
-            except RunnerError as exc:  # e.g. no CPU kernel for the layout NNCF chose
-                self._leave_out(f, f"OpenVINO could not run the {rung} file: {exc}")
+            made = FLAVOURS[f]
+            try:
+                val[f] = self.judge(p, made.judged_on)
+            except RunnerError as exc:  # e.g. no OpenVINO kernel for the layout NNCF chose
+                if made.made_by != "nncf":
+                    raise
+                self._leave_out(f, f"{made.judged_on} could not run the {rung} file: {exc}")
                 del files[f]
-        if "cpu" in files:  # the CPU file on each other runtime it may ship on: each answer checked
-            val.update({f"cpu@{r}": self.score(files["cpu"], s.serve_batch, runtime=r, threads=s.runtime_threads,
-                                               options=s.runtime_options.get(r))
-                        for r in s.cpu_runtimes})
+        if CPU.name in files:
+            val.update(self.cpu_elsewhere(files[CPU.name]))
         drops = {f: self.reference - v[s.metric] for f, v in val.items()}
         within = all(d <= s.max_drop for d in drops.values())
-        if "openvino" in files and files["openvino"] in self.nncf_made:
-            details = {**(details or {}), "nncf": self.nncf_made[files["openvino"]]}
+        if files.get(OPENVINO.name) in self.nncf_made:
+            details = {**(details or {}), "nncf": self.nncf_made[files[OPENVINO.name]]}
         self.log(f"{rung}: val {s.metric} " + ", ".join(f"{f} {v[s.metric]:.2f} (drop {drops[f]:+.2f})"
                                                         for f, v in val.items())
                  + (" — within the red line" if within else f" — over the red line {s.max_drop:g}"))
@@ -159,7 +166,7 @@ class Ladder:
         keep = [*self.settings.keep_float, *exclude]
         files = {}
         for f in self.flavours:
-            if f == "openvino":
+            if FLAVOURS[f].made_by == "nncf":
                 made = self._nncf(folder / f"model-{f}.onnx", keep)
                 if made is not None:
                     files[f] = made
@@ -180,7 +187,7 @@ class Ladder:
         try:
             result = nncf_quantize(source, out, self.calib, self.settings.nncf, ignored=keep)
         except (ImportError, NNCFQuantizationError, RuntimeError, ValueError) as exc:  # NNCFUnavailable: ImportError
-            self._leave_out("openvino", f"NNCF could not quantize the model: {exc}")
+            self._leave_out(OPENVINO.name, f"NNCF could not quantize the model: {exc}")
             return None
         self.nncf_made[out] = {"engine": f"nncf {result.nncf_version} (ONNX backend)", "preset": result.preset,
                                "model_type": result.model_type, "samples": result.samples,
@@ -218,7 +225,7 @@ class Ladder:
         # rank on the flavour that missed by most (the CPU file's, when it missed on another runtime); NNCF's
         # file is ranked with onnxruntime's symmetric int8 (the trt layout), the scheme closest to its default
         flavour = max(failed.drops, key=failed.drops.get).split("@")[0]
-        flavour = "trt" if flavour == "openvino" else flavour
+        flavour = TRT.name if FLAVOURS[flavour].made_by == "nncf" else flavour
         ranked = self.sensitivity(flavour)
         self.log(f"fallback: most sensitive layers ({flavour}): "
                  + ", ".join(f"{r['node']} {r['error']:.2e}" for r in ranked[:5]))
@@ -259,10 +266,7 @@ def latency_fallback(ladder: Ladder, chosen: Attempt, settings: LatencyFallbackS
                         exclude=[*base, *nodes], reduce_range=ladder._reduce("cpu"))
 
     def scores(path: Path) -> dict[str, dict]:
-        out = {"cpu": ladder.score(path, s.eval_batch)}
-        out.update({f"cpu@{r}": ladder.score(path, s.serve_batch, runtime=r, threads=s.runtime_threads,
-                                             options=s.runtime_options.get(r)) for r in s.cpu_runtimes})
-        return out
+        return {CPU.name: ladder.judge(path, CPU.judged_on), **ladder.cpu_elsewhere(path)}
 
     judged: dict[Path, dict] = {}
 

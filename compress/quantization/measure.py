@@ -12,21 +12,23 @@ from pathlib import Path
 import numpy as np
 
 from serve_bench.accuracy.classification import accuracy
-from serve_bench.latency.harness import HarnessSettings, measure_interleaved
-from serve_bench.runners import make_runner, predict
+from serve_bench.latency.harness import HarnessSettings, Measurement, measure_interleaved
+from serve_bench.runners import RUNNER_OF_KIND, make_runner, predict
 from serve_bench.stats.summary import percentile
 from serve_bench.latency.worker import BenchWorker, all_ready
 from serve_bench.stats.latency_intervals import paired_ratio
 
+ONNX_RUNTIME = RUNNER_OF_KIND["onnx"]  # the runtime that loads an ONNX file unless another is named
+
 
 def logits(path: Path, images: np.ndarray, batch_size: int = 64, threads: int | None = None,
-           runtime: str = "onnxruntime", options: dict | None = None) -> np.ndarray:
+           runtime: str = ONNX_RUNTIME, options: dict | None = None) -> np.ndarray:
     with make_runner(runtime, path, threads=threads, **(options or {})) as runner:
         return predict(runner, images, batch_size)
 
 
 def split_accuracy(path: Path, images: np.ndarray, labels: np.ndarray, batch_size: int = 64,
-                   runtime: str = "onnxruntime", options: dict | None = None, threads: int | None = None) -> dict:
+                   runtime: str = ONNX_RUNTIME, options: dict | None = None, threads: int | None = None) -> dict:
     """Accuracy of the file as ``runtime`` runs it (the same bytes can answer differently in another runtime),
     with the runner ``options`` and ``threads`` the bench runs it with."""
     return accuracy(logits(path, images, batch_size, threads=threads, runtime=runtime, options=options), labels)
@@ -37,39 +39,40 @@ def output_error(reference: np.ndarray, candidate: np.ndarray) -> float:
     return float(np.mean((reference - candidate) ** 2) / max(float(np.var(reference)), 1e-12))
 
 
-def quick_latency(paths: dict[str, Path], pool: np.ndarray, min_iters: int = 300) -> dict[str, dict]:
-    """Batch-1 p50/p99 of several ONNX files with the benchmark's own harness, kept short.
+def interleaved(paths: dict[str, Path], pool: np.ndarray, settings: HarnessSettings,
+                runtime: str | dict[str, str] = ONNX_RUNTIME, batch_size: int = 1,
+                options: dict | None = None) -> dict[str, Measurement]:
+    """The files measured with the benchmark's own harness: each in its own worker process, taking turns in
+    blocks, as in the bench stage (two onnxruntime sessions in one process disturb each other's tail: measured
+    here, the same pair of files swapped order in p50 from one in-process run to the next). ``runtime``: one for
+    every file, or each file's by name."""
+    runtimes = runtime if isinstance(runtime, dict) else dict.fromkeys(paths, runtime)
+    with contextlib.ExitStack() as stack:
+        workers = all_ready({name: stack.enter_context(BenchWorker(name, runtimes[name], str(path),
+                                                                   {"device": "cpu", **(options or {})}, pool,
+                                                                   batch_size, wait=False))
+                             for name, path in paths.items()})
+        return measure_interleaved(workers, settings)
 
-    Every file runs in its own worker process and the files take turns in blocks, as in the
-    bench stage: two onnxruntime sessions in one process disturb each other's tail (measured
-    here: the same pair of files swapped order in p50 from one in-process run to the next).
-    A first look recorded per rung; the bench stage's longer run is what the gate uses.
-    """
+
+def quick_latency(paths: dict[str, Path], pool: np.ndarray, min_iters: int = 300) -> dict[str, dict]:
+    """Batch-1 p50/p99 of several ONNX files on onnxruntime, kept short: a first look recorded per rung; the bench
+    stage's longer run is what the gate uses."""
     settings = HarnessSettings(warmup_iters=20, warmup_s=0.1, min_iters=min_iters, min_duration_s=0.3,
                                block_iters=50, block_s=0.05, settle_s=0.05)
-    with contextlib.ExitStack() as stack:
-        workers = all_ready({name: stack.enter_context(BenchWorker(name, "onnxruntime", str(path), {"device": "cpu"},
-                                                                   pool, 1, wait=False))
-                             for name, path in paths.items()})
-        measured = measure_interleaved(workers, settings)
     return {name: {"p50_ms": round(percentile(m.latencies_ms, 50), 4), "p99_ms": round(percentile(m.latencies_ms, 99), 4),
-                   "n": len(m.latencies_ms)} for name, m in measured.items()}
+                   "n": len(m.latencies_ms)} for name, m in interleaved(paths, pool, settings).items()}
 
 
-def p50_ratios(reference: Path, candidates: dict[str, Path], pool: np.ndarray, runtime: str = "onnxruntime",
+def p50_ratios(reference: Path, candidates: dict[str, Path], pool: np.ndarray, runtime: str = ONNX_RUNTIME,
                min_iters: int = 300, threads: int | None = None, options: dict | None = None, batch_size: int = 1,
                level: float = 0.95) -> dict[str, dict]:
     """Each candidate's p50 over ``reference``'s on ``runtime`` at ``batch_size``, paired by round in one
-    interleaved run (every file in its own worker), with its ``level`` interval over the rounds. The settle pause
-    is the harness's own (0.2 s: shorter left the previous worker's threads spinning into the next block)."""
+    interleaved run, with its ``level`` interval over the rounds. The settle pause is the harness's own (0.2 s:
+    shorter left the previous worker's threads spinning into the next block)."""
     settings = HarnessSettings(warmup_iters=20, warmup_s=0.1, min_iters=min_iters, min_duration_s=1.0,
                                block_iters=50, block_s=0.1)
-    paths = {"reference": reference, **candidates}
-    worker_options = {"device": "cpu", **({"threads": threads} if threads else {}), **(options or {})}
-    with contextlib.ExitStack() as stack:
-        workers = all_ready({name: stack.enter_context(BenchWorker(name, runtime, str(path), worker_options, pool,
-                                                                   batch_size, wait=False))
-                             for name, path in paths.items()})
-        measured = measure_interleaved(workers, settings)
+    measured = interleaved({"reference": reference, **candidates}, pool, settings, runtime, batch_size,
+                           {**({"threads": threads} if threads else {}), **(options or {})})
     return {name: paired_ratio(measured[name].blocked, measured["reference"].blocked, 50, level=level).as_dict()
             for name in candidates}

@@ -110,14 +110,12 @@ class ExportStage(Stage):
                     raise ConfigError(f"stages.{ctx.name}: formats [tensorrt] without onnx needs an ONNX input "
                                       f"(inputs: {{onnx: <stage>}}) or add onnx to formats")
                 source = (input_onnx(inputs["onnx"]), inputs["onnx"].meta, inputs["onnx"].name)
+            if reason and cfg.tensorrt.required:
+                raise ConfigError(f"stages.{ctx.name}.tensorrt.required is true but {reason}")
             if reason:
-                if cfg.tensorrt.required:
-                    raise ConfigError(f"stages.{ctx.name}.tensorrt.required is true but {reason}")
                 ctx.log(f"tensorrt: skipped: {reason}", style="yellow")
-                metrics["tensorrt"] = {"skipped": reason}
-            else:
-                engine, metrics["tensorrt"] = self._tensorrt(ctx, cfg, *source)
-                outputs.append(engine)
+            engine, metrics["tensorrt"] = (None, {"skipped": reason}) if reason else self._tensorrt(ctx, cfg, *source)
+            outputs += [engine] if engine is not None else []
         metrics["summary"] = _summary(metrics)
         return StageResult(outputs=outputs, metrics=metrics)
 

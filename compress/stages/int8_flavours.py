@@ -16,10 +16,11 @@ from pydantic import Field
 
 from compress.config import Strict
 from compress.errors import ConfigError
+from compress.quantization.flavours import CPU, FLAVOURS, ONNX_RUNTIME, ships_on
 from compress.quantization.nncf_ptq import NNCFSettings, NNCFUnavailable, nncf_version
 from compress.stages.runtime_choice import cpu_check_plan
 from serve_bench.latency.operator_profile import profile_artifact
-from serve_bench.runners import RunnerError
+from serve_bench.runners import RunnerError, runtime_title
 from serve_bench.runners.kernel_census import census_line
 
 logger = logging.getLogger(__name__)
@@ -43,34 +44,33 @@ class OpenVinoFlavour(Strict):
 
 def flavour_plan(flavours: list[str], explicit: bool, runtimes: list[str] | None, stages: list[dict],
                  serve_batch: int, field: str) -> dict:
-    """The flavours made here (an OpenVINO file only where the bench measures on OpenVINO and NNCF is installed),
-    those left out with why, and the runtimes besides onnxruntime the CPU file is checked on — with the options,
-    threads, batch and versions of that check, all of it part of the stage's cache key."""
+    """The flavours made here (a file for another runtime only where the bench measures on that runtime and what
+    makes it is installed), those left out with why, and the runtimes besides onnxruntime the CPU file is checked
+    on — with the options, threads, batch and versions of that check, all of it part of the stage's cache key."""
     plan = cpu_check_plan(runtimes, stages, serve_batch, f"{field}.runtimes")
     made, left_out, nncf = list(flavours), {}, None
-    if "openvino" in made:
+    for name in flavours:
+        flavour = FLAVOURS[name]
+        if not flavour.ships or flavour.runtime == ONNX_RUNTIME:
+            continue
         why = None
-        if "openvino" not in plan["runtimes"]:
-            why = "OpenVINO is not usable here or not among the runtimes the bench measures on"
-        else:
+        if flavour.runtime not in plan["runtimes"]:
+            why = f"{runtime_title(flavour.runtime)} is not usable here or not among the runtimes the bench measures on"
+        elif flavour.made_by == "nncf":
             try:
                 nncf = nncf_version()
             except NNCFUnavailable as exc:
                 why = str(exc)
         if why and explicit:
-            raise ConfigError(f"{field}.flavours: openvino cannot be made here: {why}; leave it out of the list")
+            raise ConfigError(f"{field}.flavours: {name} cannot be made here: {why}; leave it out of the list")
         if why:
-            made.remove("openvino")
-            left_out["openvino"] = why
-    checks = [r for r in plan["runtimes"] if not (r == "openvino" and "openvino" in made)] if "cpu" in made else []
+            made.remove(name)
+            left_out[name] = why
+    own_files = {FLAVOURS[f].runtime for f in made}  # a runtime with a file of its own no longer runs the CPU file
+    checks = [r for r in plan["runtimes"] if r not in own_files] if CPU.name in made else []
     return {"flavours": made, "left_out": left_out, "runtimes": checks, "nncf": nncf,
             "versions": plan["versions"], "serve_batch": plan["serve_batch"], "threads": plan["threads"],
             "options": plan["options"]}
-
-
-def ships_on(flavour: str, cpu_runtimes: list[str] | tuple[str, ...]) -> list[str]:
-    """The runtimes a shipped file is measured and released on (the TensorRT file only feeds an engine build)."""
-    return {"cpu": ["onnxruntime", *cpu_runtimes], "openvino": ["openvino"]}.get(flavour, [])
 
 
 def kernel_census(files: dict[str, object], cpu_runtimes: list[str] | tuple[str, ...], sample: np.ndarray,

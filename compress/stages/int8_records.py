@@ -10,6 +10,7 @@ import torch
 from compress.errors import ArtifactError
 from compress.quantization import measure as int8_measure
 from compress.quantization.detection_int8 import file_map
+from compress.quantization.flavours import OPENVINO
 from compress.quantization.ladder import Attempt
 from compress.stages.base import InputArtifact
 from compress.stages.model_source import model_from_artifact
@@ -103,7 +104,7 @@ def onnx_meta(flavour: str, chosen: Attempt, source: InputArtifact, description:
             **({"runtimes": runtimes} if runtimes else {}),
             "qdq": {"cpu": f"uint8 activations, int8 per-channel weights ({summary['cpu_weights']})",
                     "trt": "symmetric int8 activations and per-channel weights, zero-point 0",
-                    "openvino": (f"NNCF {nncf.get('preset', '?')} preset ({nncf.get('model_type', '?')}), laid out "
+                    OPENVINO.name: (f"NNCF {nncf.get('preset', '?')} preset ({nncf.get('model_type', '?')}), laid out "
                                  "for OpenVINO" if nncf else "symmetric int8 from QAT, read by OpenVINO")}[flavour],
             "input_name": graph.input[0].name, "output_name": graph.output[0].name, "dynamic_batch": True,
             "preprocessing": description["preprocessing"], "num_classes": description["architecture"]["num_classes"],

@@ -159,7 +159,8 @@ def _refusal(meta: dict, backend: str, on_test: bool = True) -> str | None:
     red = meta.get("red_line")
     if not red:
         return None
-    drops = {(meta.get("runtimes") or ["onnxruntime"])[0]: red.get("test_drop"), **(red.get("test_drop_on") or {})}
+    drops = {(meta.get("runtimes") or [RUNNER_OF_KIND["onnx"]])[0]: red.get("test_drop"),
+             **(red.get("test_drop_on") or {})}
     if red.get("within") is False and on_test:
         return ("the quantize stage found no rung within the red line on every runtime it checked (test drop "
                 + ", ".join(f"{r} {d}" for r, d in drops.items()) + " points); refused")

@@ -22,7 +22,8 @@ from compress.stages.int8_records import (input_onnx, onnx_meta, reference_accur
 from compress.stages.model_source import model_from_artifact, onnx_description
 from compress.stages.onnx_labels import label_onnx
 from compress.stages.qat_rung import QATSettings, run_qat
-from compress.stages.int8_flavours import OpenVinoFlavour, flavour_plan, kernel_census, ships_on
+from compress.quantization.flavours import CPU, FLAVOURS, OPENVINO, ships_on
+from compress.stages.int8_flavours import OpenVinoFlavour, flavour_plan, kernel_census
 from compress.stages.training_run import is_detection, stop_if_collapsed
 from compress.quantization.detection_int8 import detection_output_error, tail_nodes
 from export.onnx_export import export_onnx
@@ -43,6 +44,9 @@ class FallbackConfig(Strict):
     sensitivity_samples: int = Field(256, ge=1, description="validation images used to rank the layers")
 
 
+FlavourName = Literal[tuple(FLAVOURS)]  # type: ignore[valid-type]  # the names the flavour table gives
+
+
 class LatencyFallbackConfig(Strict):
     """The ladder's latency counterpart: layer groups whose INT8 costs the CPU file time kept in float."""
 
@@ -56,8 +60,8 @@ class LatencyFallbackConfig(Strict):
 class QuantizeConfig(StageConfig):
     kind: Literal["quantize"] = Field("quantize", description="INT8: post-training quantization, then layers kept "
                                                               "in float, then QAT, until within the red line")
-    flavours: list[Literal["cpu", "trt", "openvino"]] = Field(
-        ["cpu", "trt", "openvino"], min_length=1,
+    flavours: list[FlavourName] = Field(  # type: ignore[valid-type]
+        list(FLAVOURS), min_length=1,
         description="one INT8 file per runtime, made the way it fuses: cpu for onnxruntime (uint8 activations), trt "
                     "for TensorRT (symmetric int8), openvino by NNCF (left out, with the reason logged, where OpenVINO "
                     "or NNCF is not usable here and the list is the default)")
@@ -84,7 +88,7 @@ def recipe(flavour: str, cfg: QuantizeConfig, meta: dict, nncf: dict | None = No
     return {"flavour": flavour, "format": "QDQ", "scheme": meta["qdq"], "rung": q["rung"],
             "float_layers": q["float_layers"], "calibration": cfg.calibration.model_dump(mode="json"),
             "qat": cfg.qat.model_dump(mode="json") if q["rung"] == "qat" else None, "opset": cfg.opset,
-            **({"nncf": nncf} if flavour == "openvino" and q["rung"] != "qat" and nncf else {})}
+            **({"nncf": nncf} if FLAVOURS[flavour].made_by == "nncf" and q["rung"] != "qat" and nncf else {})}
 
 
 class QuantizeStage(Stage):
@@ -150,7 +154,7 @@ class QuantizeStage(Stage):
             ctx.log(f"{flavour} flavour not made here: {why}", style="yellow")
         settings = LadderSettings(
             flavours=tuple(check["flavours"]), nncf=cfg.openvino.settings(len(calib)),
-            openvino_usable="openvino" in check["flavours"],
+            openvino_usable=OPENVINO.name in check["flavours"],
             calibration=Calibration(**cfg.calibration.model_dump(exclude={"samples"})),
             metric=red.metric, max_drop=red.max_drop, max_float_layers=cfg.fallback.max_float_layers,
             sensitivity_samples=cfg.fallback.sensitivity_samples, cpu_weights=cfg.cpu_weights,
@@ -177,12 +181,9 @@ class QuantizeStage(Stage):
         cpu_runtimes = tuple(settings.cpu_runtimes)  # OpenVINO comes back where its own file could not be made
         left_out = {**check["left_out"], **ladder.left_out, **self._left_out(ctx, cfg, chosen, lints)}
         shipped = [f for f in cfg.flavours if f in chosen.files and f not in left_out]
-        test = {f: score_test(chosen.files[f]) if f != "openvino" else
-                score_test(chosen.files[f], settings.serve_batch, runtime="openvino", threads=check["threads"],
-                           options=check["options"].get("openvino")) for f in shipped}
-        test.update({f"cpu@{r}": score_test(chosen.files["cpu"], settings.serve_batch, runtime=r,
-                                            threads=check["threads"], options=check["options"].get(r))
-                     for r in cpu_runtimes})
+        test = {f: ladder.judge(chosen.files[f], FLAVOURS[f].judged_on, score_test) for f in shipped}
+        if CPU.name in shipped:
+            test.update(ladder.cpu_elsewhere(chosen.files[CPU.name], score_test))
         drops = {f: round(ref_test[red.metric] - t[red.metric], 4) for f, t in test.items()}
         # Within only if the ladder's choice passed on validation and the test split confirms it;
         # not judged at all (None) where the labels are random.
@@ -299,9 +300,9 @@ class QuantizeStage(Stage):
         details = run_qat(ctx, model, cfg.qat, torch.from_numpy(calib), folder / "model-trt.onnx",
                           f"{field}.qat", teacher)
         files = {"trt": folder / "model-trt.onnx"}
-        if "openvino" in ladder.flavours:  # OpenVINO reads the symmetric int8 Q/DQ the QAT graph converts to
-            shutil.copy2(files["trt"], folder / "model-openvino.onnx")
-            files["openvino"] = folder / "model-openvino.onnx"
+        if OPENVINO.name in ladder.flavours:  # OpenVINO reads the symmetric int8 Q/DQ the QAT graph converts to
+            files[OPENVINO.name] = folder / f"model-{OPENVINO.name}.onnx"
+            shutil.copy2(files["trt"], files[OPENVINO.name])
         if "cpu" in ladder.flavours:
             import onnx
 

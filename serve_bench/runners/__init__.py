@@ -23,10 +23,16 @@ RUNNER_OF_KIND: dict[str, str] = {"torch-model": "torch", "onnx": "onnxruntime",
 
 __all__ = ["ONNX_RUNTIMES", "OnnxRuntimeRunner", "OpenVinoRunner", "PerThread", "RUNNERS", "RUNNER_OF_KIND", "Runner", "RunnerError",
            "SimulatedRunner", "TensorRTRunner", "TorchRunner", "make_runner", "physical_cores", "predict",
-           "runtime_status", "runtime_versions", "usable_onnx_runtimes"]
+           "runtime_status", "runtime_title", "runtime_versions", "usable_onnx_runtimes"]
 
 
 def make_runner(backend: str, path: str | Path, **kwargs: Any) -> Runner:
     if backend not in RUNNERS:
         raise RunnerError(f"unknown backend {backend!r}; known: {', '.join(RUNNERS)}")
     return RUNNERS[backend](path, **kwargs)
+
+
+def runtime_title(backend: str) -> str:
+    """The runtime's name as messages write it (its runner's ``title``, else its backend name)."""
+    runner = RUNNERS.get(backend)
+    return (runner.title if runner is not None else "") or backend

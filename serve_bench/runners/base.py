@@ -70,6 +70,7 @@ class Runner:
     # True where the same input answers differently in a batch of another size (OpenVINO on the CPU): its accuracy
     # is measured at the batch it serves
     answers_depend_on_batch: ClassVar[bool] = False
+    title: ClassVar[str] = ""  # how messages name the runtime, where it differs from ``backend`` (OpenVINO)
     fixed_device: ClassVar[str | None] = None  # the device it runs on whatever the bench's (TensorRT: cuda)
     profiler_device: ClassVar[str] = "cpu"  # where its operator profiler times a file (TensorRT's: cuda)
 

@@ -40,6 +40,7 @@ class OpenVinoRunner(Runner):
     float file in float on bf16-capable CPUs)."""
 
     backend = "openvino"
+    title = "OpenVINO"
     answers_depend_on_batch = True  # measured: logits of batches of 8 differ from batch 1 by up to 0.64 (2 threads)
 
     def _load(self) -> None:

@@ -1,0 +1,37 @@
+"""The INT8 files the quantize stage makes: one per runtime, each laid out the way that runtime fuses it.
+
+What each flavour is for is said once, here; the runtimes are named by their runners, which own what a
+runtime knows (serve_bench.runners). The ladder, the quantize stage and its records read this table.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from compress.quantization.measure import ONNX_RUNTIME
+from serve_bench.runners import OpenVinoRunner, TensorRTRunner
+
+
+@dataclass(frozen=True)
+class Flavour:
+    name: str
+    runtime: str  # the runtime the file is made for
+    judged_on: str  # the runtime whose answers judge its red line here (TensorRT's file: onnxruntime, on the CPU)
+    made_by: str  # "quantize_static" (onnxruntime's) or "nncf"
+    ships: bool  # measured and released as a file of its own (the TensorRT file feeds an engine build instead)
+
+
+# cpu: uint8 activations, the only layout onnxruntime's x86 convolutions fuse. trt: symmetric int8, TensorRT's
+# explicit quantization. The OpenVINO file: NNCF places the quantizers where OpenVINO's transformations fuse them.
+CPU = Flavour("cpu", ONNX_RUNTIME, ONNX_RUNTIME, "quantize_static", ships=True)
+TRT = Flavour("trt", TensorRTRunner.backend, ONNX_RUNTIME, "quantize_static", ships=False)
+OPENVINO = Flavour(OpenVinoRunner.backend, OpenVinoRunner.backend, OpenVinoRunner.backend, "nncf", ships=True)
+FLAVOURS: dict[str, Flavour] = {f.name: f for f in (CPU, TRT, OPENVINO)}
+
+
+def ships_on(flavour: str, cpu_runtimes: list[str] | tuple[str, ...]) -> list[str]:
+    """The runtimes a shipped file is measured and released on: the CPU file also on each runtime it was checked
+    on (where no file of that runtime's own is made); none for the TensorRT file."""
+    made = FLAVOURS[flavour]
+    if not made.ships:
+        return []
+    return [made.runtime, *cpu_runtimes] if made is CPU else [made.runtime]
