@@ -384,7 +384,7 @@ def test_leave_out_takes_a_name_from_the_default_set_and_refuses_one_no_stage_ma
     from compress.pipeline.pipeline_file import load_pipeline
 
     config = copy.deepcopy(TINY)
-    config["stages"] += [{"name": "prune", "kind": "prune", "target": {"macs": 0.7}},
+    config["stages"] += [{"name": "prune", "kind": "prune", "target": {"macs": 0.7}, "deployed_latency": {"enabled": False}},
                          {"name": "export", "kind": "export"}, dict(FAST_BENCH, leave_out=["prune.model"])]
     path = tmp_path / "p.yaml"
     path.write_text(yaml.safe_dump(config))
@@ -443,6 +443,7 @@ def test_the_unpruned_model_exported_alone_is_measured_as_a_reference_never_rele
     config = copy.deepcopy(TINY)
     config["red_line"] = {"metric": "top1", "max_drop": 100.0, "collapse_margin": None}
     config["stages"] += [{"name": "prune", "kind": "prune", "target": {"macs": 0.7}, "importance": "magnitude",
+                          "deployed_latency": {"enabled": False},
                           "sparsity": {"epochs": 0}, "finetune": {"epochs": 1, "amp": "off"}},
                          {"name": "export", "kind": "export"}, dict(FAST_BENCH, leave_out=["prune.model"])]
     path = tmp_path / "p.yaml"

@@ -60,7 +60,8 @@ def _brought(model: dict, stages: list[dict]) -> dict:
 def test_trained_weights_start_the_run_with_the_train_stages_figure_then_prune_quantize_export_release(
         trained, tmp_path):
     config = _brought({"name": "resnet20", "args": {"width": 4}, "weights": str(trained["weights"])}, [
-        {"name": "prune", "kind": "prune", "target": {"macs": 0.7}, "sparsity": {"epochs": 1, "amp": "off"},
+        {"name": "prune", "kind": "prune", "target": {"macs": 0.7}, "deployed_latency": {"enabled": False},
+         "sparsity": {"epochs": 1, "amp": "off"},
          "finetune": {"epochs": 1, "amp": "off"}},
         dict(QUANTIZE, qat={"enabled": False}), {"name": "export", "kind": "export", "parity": {"samples": 32}},
         BENCH])
@@ -106,7 +107,7 @@ def test_a_plain_torch_onnx_export_goes_through_quantize_export_bench_and_releas
 
 
 def test_what_a_brought_onnx_file_cannot_do_is_refused_before_anything_runs(trained, tmp_path, capsys):
-    config = _brought({"onnx": str(trained["onnx"])}, [{"name": "prune", "kind": "prune"}, QUANTIZE])
+    config = _brought({"onnx": str(trained["onnx"])}, [{"name": "prune", "kind": "prune", "deployed_latency": {"enabled": False}}, QUANTIZE])
     assert main(["run", str(_write(tmp_path, config)), "--run-dir", str(tmp_path / "run")]) == 2
     err = capsys.readouterr().err
     assert "stages[0].kind: a prune stage needs the torch model" in err and "model.weights" in err

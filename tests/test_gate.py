@@ -20,6 +20,28 @@ def test_pass_picks_the_fastest_artifact_within_both_limits():
     assert gate["reasons"] == ["torch: p99 4.000 ms > budget 2 ms"]
 
 
+def _int8(name, p99, ratio, ci, verdict, reference="onnx"):
+    pair = {"ratio": ratio, "ci": ci, "verdict": verdict}
+    return {**_art(name, 0.3, p99), "precision": "int8",
+            "int8_vs_fp32": {"reference": reference, "p50": pair, "p99": pair}}
+
+
+def test_an_int8_file_not_shown_faster_than_its_float_file_gives_way_to_it():
+    """The INT8 file's point p99 is lower, but its paired ratio over the fp32 file reaches 1: the float file ships,
+    and the note says why. Shown faster (the whole interval below 1), the INT8 file ships."""
+    limits = Limits(max_drop=0.5, p99_budget_ms=2.0)
+    tie = evaluate(as_entries([_art("onnx", 0.0, 1.2), _int8("int8", 1.1, 0.93, [0.81, 1.07], "not distinguishable")]),
+                   limits)
+    assert tie["release"] == "onnx"
+    assert any("int8 (int8) gives way to onnx" in n and "0.81–1.07" in n for n in tie["notes"])
+    faster = evaluate(as_entries([_art("onnx", 0.0, 1.2), _int8("int8", 1.1, 0.90, [0.85, 0.95], "faster")]), limits)
+    assert faster["release"] == "int8" and not any("gives way" in n for n in faster["notes"])
+    # the float file over the budget: nothing to give way to, the INT8 file ships
+    alone = evaluate(as_entries([_art("onnx", 0.0, 2.5), _int8("int8", 1.9, 0.95, [0.70, 1.20], "not distinguishable")]),
+                     limits)
+    assert alone["release"] == "int8" and not any("gives way" in n for n in alone["notes"])
+
+
 def test_accuracy_fail():
     gate = evaluate(as_entries([_art("int8", 1.2, 0.5)]), Limits(max_drop=0.5, p99_budget_ms=2.0))
     assert not gate["passed"] and gate["release"] is None

@@ -12,7 +12,7 @@ from torch import nn
 
 from compress.cli import main
 from compress.pruning.channel_pruning import (PruneTarget, PruningError, PruningInputError, SurgerySettings,
-                                              bn_l1_hook, prune)
+                                              bn_l1_hook, layer_widths, prune, prune_rounded)
 from train.data import BatchStream, DataSpec, load_data
 from train.loop import Hooks, LoopSettings, fit
 from train.model_io import describe, load_model, save_model
@@ -20,6 +20,8 @@ from train.models import build_model
 from train.optim import lr_factor, make_optimizer, make_scheduler
 from tests.conftest import TINY
 from train.precision import make_precision
+from serve_bench.runners.channel_widths import wanted_multiple
+from train.hardware import isa_facts
 
 
 def _spread_gammas(model: nn.Module) -> None:
@@ -128,6 +130,7 @@ def test_error_cases_say_what_to_do():
 def test_prune_stage_end_to_end(tmp_path, tiny_config, write_pipeline, capsys):
     tiny_config["stages"][0]["epochs"] = 2
     tiny_config["stages"].append({"name": "prune", "kind": "prune", "target": {"macs": 0.5},
+                                  "deployed_latency": {"deployed_on": ["onnxruntime"], "min_iters": 100},
                                   "sparsity": {"epochs": 1, "lambda": 1e-3, "amp": "off", "batch_size": 64},
                                   "finetune": {"epochs": 1, "amp": "off", "batch_size": 64}})
     run_dir = tmp_path / "run"
@@ -136,7 +139,9 @@ def test_prune_stage_end_to_end(tmp_path, tiny_config, write_pipeline, capsys):
     manifest = json.loads((run_dir / "manifest.json").read_text())
     metrics = manifest["stages"]["prune"]["metrics"]
     assert metrics["macs_fraction"] <= 0.5 and metrics["params_after"] < metrics["params_before"]
-    assert {"val_top1_before", "val_top1_after_surgery", "val_top1", "test_top1", "cpu_latency_ratio"} <= set(metrics)
+    assert {"val_top1_before", "val_top1_after_surgery", "val_top1", "test_top1", "deployed_latency"} <= set(metrics)
+    assert set(metrics["deployed_latency"]) == {"onnxruntime"} and metrics["round_to"]["auto"]
+    assert (metrics["round_to"]["round_to"] or 1) == wanted_multiple(["onnxruntime"], isa_facts())[0]
     assert metrics["precision"] == {phase: {"name": "fp32", "reason": "amp: off"} for phase in ("sparsity", "finetune")}
     assert manifest["artifacts"]["prune.model"]["made_from"] == ["train.model"]
     report = json.loads((run_dir / "prune" / "report" / "pruning.json").read_text())
@@ -164,7 +169,7 @@ def _slow_batchnorm_pipeline(trained_digits_run, write_pipeline, name: str) -> P
     config = copy.deepcopy(TINY)
     config["model"] = {"name": "tests.momentum_models:slow_batchnorm_resnet20", "args": {"width": 8}, "weights": str(weights)}
     config["stages"] = [{"name": "prune", "kind": "prune", "target": {"macs": 0.75},
-                         "sparsity": {"epochs": 0},
+                         "sparsity": {"epochs": 0}, "deployed_latency": {"enabled": False},
                          "finetune": {"epochs": 1, "amp": "off", "batch_size": 64, "checkpoint_every": 0}}]
     return write_pipeline(config, name)
 
@@ -270,6 +275,55 @@ def test_target_params_auto_steps_in_parameters(tmp_path, monkeypatch):
     assert any("target params: auto" in line and "of the parameters" in line for line in said)
 
 
+def test_target_auto_keeps_the_deepest_step_within_the_red_line_and_faster_where_it_ships(tmp_path, monkeypatch):
+    """Each step is timed against the unpruned file (here a fake timing): a step within the red line but not shown
+    faster is recorded and passed over, the search goes on, and the red line stops it."""
+    from compress.stages import prune_steps
+    from compress.stages.deployed_latency import DeployedLatencySettings
+    from compress.stages.training_run import BatchNormSettings, TrainingSettings
+
+    vals = iter([95.0, 94.9, 94.8, 94.6, 93.0])
+    verdicts = iter(["not distinguishable", "faster", "slower"])
+    monkeypatch.setattr(prune_steps, "val_score", lambda *a, **k: ("top1", next(vals)))
+    timed = []
+
+    def fake_ratios(unpruned, pruned, example, runtimes, settings, folder):
+        timed.append(unpruned)
+        verdict = next(verdicts)
+        return {"onnxruntime": {"p50_ratio": 0.9, "ci": [0.8, 1.1], "verdict": verdict, "rounds": 10}}
+
+    monkeypatch.setattr(prune_steps.deployed_latency, "ratios", fake_ratios)
+    model = build_model("resnet20", 10, 1, {"width": 8})
+    ctx, said = _steps_ctx(tmp_path, 1.0)
+    auto = prune_steps.AutoSettings(step=0.75, max_steps=5, finetune_epochs=0)
+    steps = prune_steps.prune_in_steps(ctx, model, torch.zeros(1, 1, 8, 8), [model.fc],
+                                       SurgerySettings(importance="magnitude"), auto, TrainingSettings(),
+                                       BatchNormSettings(reestimate_images=0), lambda m: Hooks(), torch.device("cpu"),
+                                       "top1", 95.0, "macs",
+                                       prune_steps.Timing(["onnxruntime"], DeployedLatencySettings()))
+    assert [s.get("faster") for s in steps.trajectory[1:]] == [False, True, False, None]  # step 4: past the line
+    assert steps.chosen == 2 and len(timed) == 3 and len(set(timed)) == 1  # the unpruned file exported once
+    assert not timed[0].exists()  # and removed after the search
+    record = steps.record("top1", 0)
+    assert "shown faster than the unpruned model on onnxruntime" in record["kept"]
+    assert any("not shown faster where it ships: not kept, the search goes on" in line for line in said)
+
+
+def test_a_multiple_that_cannot_reach_the_budget_is_halved_and_recorded():
+    """ResNet-20's 16-channel stage cannot lose a channel at a multiple of 16 and is a third of its MACs, so 45% is
+    out of reach there (46.8%); at 8 it is reached, every pruned width a multiple of 8, the input left as it was."""
+    model = build_model("resnet20", 10, 1, {})
+    widths = layer_widths(model)
+    pruned, result = prune_rounded(model, torch.zeros(1, 1, 28, 28), PruneTarget(macs=0.45), [model.fc],
+                                   SurgerySettings(importance="magnitude", round_to=16))
+    assert result.round_to == 8 and len(result.rounding) == 1 and "round_to 16: reached 46.8%" in result.rounding[0]
+    assert result.macs_after / result.macs_before <= 0.45 and layer_widths(model) == widths
+    assert all(w % 8 == 0 for name, w in layer_widths(pruned).items() if name != "fc")
+    wide, kept = prune_rounded(model, torch.zeros(1, 1, 28, 28), PruneTarget(macs=0.6), [model.fc],
+                               SurgerySettings(importance="magnitude", round_to=16))
+    assert kept.round_to == 16 and kept.rounding == []
+
+
 def test_prune_to_a_parameter_budget_and_exactly_one_target():
     model = build_model("resnet20", 10, 1, {"width": 8})
     before = sum(p.numel() for p in model.parameters())
@@ -289,7 +343,7 @@ def test_target_macs_auto_runs_in_the_stage_and_draws_its_trajectory(trained_dig
     config["model"] = {"name": "resnet20", "args": {"width": 8}, "weights": str(weights)}
     config["red_line"] = {"metric": "top1", "max_drop": 30.0, "collapse_margin": 40.0}
     config["stages"] = [{"name": "prune", "kind": "prune", "target": {"macs": "auto"}, "sparsity": {"epochs": 0},
-                         "auto": {"max_steps": 2, "finetune_epochs": 1},
+                         "auto": {"max_steps": 2, "finetune_epochs": 1}, "deployed_latency": {"enabled": False},
                          "finetune": {"epochs": 1, "amp": "off", "batch_size": 64, "checkpoint_every": 0}}]
     run_dir = tmp_path / "run"
     assert main(["run", str(write_pipeline(config)), "--run-dir", str(run_dir)]) == 0

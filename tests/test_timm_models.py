@@ -194,6 +194,7 @@ def _pipeline(name: str, args: dict, folder) -> dict:
     config["latency"] = {"p99_budget_ms": 10000.0, "batch_size": 1}
     config["stages"] += [
         {"name": "prune", "kind": "prune", "importance": "magnitude", "target": {"macs": 0.6},
+         "deployed_latency": {"enabled": False},
          "sparsity": {"epochs": 0}, "finetune": {"epochs": 1, "amp": "off", "batch_size": 64}},
         {"name": "quantize", "kind": "quantize", "flavours": ["cpu"], "calibration": {"method": "minmax", "samples": 64},
          "fallback": {"enabled": False}, "qat": {"epochs": 1}},

@@ -10,6 +10,7 @@ ViTs) are ranked by weight magnitude instead, and ViT-style attention loses whol
 """
 from __future__ import annotations
 
+import copy
 import logging
 import warnings
 from dataclasses import dataclass, field
@@ -160,6 +161,8 @@ class PruneResult:
     heads_before: dict[str, int] = field(default_factory=dict)
     heads_after: dict[str, int] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)  # what torch-pruning warned about
+    round_to: int | None = None  # the channel multiple the surgery rounded to
+    rounding: list[str] = field(default_factory=list)  # multiples tried first that could not reach the target
 
 
 def layer_widths(model: nn.Module) -> dict[str, int]:
@@ -292,21 +295,36 @@ def prune(model: nn.Module, example: torch.Tensor, target: PruneTarget, protecte
                        heads_before, structure.head_counts(model), notes)
 
 
-def latency_ratio(original: nn.Module, pruned: nn.Module, example: torch.Tensor, rounds: int = 10, block: int = 20) -> float:
-    """Median CPU latency of the pruned model over the original's, measured interleaved in one run."""
-    import time
+def prune_rounded(model: nn.Module, example: torch.Tensor, target: PruneTarget, protected: list[nn.Module],
+                  settings: SurgerySettings) -> tuple[nn.Module, PruneResult]:
+    """``prune`` at ``settings.round_to``, halving the multiple where the budget cannot be reached with it.
 
-    times: dict[int, list[float]] = {0: [], 1: []}
-    models = (original.eval(), pruned.eval())
-    with torch.inference_mode():
-        for m in models:
-            for _ in range(5):
-                m(example)
-        for _ in range(rounds):
-            for k, m in enumerate(models):
-                for _ in range(block):
-                    t0 = time.perf_counter()
-                    m(example)
-                    times[k].append(time.perf_counter() - t0)
-    median = [sorted(v)[len(v) // 2] for v in times.values()]
-    return median[1] / median[0]
+    A multiple the kernels want can make a budget unreachable on a narrow network: ResNet-20's 16-channel stage
+    cannot lose a channel at a multiple of 16, and that stage alone is a third of its MACs. The smaller multiple
+    still keeps widths a runtime's slow paths avoid (a depthwise width off 4 ran 2.6× slower per MAC on
+    onnxruntime). Each try prunes a copy, so ``model`` is left as it is and the pruned copy is returned; the
+    result records the multiple used and the ones that could not reach the budget."""
+    multiple = settings.round_to or 1
+    tried: list[str] = []
+    while True:
+        candidate = copy.deepcopy(model)
+        protected_copy = _same_modules(model, candidate, protected)
+        try:
+            result = prune(candidate, example, target, protected_copy,
+                           settings.model_copy(update={"round_to": multiple if multiple > 1 else None}))
+        except PruningLimitReached as exc:
+            if multiple <= 1:
+                raise
+            tried.append(f"round_to {multiple}: {exc}")
+            log.info("round_to %d cannot reach the target (%s); trying %d", multiple, exc, multiple // 2)
+            multiple //= 2
+            continue
+        result.round_to, result.rounding = (multiple if multiple > 1 else None), tried
+        return candidate, result
+
+
+def _same_modules(model: nn.Module, copied: nn.Module, modules: list[nn.Module]) -> list[nn.Module]:
+    """``modules`` of ``model`` as the same-named modules of its copy."""
+    names = {m: n for n, m in model.named_modules()}
+    lookup = dict(copied.named_modules())
+    return [lookup[names[m]] for m in modules]

@@ -10,7 +10,7 @@ import copy
 import dataclasses
 import json
 import shutil
-from typing import Literal
+from typing import Annotated, Literal
 
 import torch
 from pydantic import ConfigDict, Field
@@ -20,15 +20,20 @@ from compress.config import StageConfig
 from compress.distillation.loss import DistillSettings, check_pair
 from compress.errors import ConfigError
 from compress.pruning.channel_pruning import (PruneResult, PruneTarget, SurgerySettings, batchnorm_layers, bn_l1_hook,
-                                              gamma_histogram, latency_ratio, layer_widths, prune,
+                                              gamma_histogram, layer_widths, prune_rounded,
                                               unprunable_batchnorms)
+from compress.stages import deployed_latency
 from compress.stages.base import InputArtifact, Output, Stage, StageContext, StageResult
+from compress.stages.deployed_latency import DeployedLatencySettings
 from compress.stages.model_source import model_from_artifact, model_meta, trained_on
-from compress.stages.prune_steps import AutoSettings, prune_in_steps
+from compress.stages.prune_steps import AutoSettings, Timing, prune_in_steps
 from compress.stages.training_run import (BatchNormSettings, Distributable, TrainingRun, TrainingSettings, headline,
                                           refresh_batchnorm, resolve_device, run_training, stop_if_collapsed,
                                           teacher_loss, test_accuracy, test_metrics, val_score)
+from serve_bench.runners import runtime_title, usable_onnx_runtimes
+from serve_bench.runners.channel_widths import wanted_multiple
 from train.atomic_io import atomic_dir
+from train.hardware import isa_facts
 from train.loop import Hooks
 from train.model_io import load_model, save_model
 
@@ -48,6 +53,13 @@ class FinetuneConfig(TrainingSettings):
 class PruneConfig(StageConfig, SurgerySettings, Distributable):
     kind: Literal["prune"] = Field("prune", description="network slimming: an L1 penalty on BatchNorm scales, "
                                                         "channel surgery, a finetune")
+    round_to: Annotated[int, Field(ge=1)] | Literal["auto"] | None = Field(
+        "auto", description="channel counts rounded to multiples of this; auto: the multiple the convolutions "
+        "of the runtimes the file ships on want on this CPU (measured: pipelines/channel_multiples.py), recorded with "
+        "its reason; null: no rounding")
+    deployed_latency: DeployedLatencySettings = Field(
+        default_factory=DeployedLatencySettings, description="the pruned model against the unpruned one, both "
+        "exported, timed on the CPU runtimes; target auto keeps only steps faster there")
     sparsity: SparsityConfig = Field(default_factory=SparsityConfig, description="the training with an L1 penalty on "
                                                                                "BatchNorm scales, before the surgery")
     target: PruneTarget = Field(default_factory=lambda: PruneTarget(macs=0.45), description="how far to prune")
@@ -122,7 +134,7 @@ def _surgery_once(ctx: StageContext, model: nn.Module, example: torch.Tensor, ta
     """
     folder = ctx.stage_dir / "surgery"
     if ctx.is_main:
-        result = prune(model, example, target, protected, surgery)
+        model, result = prune_rounded(model, example, target, protected, surgery)
         pruned = {**description, "pruning": {"history": (description.get("pruning") or {}).get("history", [])
                                              + result.history, "input_shape": list(example.shape[1:])}}
         with atomic_dir(folder) as tmp:
@@ -145,6 +157,16 @@ def _unpruned(model: nn.Module, example: torch.Tensor) -> PruneResult:
     macs, params = tp.utils.count_ops_and_params(model.eval(), example)
     channels = layer_widths(model)
     return PruneResult([], int(macs), int(macs), int(params), int(params), channels, channels)
+
+
+def _rounding(cfg: PruneConfig, runtimes: list[str]) -> dict:
+    """The channel multiple the surgery rounds to, and why: the pipeline's, or (auto) the one the convolutions of
+    ``runtimes`` want on this CPU's instruction set."""
+    if cfg.round_to == "auto":
+        multiple, reason = wanted_multiple(runtimes, isa_facts())
+        return {"round_to": multiple if multiple > 1 else None, "reason": reason, "auto": True}
+    return {"round_to": cfg.round_to, "auto": False,
+            "reason": "set in the pipeline file" if cfg.round_to else "round_to: null in the pipeline file, no rounding"}
 
 
 def _epochs(n: int) -> str:
@@ -227,7 +249,15 @@ class PruneStage(Stage):
                                             checkpoint_dir=ctx.stage_dir / "checkpoints-sparsity")
             report["gamma_after_sparsity"] = gamma_histogram(model)
         model.cpu().eval()
-        surgery = SurgerySettings(**cfg.model_dump(include=set(SurgerySettings.model_fields)))
+        try:
+            runtimes = (deployed_latency.runtimes_of(cfg.deployed_latency, f"{field}.deployed_latency")
+                        if cfg.deployed_latency.enabled else [])
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from exc
+        rounding = _rounding(cfg, runtimes or usable_onnx_runtimes("cpu"))
+        ctx.log(f"channel counts rounded to multiples of {rounding['round_to'] or 1}: {rounding['reason']}")
+        surgery = SurgerySettings(**{**cfg.model_dump(include=set(SurgerySettings.model_fields)),
+                                     "round_to": rounding["round_to"]})
         device = resolve_device(cfg.finetune.device)
         if device.type == "cuda" and ctx.group.active:
             device = torch.device("cuda", torch.cuda.current_device())
@@ -241,16 +271,20 @@ class PruneStage(Stage):
                                   "are random: give a number")
             steps = prune_in_steps(ctx, model, example, protected, surgery, cfg.auto, cfg.finetune, cfg.batchnorm,
                                    hooks_for, device, score, self._reference(ctx, inputs, cfg, device, before),
-                                   cfg.target.measure)
+                                   cfg.target.measure, Timing(runtimes, cfg.deployed_latency))
             model = steps.model.to(device)
             result = steps.result or _unpruned(model, example.to(device))
         else:
             if ctx.group.active:
                 model, result = _surgery_once(ctx, model, example, cfg.target, protected, surgery, description)
             else:
-                result = prune(model, example, cfg.target, protected, surgery)
+                model, result = prune_rounded(model, example, cfg.target, protected, surgery)
             refresh_batchnorm(ctx, model.to(device), cfg.batchnorm, cfg.finetune, "after the surgery", device)
         score, after_surgery = val_score(model, data, cfg.finetune, device, ctx.group)
+        rounding.update(used=result.round_to, not_reached=result.rounding)
+        if result.rounding:
+            ctx.log(f"channel counts rounded to multiples of {result.round_to or 1}, not {rounding['round_to']}: "
+                    f"{'; '.join(result.rounding)}", style="yellow")
         heads = (f", attention heads {sum(result.heads_before.values())} → {sum(result.heads_after.values())}"
                  if result.heads_before else "")
         ctx.log(f"pruned to {_kept(result, cfg.target.measure)} "
@@ -275,8 +309,21 @@ class PruneStage(Stage):
         test = test_accuracy(ctx.data, model, cfg.finetune, run)
         model.cpu().eval()
         # Timed on rank 0 alone: other ranks timing at once would share its cores and skew it.
-        ratio = latency_ratio(original, model, example) if ctx.is_main else float("nan")
-        ctx.log(f"{headline(test_metrics(test))} after finetune; CPU latency pruned/unpruned {ratio:.2f}")
+        deployed: dict = {}
+        try:
+            if ctx.is_main:
+                deployed = deployed_latency.ratios(original, model, example, runtimes, cfg.deployed_latency,
+                                                   ctx.stage_dir)
+        except deployed_latency.NotTimed as exc:
+            ctx.log(f"the pruned model was not timed where it ships ({exc}); the bench measures the files",
+                    style="yellow")
+        ctx.log(f"{headline(test_metrics(test))} after finetune; p50 pruned/unpruned, both exported: "
+                f"{deployed_latency.words(deployed)}")
+        if deployed and not deployed_latency.pays(deployed):
+            slower = [runtime_title(rt) for rt, r in deployed.items() if r["verdict"] != "faster"]
+            ctx.log(f"pruning is not shown faster on {', '.join(slower)}: the pruned file may ship slower than the "
+                    "unpruned one there (the bench measures it; round_to, a lighter target or not pruning may pay "
+                    "more)", style="yellow")
 
         history = (description.get("pruning") or {}).get("history", []) + result.history
         description["pruning"] = {"history": history, "input_shape": list(data.input_shape), "stage": ctx.name}
@@ -287,7 +334,7 @@ class PruneStage(Stage):
                    f"val_{score}_before": round(before, 3), f"val_{score}_after_surgery": round(after_surgery, 3),
                    f"val_{score}": round(after, 3),
                    **test_metrics(test),
-                   "cpu_latency_ratio": round(ratio, 3),
+                   "deployed_latency": deployed, "round_to": rounding,
                    "importance": result.importance, "not_pruned": result.not_pruned,
                    "unwrapped_parameters": result.unwrapped,
                    **({"heads_before": sum(result.heads_before.values()), "heads_after": sum(result.heads_after.values())}
@@ -296,8 +343,8 @@ class PruneStage(Stage):
                    **({"auto": steps.record(score, cfg.auto.epochs(cfg.finetune), cfg.target.measure)} if steps is not None else {}),
                    "precision": {phase: {"name": r.precision.name, "reason": r.precision.reason}
                                  for phase, r in runs.items()},
-                   "summary": f"{_kept(result, cfg.target.measure, short=True)}, {headline(test_metrics(test))}, "
-                              f"latency ×{ratio:.2f}"}
+                   "summary": f"{_kept(result, cfg.target.measure, short=True)}, {headline(test_metrics(test))}"
+                              + "".join(f", {runtime_title(rt)} p50 ×{r['p50_ratio']:.2f}" for rt, r in deployed.items())}
         report.update(channels_before=result.channels_before, channels_after=result.channels_after,
                       heads_before=result.heads_before, heads_after=result.heads_after,
                       torch_pruning_warnings=result.warnings, metrics=metrics)

@@ -19,6 +19,7 @@ search only decides how far to prune. The test split is not read here.
 from __future__ import annotations
 
 import copy
+from contextlib import nullcontext
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -28,8 +29,11 @@ from torch import nn
 
 from compress.config import Strict
 from compress.errors import ConfigError
-from compress.pruning.channel_pruning import PruneResult, PruneTarget, PruningLimitReached, SurgerySettings, prune
+from compress.pruning.channel_pruning import (PruneResult, PruneTarget, PruningLimitReached, SurgerySettings,
+                                              prune_rounded)
+from compress.stages import deployed_latency
 from compress.stages.base import StageContext
+from compress.stages.deployed_latency import DeployedLatencySettings
 from compress.stages.training_run import (BatchNormSettings, TrainingSettings, refresh_batchnorm, run_training,
                                           val_score)
 from train.loop import Hooks
@@ -51,6 +55,14 @@ class AutoSettings(Strict):
 
 
 @dataclass
+class Timing:
+    """Where each step is timed against the unpruned model (none: accuracy alone judges a step)."""
+
+    runtimes: list[str]
+    settings: DeployedLatencySettings
+
+
+@dataclass
 class Steps:
     """The steps taken: the model of the last one within the red line (the input where none was), what pruning did
     to reach it, and the trajectory (each step's share of the MACs and validation figure)."""
@@ -60,21 +72,44 @@ class Steps:
     trajectory: list[dict] = field(default_factory=list)
     chosen: int = 0
     reference: float = float("nan")  # the red line's baseline on the validation split, each step judged against
+    timed_on: list[str] = field(default_factory=list)  # the runtimes a kept step must be faster on
 
     def record(self, metric: str, epochs: int, measure: str = "macs") -> dict:
         return {"trajectory": self.trajectory, "chosen_step": self.chosen, "measure": measure,
                 "baseline_val": round(self.reference, 3),
                 "cost": {"steps": len(self.trajectory) - 1, "finetune_epochs_per_step": epochs,
                          "epochs": (len(self.trajectory) - 1) * epochs},
-                "metric": f"val_{metric}"}
+                "metric": f"val_{metric}",
+                "kept": "the deepest step within the red line" + (
+                    f" and shown faster than the unpruned model on {', '.join(self.timed_on)} (p50, paired by round)"
+                    if self.timed_on else "")}
 
 
 def prune_in_steps(ctx: StageContext, model: nn.Module, example: torch.Tensor, protected: list[nn.Module],
                    surgery: SurgerySettings, auto: AutoSettings, finetune: TrainingSettings,
                    batchnorm: BatchNormSettings, hooks_for: Callable[[nn.Module], Hooks], device: torch.device,
-                   metric: str, reference: float, measure: str = "macs") -> Steps:
+                   metric: str, reference: float, measure: str = "macs", timing: Timing | None = None) -> Steps:
     """Steps of ``model`` (left as it is) pruned to ``auto.step``**k of its MACs (``measure``: or parameters) while
-    each, finetuned, stays within the red line of ``reference`` (the red line's baseline on the validation split)."""
+    each, finetuned, stays within the red line of ``reference`` (the red line's baseline on the validation split).
+    With ``timing``, each step is also exported and timed against the unpruned model on its runtimes, and only a
+    step shown faster on all of them can be kept: the search goes on past a step that is not (a deeper one may
+    be), and stops at the red line."""
+    timing = timing or Timing([], DeployedLatencySettings(enabled=False))
+    unpruned_file = nullcontext()
+    if timing.runtimes:
+        try:
+            unpruned_file = deployed_latency.UnprunedFile(model, example, ctx.stage_dir)
+        except Exception as exc:  # noqa: BLE001 - an exporter failure: the steps are judged on accuracy, said so
+            ctx.log(f"the unpruned model could not be exported to time the steps ({type(exc).__name__}: {exc}); "
+                    "the steps are judged on accuracy alone", style="yellow")
+            timing = Timing([], timing.settings)
+    with unpruned_file as unpruned:
+        return _steps(ctx, model, example, protected, surgery, auto, finetune, batchnorm, hooks_for, device, metric,
+                      reference, measure, timing, unpruned)
+
+
+def _steps(ctx, model, example, protected, surgery, auto, finetune, batchnorm, hooks_for, device, metric, reference,
+           measure, timing, unpruned) -> Steps:
     word = "MACs" if measure == "macs" else "parameters"
     if ctx.group.active:
         raise ConfigError(f"stages.{ctx.name}.target.{measure}: auto prunes, finetunes and judges in steps in one process; "
@@ -82,25 +117,24 @@ def prune_in_steps(ctx: StageContext, model: nn.Module, example: torch.Tensor, p
     red = ctx.pipeline.red_line
     epochs = auto.epochs(finetune)
     short = finetune.model_copy(update={"epochs": epochs})
-    names = {m: n for n, m in model.named_modules()}
-    protected_names = [names[m] for m in protected]
     _, start = val_score(model, ctx.data, finetune, device)
     ctx.log(f"target {measure}: auto: up to {auto.max_steps} steps to ×{auto.step:g}^k of the {word} (not below "
             f"{auto.min_macs:.0%}), each finetuned {epochs} epoch{'s' if epochs != 1 else ''} "
             f"and judged on the validation split against the red line ({red.max_drop:g} points below the baseline's "
-            f"{reference:.2f}); at most {auto.max_steps * epochs} epochs before the finetune")
+            f"{reference:.2f})" + (f" and by its p50 against the unpruned model's on {', '.join(timing.runtimes)}"
+                                   if timing.runtimes else "")
+            + f"; at most {auto.max_steps * epochs} epochs before the finetune")
     model.cpu()
     steps = Steps(copy.deepcopy(model), None, [{"step": 0, "macs_fraction": 1.0, "params_fraction": 1.0,
                                                 f"val_{metric}": round(start, 3),
-                                                "within": reference - start <= red.max_drop}], reference=reference)
+                                                "within": reference - start <= red.max_drop}], reference=reference,
+                  timed_on=list(timing.runtimes))
     for k in range(1, auto.max_steps + 1):
         target = auto.step ** k
         if target < auto.min_macs:
             break
-        candidate = copy.deepcopy(model).eval()
-        modules = dict(candidate.named_modules())
         try:
-            result = prune(candidate, example, PruneTarget(**{measure: target}), [modules[n] for n in protected_names], surgery)
+            candidate, result = prune_rounded(model.eval(), example, PruneTarget(**{measure: target}), protected, surgery)
         except PruningLimitReached as exc:
             ctx.log(f"step {k}: the pruner goes no further ({exc}); the search stops")
             break
@@ -111,17 +145,37 @@ def prune_in_steps(ctx: StageContext, model: nn.Module, example: torch.Tensor, p
             refresh_batchnorm(ctx, candidate, batchnorm, short, f"step {k}: after its finetune", run.device)
         _, val = val_score(candidate, ctx.data, finetune, device)
         fractions = {"macs_fraction": round(result.macs_after / result.macs_before, 4),
-                     "params_fraction": round(result.params_after / result.params_before, 4)}
+                     "params_fraction": round(result.params_after / result.params_before, 4),
+                     "round_to": result.round_to}
         within = reference - val <= red.max_drop
-        steps.trajectory.append({"step": k, **fractions, f"val_{metric}": round(val, 3), "within": within})
-        ctx.log(f"step {k}: {fractions[f'{measure}_fraction']:.1%} of the {word}, val {metric} {val:.2f} ({reference - val:+.2f} points below "
-                "the baseline): " + ("within the red line" if within else "past the red line, the search stops"),
-                style=None if within else "yellow")
+        row = {"step": k, **fractions, f"val_{metric}": round(val, 3), "within": within}
+        faster = True
+        if within and timing.runtimes:
+            try:
+                row["deployed_latency"] = deployed_latency.ratios(unpruned.path, candidate.cpu(), example,
+                                                                  timing.runtimes, timing.settings, ctx.stage_dir)
+                faster = row["faster"] = deployed_latency.pays(row["deployed_latency"])
+            except deployed_latency.NotTimed as exc:  # judged on accuracy alone from here on, and said so
+                ctx.log(f"step {k} could not be timed ({exc}): the steps are judged on accuracy alone",
+                        style="yellow")
+                row["not_timed"] = str(exc)
+                timing = Timing([], timing.settings)
+                steps.timed_on = []
+        steps.trajectory.append(row)
+        verdict = ("past the red line, the search stops" if not within else "within the red line"
+                   + ("" if not timing.runtimes else ", faster where it ships" if faster
+                      else ", not shown faster where it ships: not kept, the search goes on"))
+        timed = f"; p50 vs unpruned {deployed_latency.words(row['deployed_latency'])}" if "deployed_latency" in row else ""
+        ctx.log(f"step {k}: {fractions[f'{measure}_fraction']:.1%} of the {word}, val {metric} {val:.2f} "
+                f"({reference - val:+.2f} points below the baseline){timed}: {verdict}",
+                style=None if within and faster else "yellow")
         if not within:
             break
-        steps.model, steps.result, steps.chosen = candidate.cpu(), result, k
+        if faster:
+            steps.model, steps.result, steps.chosen = candidate.cpu(), result, k
     if steps.result is None:
-        ctx.log("no pruned step within the red line: the model is handed on unpruned", style="yellow")
+        ctx.log("no pruned step within the red line" + (" and faster where it ships" if timing.runtimes else "")
+                + ": the model is handed on unpruned", style="yellow")
     else:
         kept = steps.trajectory[steps.chosen]  # the trajectory holds step k at index k
         ctx.log(f"kept step {steps.chosen}: {kept['macs_fraction']:.1%} of the MACs, "

@@ -6,6 +6,8 @@ module only renders them, so the report can be re-rendered from report.json alon
 from __future__ import annotations
 
 from serve_bench.report_model import Entry, Report
+from serve_bench.runners import runtime_title
+from serve_bench.runners.channel_widths import width_words
 from serve_bench.runners.kernel_census import census_line
 
 Table = tuple[list[str], list[list[str]]]
@@ -81,6 +83,32 @@ def unfused_qdq_flags(entries: list[Entry]) -> list[str]:
     """A report flag per artifact whose runtime ran Q/DQ nodes unfused, naming them."""
     lines = [unfused_qdq_line(e.name, e.operator_profile) for e in entries if e.operator_profile]
     return [line for line in lines if line]
+
+
+def slower_than_unpruned_flags(entries: list[Entry]) -> list[str]:
+    """A flag per compressed file shown slower than the unpruned model's fp32 ONNX on its own runtime (p50 or p99,
+    block-paired), naming the likely cause read from the file and its profile: channel counts off the multiple the
+    runtime's convolutions want, Q/DQ the runtime left unfused; or saying that neither explains it."""
+    flags = []
+    for art in entries:
+        ratio = art.vs_export_alone
+        if ratio is None or "slower" not in (ratio.p50.verdict, ratio.p99.verdict):
+            continue
+        causes = []
+        widths = art.channel_widths or {}
+        mine, theirs = widths.get("file") or {}, widths.get("unpruned") or {}
+        if mine.get("off_multiple", 0) > theirs.get("off_multiple", 0):
+            causes.append(width_words(mine, runtime_title(art.backend)))
+        unfused = len((art.operator_profile or {}).get("unfused_qdq") or [])
+        if unfused:
+            causes.append(f"{runtime_title(art.backend)} ran {unfused} Q/DQ nodes unfused (float conversions around "
+                          "operators that did not become integer kernels)")
+        said = "; ".join(causes) if causes else ("neither its channel counts nor unfused Q/DQ explain it: compare the "
+                                                 "two profiles in the report")
+        flags.append(f"{art.name} is slower than the unpruned model exported as it is ({ratio.reference}) on the same "
+                     f"runtime: p50 ×{ratio.p50.ratio:.2f} [{ratio.p50.ci[0]:.2f}, {ratio.p50.ci[1]:.2f}], p99 "
+                     f"×{ratio.p99.ratio:.2f} [{ratio.p99.ci[0]:.2f}, {ratio.p99.ci[1]:.2f}]. Likely cause: {said}")
+    return flags
 
 
 def profile_failures(entries: list[Entry]) -> list[str]:

@@ -122,6 +122,9 @@ class Entry(_Open):
                                                "(the unpruned model's fp32 ONNX, export alone)")
     vs_export_alone: RatioPair | None = Field(None, description="latency over the unpruned model's fp32 ONNX on the "
                                                                 "same runtime: what compression earned there")
+    channel_widths: dict[str, Any] | None = Field(None, description="the file's convolution widths against the "
+                                                                    "channel multiple its runtime wants on this CPU, "
+                                                                    "beside the unpruned file's (file, unpruned)")
 
     def server_run(self) -> ServerRun | None:
         """The run at the pipeline's traffic when the pipeline gates on the server scenario."""

@@ -73,6 +73,9 @@ class Runner:
     title: ClassVar[str] = ""  # how messages name the runtime, where it differs from ``backend`` (OpenVINO)
     fixed_device: ClassVar[str | None] = None  # the device it runs on whatever the bench's (TensorRT: cuda)
     profiler_device: ClassVar[str] = "cpu"  # where its operator profiler times a file (TensorRT's: cuda)
+    # the channel multiple its convolutions want, by instruction-set class (serve_bench.runners.channel_widths);
+    # none known: no rounding asked for
+    channel_blocks: ClassVar[dict[str, int]] = {}
 
     def __init__(self, path: str | Path, *, threads: int | None = None, device: str = "cpu", **options: Any) -> None:
         self.path, self.device = Path(path), device

@@ -8,6 +8,10 @@ from serve_bench.runners.base import Runner, RunnerError
 
 class OnnxRuntimeRunner(Runner):
     backend = "onnxruntime"
+    # Its x86 convolutions run in NCHWc blocks of 16 channels with AVX-512 and 8 with AVX2 (MLAS's
+    # NchwcBlockSize); a width off the block costs as much as the next whole block, and a depthwise width that is
+    # not a multiple of 4 fell to a path 2.6× slower per MAC (pipelines/channel_multiples.py, AMX Xeon).
+    channel_blocks = {"amx": 16, "avx512": 16, "avx2": 8}
     _DEVICE_PROVIDERS = {"cpu": ["CPUExecutionProvider"], "cuda": ["CUDAExecutionProvider", "CPUExecutionProvider"],
                          "tensorrt": ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"]}
 

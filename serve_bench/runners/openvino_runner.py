@@ -42,6 +42,10 @@ class OpenVinoRunner(Runner):
     backend = "openvino"
     title = "OpenVINO"
     answers_depend_on_batch = True  # measured: logits of batches of 8 differ from batch 1 by up to 0.64 (2 threads)
+    # Its oneDNN convolutions pad a width to the next block: 16 channels with AVX-512 (f32, and bf16 on AMX), 8 with
+    # AVX2 (p50 rose with the width in steps of 8 under ONEDNN_MAX_CPU_ISA=AVX2); a dense 3×3 width off the block
+    # cost up to 1.35× per MAC (pipelines/channel_multiples.py, AMX Xeon)
+    channel_blocks = {"amx": 16, "avx512": 16, "avx2": 8}
 
     def _load(self) -> None:
         try:

@@ -14,7 +14,7 @@ from tests.conftest import TINY
 @pytest.fixture
 def two_stage_run(tmp_path):
     config = copy.deepcopy(TINY)
-    config["stages"].append({"name": "prune", "kind": "prune", "target": {"ratio": 0.5},
+    config["stages"].append({"name": "prune", "kind": "prune", "target": {"ratio": 0.5}, "deployed_latency": {"enabled": False},
                              "sparsity": {"epochs": 1, "amp": "off"}, "finetune": {"epochs": 1, "amp": "off"}})
     path = tmp_path / "p.yaml"
     path.write_text(yaml.safe_dump(config))
