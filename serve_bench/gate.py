@@ -307,23 +307,23 @@ def yields_to_float(art: Entry, candidates: list[Entry]) -> str | None:
     Quantization is a risk to accuracy taken for speed; where the bench's block-paired p99 ratio of the INT8 file
     over that fp32 file (``int8_vs_fp32``, measured in the same rounds) does not show it faster, and the fp32 file
     passed the gate too, the risk buys nothing that this run can show, so the float file is preferred. A lower
-    point p99 inside a ratio interval that reaches 1 is noise between two files, not a reason to ship INT8."""
+    point p99 inside a ratio interval that reaches 1 is noise between two files, not a reason to ship INT8.
+    ``candidates`` are the files that passed; the ratio is closed-loop, so the gate applies this only where it
+    ranks by closed-loop p99 (not under traffic, whose paired ratio it does not have yet)."""
     paired = art.int8_vs_fp32
     if art.precision != "int8" or paired is None or paired.p99.verdict == "faster":
         return None
     if paired.reference not in {c.name for c in candidates}:
         return None
     return (f"{art.name} (int8) gives way to {paired.reference} (fp32, same model and runtime, also within both "
-            f"limits): its p99 is {paired.p99.verdict} against it, block-paired ×{paired.p99.ratio:.2f} "
-            f"(95% CI {paired.p99.ci[0]:.2f}–{paired.p99.ci[1]:.2f}), so quantization buys no latency this run "
-            "can show")
+            f"limits): its p99 over that file's, block-paired, is ×{paired.p99.ratio:.2f} "
+            f"(95% CI {paired.p99.ci[0]:.2f}–{paired.p99.ci[1]:.2f}, {paired.p99.verdict}), so quantization buys "
+            "no latency this run can show")
 
 
 def preferred(candidates: list[Entry], budget_ms: float | None = None, decision: str | None = None) -> Entry:
     """Where every candidate was swept, the one that carries the most traffic within the budget; otherwise the
-    lowest p99 (at the pipeline's traffic for the server scenario, else closed loop). An INT8 file not shown
-    faster than its own fp32 file, where that passed too, is not ranked (``yields_to_float``)."""
-    candidates = [a for a in candidates if yields_to_float(a, candidates) is None] or candidates
+    lowest p99 (at the pipeline's traffic for the server scenario, else closed loop)."""
     loads = [carried_load(a, budget_ms, decision) for a in candidates]
     if all(load is not None for load in loads):
         return candidates[max(range(len(candidates)), key=lambda i: (loads[i], -i))]  # ties: the first listed
@@ -354,8 +354,11 @@ def evaluate(artifacts: list[Entry], limits: Limits, accuracy_meaningful: bool =
             reasons.append(f"{art.name}: " + "; ".join(problems))
         else:
             candidates.append(art)
-    release = preferred(candidates, p99_budget_ms, decision).name if candidates else None
-    gave_way = [why for why in (yields_to_float(a, candidates) for a in candidates) if why]
+    # The INT8/fp32 ratio is the closed loop's: it decides only where the release is ranked by closed-loop p99.
+    closed_loop = all(server_run(a) is None and carried_load(a, p99_budget_ms, decision) is None for a in candidates)
+    gave_way = [why for why in (yields_to_float(a, candidates) for a in candidates) if why] if closed_loop else []
+    ranked = [a for a in candidates if yields_to_float(a, candidates) is None] if gave_way else candidates
+    release = preferred(ranked or candidates, p99_budget_ms, decision).name if candidates else None
     if release is None:
         what = "the accuracy red line and the p99 budget" if accuracy_meaningful else "the p99 budget"
         reasons.insert(0, f"no artifact meets {'both ' if accuracy_meaningful else ''}{what}"

@@ -130,7 +130,7 @@ def test_error_cases_say_what_to_do():
 def test_prune_stage_end_to_end(tmp_path, tiny_config, write_pipeline, capsys):
     tiny_config["stages"][0]["epochs"] = 2
     tiny_config["stages"].append({"name": "prune", "kind": "prune", "target": {"macs": 0.5},
-                                  "deployed_latency": {"deployed_on": ["onnxruntime"], "min_iters": 100},
+                                  "deployed_latency": {"deployed_on": ["onnxruntime"], "min_iters": 100, "seconds": 1.0},
                                   "sparsity": {"epochs": 1, "lambda": 1e-3, "amp": "off", "batch_size": 64},
                                   "finetune": {"epochs": 1, "amp": "off", "batch_size": 64}})
     run_dir = tmp_path / "run"
@@ -322,6 +322,28 @@ def test_a_multiple_that_cannot_reach_the_budget_is_halved_and_recorded():
     wide, kept = prune_rounded(model, torch.zeros(1, 1, 28, 28), PruneTarget(macs=0.6), [model.fc],
                                SurgerySettings(importance="magnitude", round_to=16))
     assert kept.round_to == 16 and kept.rounding == []
+
+
+def test_the_prune_stage_is_keyed_on_the_multiple_and_runtimes_it_resolved(monkeypatch):
+    """round_to: auto resolves per CPU class, so the key holds the multiple: a run directory moved from an AVX-512
+    machine to an AVX2 one prunes again; a bench that names its runtimes narrows the ones timed."""
+    from types import SimpleNamespace
+
+    from compress.pipeline.pipeline_file import load_pipeline
+    from compress.stages import prune_stage
+    from compress.stages.deployed_latency import DeployedLatencySettings, runtimes_of
+
+    pipeline = load_pipeline(Path(__file__).resolve().parents[1] / "pipelines" / "prune_depthwise.yaml")
+    cfg = next(s for s in pipeline.stages if s.kind == "prune")
+    monkeypatch.setattr(prune_stage, "isa_facts", lambda: {"avx512_f": True, "avx2": True})
+    wide = prune_stage.PruneStage.key_extra(cfg, pipeline)
+    monkeypatch.setattr(prune_stage, "isa_facts", lambda: {"avx2": True})
+    narrow = prune_stage.PruneStage.key_extra(cfg, pipeline)
+    assert wide["round_to"] == 16 and narrow["round_to"] == 8 and wide["deployed_on"] == narrow["deployed_on"]
+    bench = SimpleNamespace(kind="bench", runtimes=["onnxruntime"])
+    assert runtimes_of(DeployedLatencySettings(), "f", [bench]) == ["onnxruntime"]
+    with pytest.raises(ValueError, match="deployed_on: tensorrt cannot run here"):
+        runtimes_of(DeployedLatencySettings(deployed_on=["tensorrt"]), "f", [])
 
 
 def test_prune_to_a_parameter_budget_and_exactly_one_target():

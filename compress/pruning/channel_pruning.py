@@ -296,8 +296,9 @@ def prune(model: nn.Module, example: torch.Tensor, target: PruneTarget, protecte
 
 
 def prune_rounded(model: nn.Module, example: torch.Tensor, target: PruneTarget, protected: list[nn.Module],
-                  settings: SurgerySettings) -> tuple[nn.Module, PruneResult]:
-    """``prune`` at ``settings.round_to``, halving the multiple where the budget cannot be reached with it.
+                  settings: SurgerySettings, halve: bool = True) -> tuple[nn.Module, PruneResult]:
+    """``prune`` at ``settings.round_to``, halving the multiple (``halve``: a multiple chosen for the user, not one
+    the user set) where the target cannot be reached with it.
 
     A multiple the kernels want can make a budget unreachable on a narrow network: ResNet-20's 16-channel stage
     cannot lose a channel at a multiple of 16, and that stage alone is a third of its MACs. The smaller multiple
@@ -313,7 +314,7 @@ def prune_rounded(model: nn.Module, example: torch.Tensor, target: PruneTarget, 
             result = prune(candidate, example, target, protected_copy,
                            settings.model_copy(update={"round_to": multiple if multiple > 1 else None}))
         except PruningLimitReached as exc:
-            if multiple <= 1:
+            if multiple <= 1 or not halve:
                 raise
             tried.append(f"round_to {multiple}: {exc}")
             log.info("round_to %d cannot reach the target (%s); trying %d", multiple, exc, multiple // 2)

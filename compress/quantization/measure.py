@@ -66,11 +66,11 @@ def quick_latency(paths: dict[str, Path], pool: np.ndarray, min_iters: int = 300
 
 def p50_ratios(reference: Path, candidates: dict[str, Path], pool: np.ndarray, runtime: str = ONNX_RUNTIME,
                min_iters: int = 300, threads: int | None = None, options: dict | None = None, batch_size: int = 1,
-               level: float = 0.95) -> dict[str, dict]:
+               level: float = 0.95, seconds: float = 1.0) -> dict[str, dict]:
     """Each candidate's p50 over ``reference``'s on ``runtime`` at ``batch_size``, paired by round in one
     interleaved run, with its ``level`` interval over the rounds. The settle pause is the harness's own (0.2 s:
     shorter left the previous worker's threads spinning into the next block)."""
-    settings = HarnessSettings(warmup_iters=20, warmup_s=0.1, min_iters=min_iters, min_duration_s=1.0,
+    settings = HarnessSettings(warmup_iters=20, warmup_s=0.1, min_iters=min_iters, min_duration_s=seconds,
                                block_iters=50, block_s=0.1)
     measured = interleaved({"reference": reference, **candidates}, pool, settings, runtime, batch_size,
                            {**({"threads": threads} if threads else {}), **(options or {})})

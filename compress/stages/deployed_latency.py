@@ -22,6 +22,7 @@ from torch import nn
 from compress.config import Strict
 from compress.quantization.measure import p50_ratios
 from export.onnx_export import export_onnx
+from serve_bench.stats.latency_intervals import MIN_BLOCKS
 from serve_bench.runners import runtime_title, usable_onnx_runtimes
 
 log = logging.getLogger(__name__)
@@ -32,16 +33,22 @@ class DeployedLatencySettings(Strict):
 
     enabled: bool = Field(True, description="time both models, exported, on the CPU runtimes (false: no latency "
                                             "figure, and target auto judges accuracy alone)")
-    deployed_on: list[str] | None = Field(None, description="the runtimes to time on (default: every ONNX runtime "
+    deployed_on: list[str] | None = Field(None, description="the runtimes to time on (default: those the bench "
+                                                            "stage names in its runtimes, else every ONNX runtime "
                                                             "usable on this machine, as the bench runs them)")
-    min_iters: int = Field(300, ge=50, description="requests per file at least (each file ≥ 1 s too)")
+    min_iters: int = Field(300, ge=50, description="requests per file at least")
+    seconds: float = Field(2.0, gt=0, description="measured seconds per file at least: about 10 interleaved rounds "
+                                                  "for a 4-ms file, the fewest a ratio's interval rests on")
 
 
-def runtimes_of(settings: DeployedLatencySettings, field: str) -> list[str]:
-    """The runtimes to time on; a named runtime that is not usable here is a config error (ValueError)."""
+def runtimes_of(settings: DeployedLatencySettings, field: str, stages: list | None = None) -> list[str]:
+    """The runtimes to time on: ``deployed_on``, else those the pipeline's bench stages measure ONNX files on where
+    they name them (``runtimes``), else every usable one; a named runtime not usable here is a ValueError."""
     usable = usable_onnx_runtimes("cpu")
     if settings.deployed_on is None:
-        return usable
+        named = [rt for stage in stages or [] if getattr(stage, "kind", None) == "bench"
+                 for rt in (getattr(stage, "runtimes", None) or [])]
+        return [rt for rt in usable if rt in named] if named else usable
     missing = [r for r in settings.deployed_on if r not in usable]
     if missing:
         raise ValueError(f"{field}.deployed_on: {', '.join(missing)} cannot run here (usable: "
@@ -50,7 +57,8 @@ def runtimes_of(settings: DeployedLatencySettings, field: str) -> list[str]:
 
 
 def _export(model: nn.Module, example: torch.Tensor, path: Path) -> Path:
-    return export_onnx(model, example, path).path
+    """The model as the export stage writes it (batch dimension dynamic: torch.export needs a sample of two)."""
+    return export_onnx(model, torch.zeros(2, *example.shape[1:], dtype=example.dtype), path).path
 
 
 class NotTimed(Exception):
@@ -81,20 +89,22 @@ def _ratios(unpruned: nn.Module | Path, pruned: nn.Module, example: torch.Tensor
         out = {}
         for runtime in runtimes:
             ratio = p50_ratios(reference, {"pruned": candidate}, pool, runtime=runtime,
-                               min_iters=settings.min_iters)["pruned"]
+                               min_iters=settings.min_iters, seconds=settings.seconds)["pruned"]
             out[runtime] = {"p50_ratio": ratio["ratio"], "ci": ratio["ci"], "verdict": ratio["verdict"],
                             "rounds": ratio["rounds"]}
         return out
 
 
 def pays(measured: dict[str, dict]) -> bool:
-    """Pruning pays where the pruned file is shown faster on every runtime timed (true where none was timed)."""
-    return all(r["verdict"] == "faster" for r in measured.values())
+    """Pruning pays where the pruned file is shown faster on every runtime timed (true where none was timed), each
+    verdict resting on at least ``MIN_BLOCKS`` rounds (fewer: the interval is not trusted, nothing is shown)."""
+    return all(r["verdict"] == "faster" and r["rounds"] >= MIN_BLOCKS for r in measured.values())
 
 
 def words(measured: dict[str, dict]) -> str:
     """One clause per runtime for the log: 'onnxruntime ×0.62 [0.60, 0.64] faster'."""
     return "; ".join(f"{runtime_title(rt)} ×{r['p50_ratio']:.2f} [{r['ci'][0]:.2f}, {r['ci'][1]:.2f}] {r['verdict']}"
+                     + (f" (only {r['rounds']} rounds: not trusted)" if r["rounds"] < MIN_BLOCKS else "")
                      for rt, r in measured.items()) or "not timed"
 
 

@@ -126,7 +126,8 @@ def _not_pruned_line(result: PruneResult) -> str:
 
 
 def _surgery_once(ctx: StageContext, model: nn.Module, example: torch.Tensor, target: PruneTarget,
-                  protected: list[nn.Module], surgery: SurgerySettings, description: dict) -> tuple[nn.Module, PruneResult]:
+                  protected: list[nn.Module], surgery: SurgerySettings, description: dict,
+                  halve: bool) -> tuple[nn.Module, PruneResult]:
     """Channel surgery on rank 0 alone; the other ranks load its result from the stage folder.
 
     Through a file, not a broadcast, so ranks on other machines sharing the run directory get the
@@ -134,7 +135,7 @@ def _surgery_once(ctx: StageContext, model: nn.Module, example: torch.Tensor, ta
     """
     folder = ctx.stage_dir / "surgery"
     if ctx.is_main:
-        model, result = prune_rounded(model, example, target, protected, surgery)
+        model, result = prune_rounded(model, example, target, protected, surgery, halve=halve)
         pruned = {**description, "pruning": {"history": (description.get("pruning") or {}).get("history", [])
                                              + result.history, "input_shape": list(example.shape[1:])}}
         with atomic_dir(folder) as tmp:
@@ -199,6 +200,23 @@ class PruneStage(Stage):
         distill = config.finetune.distill
         return {"teacher": distill.teacher} if distill else {}
 
+    @classmethod
+    def key_extra(cls, config: PruneConfig, pipeline) -> dict | None:  # type: ignore[override]
+        """What the settings do not say: the runtimes the model is timed on and the multiple ``round_to: auto``
+        resolves to on this machine (a run directory moved to a CPU of another class prunes again)."""
+        runtimes, rounding = cls._deployment(config, pipeline, f"stages.{config.name}")
+        return {"deployed_on": runtimes, "round_to": rounding["round_to"]}
+
+    @staticmethod
+    def _deployment(cfg: PruneConfig, pipeline, field: str) -> tuple[list[str], dict]:
+        """The runtimes the pruned model is timed on, and the channel multiple with its reason."""
+        try:
+            runtimes = (deployed_latency.runtimes_of(cfg.deployed_latency, f"{field}.deployed_latency",
+                                                     pipeline.stages) if cfg.deployed_latency.enabled else [])
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from exc
+        return runtimes, _rounding(cfg, runtimes or usable_onnx_runtimes("cpu"))
+
     @staticmethod
     def _reference(ctx: StageContext, inputs: dict[str, InputArtifact], cfg: PruneConfig, device: torch.device,
                    input_val: float) -> float:
@@ -249,12 +267,7 @@ class PruneStage(Stage):
                                             checkpoint_dir=ctx.stage_dir / "checkpoints-sparsity")
             report["gamma_after_sparsity"] = gamma_histogram(model)
         model.cpu().eval()
-        try:
-            runtimes = (deployed_latency.runtimes_of(cfg.deployed_latency, f"{field}.deployed_latency")
-                        if cfg.deployed_latency.enabled else [])
-        except ValueError as exc:
-            raise ConfigError(str(exc)) from exc
-        rounding = _rounding(cfg, runtimes or usable_onnx_runtimes("cpu"))
+        runtimes, rounding = self._deployment(cfg, ctx.pipeline, field)
         ctx.log(f"channel counts rounded to multiples of {rounding['round_to'] or 1}: {rounding['reason']}")
         surgery = SurgerySettings(**{**cfg.model_dump(include=set(SurgerySettings.model_fields)),
                                      "round_to": rounding["round_to"]})
@@ -271,14 +284,16 @@ class PruneStage(Stage):
                                   "are random: give a number")
             steps = prune_in_steps(ctx, model, example, protected, surgery, cfg.auto, cfg.finetune, cfg.batchnorm,
                                    hooks_for, device, score, self._reference(ctx, inputs, cfg, device, before),
-                                   cfg.target.measure, Timing(runtimes, cfg.deployed_latency))
+                                   cfg.target.measure, Timing(runtimes, cfg.deployed_latency, rounding["auto"]))
             model = steps.model.to(device)
             result = steps.result or _unpruned(model, example.to(device))
         else:
             if ctx.group.active:
-                model, result = _surgery_once(ctx, model, example, cfg.target, protected, surgery, description)
+                model, result = _surgery_once(ctx, model, example, cfg.target, protected, surgery, description,
+                                              rounding["auto"])
             else:
-                model, result = prune_rounded(model, example, cfg.target, protected, surgery)
+                model, result = prune_rounded(model, example, cfg.target, protected, surgery,
+                                              halve=rounding["auto"])
             refresh_batchnorm(ctx, model.to(device), cfg.batchnorm, cfg.finetune, "after the surgery", device)
         score, after_surgery = val_score(model, data, cfg.finetune, device, ctx.group)
         rounding.update(used=result.round_to, not_reached=result.rounding)

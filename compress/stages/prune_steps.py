@@ -60,6 +60,7 @@ class Timing:
 
     runtimes: list[str]
     settings: DeployedLatencySettings
+    halve: bool = True  # round_to chosen for the user: halved where a step cannot be reached with it
 
 
 @dataclass
@@ -102,7 +103,7 @@ def prune_in_steps(ctx: StageContext, model: nn.Module, example: torch.Tensor, p
         except Exception as exc:  # noqa: BLE001 - an exporter failure: the steps are judged on accuracy, said so
             ctx.log(f"the unpruned model could not be exported to time the steps ({type(exc).__name__}: {exc}); "
                     "the steps are judged on accuracy alone", style="yellow")
-            timing = Timing([], timing.settings)
+            timing = Timing([], timing.settings, timing.halve)
     with unpruned_file as unpruned:
         return _steps(ctx, model, example, protected, surgery, auto, finetune, batchnorm, hooks_for, device, metric,
                       reference, measure, timing, unpruned)
@@ -134,7 +135,8 @@ def _steps(ctx, model, example, protected, surgery, auto, finetune, batchnorm, h
         if target < auto.min_macs:
             break
         try:
-            candidate, result = prune_rounded(model.eval(), example, PruneTarget(**{measure: target}), protected, surgery)
+            candidate, result = prune_rounded(model.eval(), example, PruneTarget(**{measure: target}), protected, surgery,
+                                              halve=timing.halve)
         except PruningLimitReached as exc:
             ctx.log(f"step {k}: the pruner goes no further ({exc}); the search stops")
             break
@@ -155,12 +157,12 @@ def _steps(ctx, model, example, protected, surgery, auto, finetune, batchnorm, h
                 row["deployed_latency"] = deployed_latency.ratios(unpruned.path, candidate.cpu(), example,
                                                                   timing.runtimes, timing.settings, ctx.stage_dir)
                 faster = row["faster"] = deployed_latency.pays(row["deployed_latency"])
-            except deployed_latency.NotTimed as exc:  # judged on accuracy alone from here on, and said so
-                ctx.log(f"step {k} could not be timed ({exc}): the steps are judged on accuracy alone",
+            except deployed_latency.NotTimed as exc:  # one rule for every step: stop rather than change it
+                ctx.log(f"step {k} could not be timed ({exc}): the search stops at the last step judged by both",
                         style="yellow")
                 row["not_timed"] = str(exc)
-                timing = Timing([], timing.settings)
-                steps.timed_on = []
+                steps.trajectory.append(row)
+                break
         steps.trajectory.append(row)
         verdict = ("past the red line, the search stops" if not within else "within the red line"
                    + ("" if not timing.runtimes else ", faster where it ships" if faster
