@@ -250,21 +250,28 @@ def test_target_macs_auto_keeps_the_last_step_within_the_red_line_on_validation(
     assert record["cost"] == {"steps": taken, "finetune_epochs_per_step": 0, "epochs": 0}
 
 
-def test_target_params_auto_steps_in_parameters(tmp_path, monkeypatch):
-    """params: auto steps by the share of parameters kept (each step at most ×0.75^k of them), records both shares,
-    and the record says what the steps counted."""
+def _steps_of(tmp_path, monkeypatch, vals: list[float], measure: str, timing=None):
+    """``prune_in_steps`` on an 8-wide ResNet-20 at 8×8, by magnitude, steps of ×0.75 (at most 5), no finetune, a
+    1-point red line below 95.0, each step's validation figure taken in turn from ``vals``."""
     from compress.stages import prune_steps
     from compress.stages.training_run import BatchNormSettings, TrainingSettings
 
-    vals = iter([95.0, 94.8, 94.5, 93.0])
-    monkeypatch.setattr(prune_steps, "val_score", lambda *a, **k: ("top1", next(vals)))
+    figures = iter(vals)
+    monkeypatch.setattr(prune_steps, "val_score", lambda *a, **k: ("top1", next(figures)))
     model = build_model("resnet20", 10, 1, {"width": 8})
     ctx, said = _steps_ctx(tmp_path, 1.0)
     auto = prune_steps.AutoSettings(step=0.75, max_steps=5, finetune_epochs=0)
     steps = prune_steps.prune_in_steps(ctx, model, torch.zeros(1, 1, 8, 8), [model.fc],
                                        SurgerySettings(importance="magnitude"), auto, TrainingSettings(),
                                        BatchNormSettings(reestimate_images=0), lambda m: Hooks(), torch.device("cpu"),
-                                       "top1", 95.0, "params")
+                                       "top1", 95.0, measure, timing)
+    return steps, said
+
+
+def test_target_params_auto_steps_in_parameters(tmp_path, monkeypatch):
+    """params: auto steps by the share of parameters kept (each step at most ×0.75^k of them), records both shares,
+    and the record says what the steps counted."""
+    steps, said = _steps_of(tmp_path, monkeypatch, [95.0, 94.8, 94.5, 93.0], "params")
     assert steps.chosen == 2 and len(steps.trajectory) == 4
     for k, step in enumerate(steps.trajectory[1:], 1):
         assert step["params_fraction"] <= 0.75 ** k + 1e-9 and 0 < step["macs_fraction"] < 1
@@ -280,11 +287,8 @@ def test_target_auto_keeps_the_deepest_step_within_the_red_line_and_faster_where
     faster is recorded and passed over, the search goes on, and the red line stops it."""
     from compress.stages import prune_steps
     from compress.stages.deployed_latency import DeployedLatencySettings
-    from compress.stages.training_run import BatchNormSettings, TrainingSettings
 
-    vals = iter([95.0, 94.9, 94.8, 94.6, 93.0])
     verdicts = iter(["not distinguishable", "faster", "slower"])
-    monkeypatch.setattr(prune_steps, "val_score", lambda *a, **k: ("top1", next(vals)))
     timed = []
 
     def fake_ratios(unpruned, pruned, example, runtimes, settings, folder):
@@ -293,14 +297,8 @@ def test_target_auto_keeps_the_deepest_step_within_the_red_line_and_faster_where
         return {"onnxruntime": {"p50_ratio": 0.9, "ci": [0.8, 1.1], "verdict": verdict, "rounds": 10}}
 
     monkeypatch.setattr(prune_steps.deployed_latency, "ratios", fake_ratios)
-    model = build_model("resnet20", 10, 1, {"width": 8})
-    ctx, said = _steps_ctx(tmp_path, 1.0)
-    auto = prune_steps.AutoSettings(step=0.75, max_steps=5, finetune_epochs=0)
-    steps = prune_steps.prune_in_steps(ctx, model, torch.zeros(1, 1, 8, 8), [model.fc],
-                                       SurgerySettings(importance="magnitude"), auto, TrainingSettings(),
-                                       BatchNormSettings(reestimate_images=0), lambda m: Hooks(), torch.device("cpu"),
-                                       "top1", 95.0, "macs",
-                                       prune_steps.Timing(["onnxruntime"], DeployedLatencySettings()))
+    steps, said = _steps_of(tmp_path, monkeypatch, [95.0, 94.9, 94.8, 94.6, 93.0], "macs",
+                            prune_steps.Timing(["onnxruntime"], DeployedLatencySettings()))
     assert [s.get("faster") for s in steps.trajectory[1:]] == [False, True, False, None]  # step 4: past the line
     assert steps.chosen == 2 and len(timed) == 3 and len(set(timed)) == 1  # the unpruned file exported once
     assert not timed[0].exists()  # and removed after the search
