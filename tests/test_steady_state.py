@@ -72,6 +72,25 @@ def test_measured_until_precise_the_upper_end_covers_the_known_p99_near_saturati
     assert result.covered >= 0.95 and abs(result.median_error) <= 0.10 and result.capped == 0.0
 
 
+@pytest.mark.slow  # 2 × 2 × 60 runs of up to 20,000 requests: about a minute and a half
+@pytest.mark.parametrize("queue", ["M/M/1", "M/D/1"])
+def test_in_rounds_on_a_drifting_machine_the_interval_counts_the_differences_between_rounds(queue, monkeypatch):
+    """Each round's service times scaled by 1 ± 20% at random, rounds of 2,000 requests, at least 5 (ρ 0.5): the
+    time-averaged p99 from 2,000 such rounds. With the variance between rounds the upper end covers it in at least
+    93% of runs; from the cycles alone (the interval as it was) in at most 90%, the drift unseen. Measured (seed 2):
+    M/M/1 96.7% against 85.0%, M/D/1 98.3% against 81.7%."""
+    from serve_bench.load import steady_state
+    from serve_bench.load.steady_state_check import Drift, drifting_true_p99_ms
+
+    drift = Drift()
+    truth = drifting_true_p99_ms(queue, 0.5, drift)
+    rounds = coverage(queue, 0.5, 60, drift=drift, truth=truth, seed=2)
+    monkeypatch.setattr(steady_state, "between_rounds_var", lambda by_round, point: 0.0)
+    cycles_only = coverage(queue, 0.5, 60, drift=drift, truth=truth, seed=2)
+    assert rounds.covered >= 0.93 and cycles_only.covered <= 0.90, (rounds, cycles_only)
+    assert abs(rounds.median_error) <= 0.10
+
+
 def test_a_stable_queue_near_load_is_not_called_unsustainable_and_an_overloaded_one_is():
     """M/D/1 at 2 ms, 400 runs each. The old rule (last quarter's median over twice the first's) flagged ρ 0.85
     in 17.7% of 300-query probes; this one in under 2%. At ρ 1.1 over 1,000 queries it finds the growing queue

@@ -28,6 +28,14 @@ at least ``min_tail_cycles`` cycles hold a query above the p99 and the interval'
 ``precision`` of the point, or the interval already lies wholly on one side of the budget (the gate needs no
 more). Otherwise the caller measures again (:func:`queries_wanted`) up to its cap, and says where it stopped.
 
+Time: cycles are independent within a stretch of the machine, not across stretches. A machine that is slower in
+one stretch than another (another process, the clock, a runtime's thread pool) moves every cycle of that
+stretch, which the cycles' variance cannot see. Measured in rounds (``min_rounds`` > 1: tests of a file taken
+in turns with other work, each started empty), the variance between the rounds' fractions above the point,
+beyond what their cycles explain, joins the interval (:func:`between_rounds_var`, widened for its few degrees
+of freedom). Known answers on a drifting fake machine (each round's service times × 1 ± 20%):
+``python -m serve_bench.load.steady_state_check --drift 0.2`` and docs/pages/measured.md.
+
 A queue that grows without bound has no steady state: :func:`bounded` says so (or "unknown" below
 ``MIN_QUERIES``), and such a run's p99 is reported but not judged within any budget.
 
@@ -100,6 +108,10 @@ class SteadyP99:
     tail: list[float] | None = None  # the latencies at percentiles TAIL_FROM..100 in steps of TAIL_STEP (for upper_at)
     upper_among: dict[str, float | None] | None = None  # the upper end at 1 − (1 − level)/F, F of 1..8 candidates
     values: np.ndarray | None = field(default=None, repr=False, compare=False)  # the complete cycles' latencies
+    rounds: int = 1  # tests (each started empty) pooled
+    se_within: float | None = None  # the part of se from the cycles' variance
+    se_between: float | None = None  # the part from the differences between rounds (√ of its variance share)
+    round_p99: list[float] | None = None  # min and max of the rounds' own p99s
 
     def as_dict(self) -> dict:
         out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "values"}
@@ -109,15 +121,22 @@ class SteadyP99:
 
 
 def steady_p99(segments: Sequence[Segment], *, q: float = 99.0, budget_ms: float | None = None,
-               min_tail_cycles: int = 20, precision: float = 0.25, level: float = LEVEL) -> SteadyP99:
-    """The q-th percentile of the latencies of every complete cycle of ``segments`` (runs of one configuration),
-    its Woodruff interval with the cycles' variance, and whether it is precise enough to stop measuring (see the
-    module's rule)."""
+               min_tail_cycles: int = 20, precision: float = 0.25, level: float = LEVEL,
+               min_rounds: int = 1) -> SteadyP99:
+    """The q-th percentile of the latencies of every complete cycle of ``segments`` (runs of one configuration,
+    each a round: a test started from an empty system), its Woodruff interval with the cycles' variance and the
+    variance between rounds where it is measured in rounds (``min_rounds`` > 1: :func:`between_rounds_var`), and
+    whether it is precise enough to stop measuring (see the module's rule; never before ``min_rounds`` rounds).
+    With ``min_rounds`` 1 (a file's tests back to back, as the bench measures today) the interval is the cycles'
+    alone, as before: tests run back to back share one stretch of the machine, so their differences say little
+    about time."""
     cycles: list[np.ndarray] = []
+    by_round: list[list[np.ndarray]] = []
     queries = discarded = 0
     for schedule, latencies in segments:
         kept, left_open = complete_cycles(schedule, latencies)
         cycles += kept
+        by_round.append(kept)
         queries += len(latencies)
         discarded += left_open
     if not cycles:
@@ -131,15 +150,21 @@ def steady_p99(segments: Sequence[Segment], *, q: float = 99.0, budget_ms: float
         return SteadyP99(point, None, queries, discarded, len(cycles), tail, False,
                          f"{len(cycles)} complete busy periods: fewer than the {MIN_BLOCKS} an interval needs", level,
                          values=values)
-    se = exceedance_se(cycles, above)
+    within = exceedance_se(cycles, above)
+    between = (between_rounds_var(by_round, point) * few_rounds_factor(len(segments), len(cycles), level)
+               if min_rounds > 1 else None)
+    se = float(np.sqrt(within ** 2 + (between or 0.0)))
     low, high = woodruff_bounds(values, q, se, len(cycles), level)
+    spread = round_spread(by_round, q)
     tail_table = [round(float(v), 6) for v in np.percentile(values, np.arange(TAIL_FROM, 100.0 + 1e-9, TAIL_STEP))]
     among = {}
     for f in range(1, 9):  # exact upper ends for a gate that corrects over up to 8 candidates
         corrected = woodruff_bounds(values, q, se, len(cycles), 1 - (1 - level) / f)[1]
         among[str(f)] = None if corrected >= values.max() else round(corrected, 6)
     decided = budget_ms is not None and (high <= budget_ms or low > budget_ms)
-    if discarded > MAX_DISCARDED * queries:
+    if len(segments) < min_rounds:
+        precise, reason = False, f"{len(segments)} of the {min_rounds} rounds wanted"
+    elif discarded > MAX_DISCARDED * queries:
         precise, reason = False, (f"the busy periods still open when the tests ended hold {discarded / queries:.0%} "
                                   f"of the queries (more than {MAX_DISCARDED:.0%}): not yet steady state")
     elif tail < min_tail_cycles:
@@ -154,7 +179,47 @@ def steady_p99(segments: Sequence[Segment], *, q: float = 99.0, budget_ms: float
     else:
         precise, reason = False, f"the upper end is {high / point - 1:.0%} above the point (wanted {precision:.0%})"
     return SteadyP99(point, (low, high), queries, discarded, len(cycles), tail, precise, reason, level,
-                     se=round(se, 9), tail=tail_table, upper_among=among, values=values)
+                     se=round(se, 9), tail=tail_table, upper_among=among, values=values, rounds=len(segments),
+                     se_within=round(within, 9), round_p99=spread,
+                     se_between=None if between is None else round(float(np.sqrt(between)), 9))
+
+
+def between_rounds_var(by_round: list[list[np.ndarray]], point: float) -> float:
+    """The variance the differences between rounds add to the pooled fraction of queries above ``point``.
+
+    Within a round, cycles are independent and alike; between rounds the machine may not be (another process,
+    the clock, a runtime's thread pool): a round measured in a slow stretch has more queries above the point
+    than its cycles' variance allows. One-way random effects, by moments: the rounds' fractions above the point
+    vary by S² (unweighted, ddof 1) where their within-round variances alone would give the mean v̄ of each
+    round's ratio-estimator variance, so the between-round variance is σ² = max(0, S² − v̄), and the pooled
+    fraction (weighted by queries) carries σ²·Σn²/(Σn)² of it. Zero with fewer than two rounds of two cycles
+    each: then nothing is known about time, and the interval is the cycles' alone."""
+    usable = [cycles for cycles in by_round if len(cycles) >= 2]
+    if len(usable) < 2:
+        return 0.0
+    sizes = np.array([sum(len(c) for c in cycles) for cycles in usable], dtype=np.float64)
+    aboves = [np.array([np.count_nonzero(c > point) for c in cycles], dtype=np.float64) for cycles in usable]
+    fractions = np.array([a.sum() for a in aboves]) / sizes
+    within = np.array([exceedance_se(cycles, a) ** 2 for cycles, a in zip(usable, aboves)])
+    sigma2 = max(0.0, float(np.var(fractions, ddof=1)) - float(within.mean()))
+    return sigma2 * float(np.sum(sizes ** 2)) / float(sizes.sum()) ** 2
+
+
+def few_rounds_factor(rounds: int, cycles: int, level: float) -> float:
+    """How much wider the between-round part must be, since it is estimated from ``rounds`` − 1 degrees of freedom
+    while the interval's quantile is taken at ``cycles`` − 1: (t_{R−1} / t_{C−1})² at the interval's level."""
+    if rounds < 2 or cycles < 2:
+        return 1.0
+    tail = 1 - (1 - level) / 2
+    return float((stats.t.ppf(tail, rounds - 1) / stats.t.ppf(tail, cycles - 1)) ** 2)
+
+
+def round_spread(by_round: list[list[np.ndarray]], q: float = 99.0) -> list[float] | None:
+    """The lowest and highest p99 of the rounds on their own (rounds with at least 100 queries in complete
+    cycles), beside the pooled interval: where it is wider than the interval, the machine drifted."""
+    own = [float(np.percentile(np.concatenate(cycles), q)) for cycles in by_round
+           if cycles and sum(len(c) for c in cycles) >= MIN_QUERIES]
+    return [round(min(own), 6), round(max(own), 6)] if len(own) >= 2 else None
 
 
 def exceedance_se(cycles: list[np.ndarray], above: np.ndarray) -> float:

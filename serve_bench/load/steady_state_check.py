@@ -48,32 +48,60 @@ def true_p99_ms(queue: str, rho: float, seed: int = 12345) -> float:
     return float(np.percentile(run.latency_ms[n // 100:], 99))
 
 
+@dataclass(frozen=True)
+class Drift:
+    """A machine that is not the same from one round to the next: each round's service times are scaled by a
+    factor drawn uniformly from 1 ± ``spread``; every round holds ``round_queries`` queries, started empty, and a
+    run measures at least ``min_rounds`` of them."""
+
+    spread: float = 0.2
+    round_queries: int = 2000
+    min_rounds: int = 5
+
+
+def _round(queue: str, lam: float, n: int, rng: np.random.Generator, factor: float = 1.0):
+    arrivals = np.cumsum(rng.standard_exponential(n)) / lam
+    services = (rng.standard_exponential(n) if queue == "M/M/1" else np.ones(n)) * SERVICE_S * factor
+    return single_server_fifo(arrivals, services)
+
+
+def drifting_true_p99_ms(queue: str, rho: float, drift: Drift, rounds: int = 2000, seed: int = 12345) -> float:
+    """The time-averaged p99 of rounds on a drifting machine: the p99 of every query of ``rounds`` rounds, each
+    drawn as the runs draw theirs (4 million queries at the defaults)."""
+    rng = np.random.default_rng(seed)
+    lam = rho / SERVICE_S
+    latencies = [_round(queue, lam, drift.round_queries, rng, rng.uniform(1 - drift.spread, 1 + drift.spread))
+                 .latency_ms for _ in range(rounds)]
+    return float(np.percentile(np.concatenate(latencies), 99))
+
+
 def one_run(queue: str, rho: float, rng: np.random.Generator, first: int, cap: int, min_tail_cycles: int,
-            precision: float, budget_ms: float | None = None):
+            precision: float, budget_ms: float | None = None, drift: Drift | None = None):
     lam = rho / SERVICE_S
     segments, done = [], 0
-    want = first
+    want = drift.round_queries if drift else first
     while True:
-        arrivals = np.cumsum(rng.standard_exponential(want)) / lam
-        services = (rng.standard_exponential(want) * SERVICE_S if queue == "M/M/1" else np.full(want, SERVICE_S))
-        run = single_server_fifo(arrivals, services)
+        factor = rng.uniform(1 - drift.spread, 1 + drift.spread) if drift else 1.0
+        run = _round(queue, lam, want, rng, factor)
         segments.append((run.arrival_s, run.latency_ms))
         done += want
-        estimate = steady_p99(segments, budget_ms=budget_ms, min_tail_cycles=min_tail_cycles, precision=precision)
+        estimate = steady_p99(segments, budget_ms=budget_ms, min_tail_cycles=min_tail_cycles, precision=precision,
+                              min_rounds=drift.min_rounds if drift else 1)
         if estimate.precise or done >= cap:
             return estimate, done
-        want = min(queries_wanted(estimate, min_tail_cycles), cap - done)
+        want = min(drift.round_queries if drift else queries_wanted(estimate, min_tail_cycles), cap - done)
 
 
 def coverage(queue: str, rho: float, runs: int, *, first: int = 1000, cap: int = 20000, min_tail_cycles: int = 20,
              precision: float = 0.25, seed: int = 0, truth: float | None = None,
-             budget_at_truth: bool = False) -> Coverage:
-    truth = true_p99_ms(queue, rho) if truth is None else truth
+             budget_at_truth: bool = False, drift: Drift | None = None) -> Coverage:
+    if truth is None:
+        truth = drifting_true_p99_ms(queue, rho, drift) if drift else true_p99_ms(queue, rho)
     rng = np.random.default_rng(seed)
     covered, errors, sizes, capped = 0, [], [], 0
     for _ in range(runs):
         estimate, done = one_run(queue, rho, rng, first, cap, min_tail_cycles, precision,
-                                 truth if budget_at_truth else None)
+                                 truth if budget_at_truth else None, drift)
         if estimate.point is None:
             errors.append(-1.0)
         else:
@@ -92,13 +120,16 @@ def main(argv: list[str] | None = None) -> None:
                                                                 "max_queries)")
     parser.add_argument("--budget-at-truth", action="store_true", help="the budget at the true p99: the loop also "
                                                                        "stops when the budget decides")
+    parser.add_argument("--drift", type=float, default=0.0, help="each round's service times scaled by 1 ± this "
+                                                                    "(uniform), rounds of 2,000 queries, 5 at least")
     args = parser.parse_args(argv)
+    drift = Drift(spread=args.drift) if args.drift else None
     print("| queue | ρ | true p99 ms | upper end ≥ true p99 | median error of the point | median requests | "
           "capped |")
     print("|---|---|---|---|---|---|---|")
     for queue in ("M/M/1", "M/D/1"):
-        for rho in (0.5, 0.75, 0.9):
-            c = coverage(queue, rho, args.runs, cap=args.cap, budget_at_truth=args.budget_at_truth)
+        for rho in ((0.5, 0.75) if drift else (0.5, 0.75, 0.9)):
+            c = coverage(queue, rho, args.runs, cap=args.cap, budget_at_truth=args.budget_at_truth, drift=drift)
             print(f"| {queue} | {rho} | {c.true_p99_ms:.2f} | {c.covered:.1%} | {c.median_error:+.1%} | "
                   f"{c.median_queries:,.0f} | {c.capped:.0%} |", flush=True)
 

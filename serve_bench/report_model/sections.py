@@ -147,6 +147,10 @@ class SteadyState(_Open):
     tail: list[float] | None = Field(None, description="the slowest latencies (ms) the p99 and its interval rest on")
     warmup_s: float | None = Field(None, description="seconds discarded at the start")
     max_queries: int | None = Field(None, description="the most queries the run could issue")
+    rounds: int | None = Field(None, description="tests pooled, each started from an empty system")
+    se_within: float | None = Field(None, description="the part of se from the busy periods' variance")
+    se_between: float | None = Field(None, description="the part of se from the differences between rounds")
+    round_p99: Interval | None = Field(None, description="the lowest and highest p99 of the rounds on their own")
 
 
 class LoadGenVerdict(_Open):
