@@ -151,19 +151,25 @@ def steady_p99(segments: Sequence[Segment], *, q: float = 99.0, budget_ms: float
                          f"{len(cycles)} complete busy periods: fewer than the {MIN_BLOCKS} an interval needs", level,
                          values=values)
     within = exceedance_se(cycles, above)
-    between = (between_rounds_var(by_round, point) * few_rounds_factor(len(segments), len(cycles), level)
-               if min_rounds > 1 else None)
-    se = float(np.sqrt(within ** 2 + (between or 0.0)))
+    rounds_mode = min_rounds > 1
+    raw_between, used = between_rounds_var(by_round, point) if rounds_mode else (0.0, 0)
+
+    def se_at(at_level: float) -> float:  # the between part widened for its degrees of freedom at this level
+        return float(np.sqrt(within ** 2 + raw_between * few_rounds_factor(used, len(cycles), at_level)))
+
+    se = se_at(level)
     low, high = woodruff_bounds(values, q, se, len(cycles), level)
-    spread = round_spread(by_round, q)
+    spread = round_spread(by_round, q) if rounds_mode else None
     tail_table = [round(float(v), 6) for v in np.percentile(values, np.arange(TAIL_FROM, 100.0 + 1e-9, TAIL_STEP))]
     among = {}
     for f in range(1, 9):  # exact upper ends for a gate that corrects over up to 8 candidates
-        corrected = woodruff_bounds(values, q, se, len(cycles), 1 - (1 - level) / f)[1]
+        at = 1 - (1 - level) / f
+        corrected = woodruff_bounds(values, q, se_at(at), len(cycles), at)[1]
         among[str(f)] = None if corrected >= values.max() else round(corrected, 6)
     decided = budget_ms is not None and (high <= budget_ms or low > budget_ms)
-    if len(segments) < min_rounds:
-        precise, reason = False, f"{len(segments)} of the {min_rounds} rounds wanted"
+    if rounds_mode and used < min_rounds:
+        precise, reason = False, (f"{used} rounds with {MIN_QUERIES} queries in complete busy periods, of the "
+                                  f"{min_rounds} wanted ({len(segments)} measured)")
     elif discarded > MAX_DISCARDED * queries:
         precise, reason = False, (f"the busy periods still open when the tests ended hold {discarded / queries:.0%} "
                                   f"of the queries (more than {MAX_DISCARDED:.0%}): not yet steady state")
@@ -181,10 +187,10 @@ def steady_p99(segments: Sequence[Segment], *, q: float = 99.0, budget_ms: float
     return SteadyP99(point, (low, high), queries, discarded, len(cycles), tail, precise, reason, level,
                      se=round(se, 9), tail=tail_table, upper_among=among, values=values, rounds=len(segments),
                      se_within=round(within, 9), round_p99=spread,
-                     se_between=None if between is None else round(float(np.sqrt(between)), 9))
+                     se_between=round(float(np.sqrt(se ** 2 - within ** 2)), 9) if rounds_mode else None)
 
 
-def between_rounds_var(by_round: list[list[np.ndarray]], point: float) -> float:
+def between_rounds_var(by_round: list[list[np.ndarray]], point: float) -> tuple[float, int]:
     """The variance the differences between rounds add to the pooled fraction of queries above ``point``.
 
     Within a round, cycles are independent and alike; between rounds the machine may not be (another process,
@@ -192,17 +198,18 @@ def between_rounds_var(by_round: list[list[np.ndarray]], point: float) -> float:
     than its cycles' variance allows. One-way random effects, by moments: the rounds' fractions above the point
     vary by S² (unweighted, ddof 1) where their within-round variances alone would give the mean v̄ of each
     round's ratio-estimator variance, so the between-round variance is σ² = max(0, S² − v̄), and the pooled
-    fraction (weighted by queries) carries σ²·Σn²/(Σn)² of it. Zero with fewer than two rounds of two cycles
-    each: then nothing is known about time, and the interval is the cycles' alone."""
-    usable = [cycles for cycles in by_round if len(cycles) >= 2]
+    fraction (weighted by queries) carries σ²·Σn²/(Σn)² of it. A round counts with two complete cycles and
+    ``MIN_QUERIES`` queries in them at least (a handful of queries would make S² noise). Returned with the number
+    of rounds it rests on; zero below two: then nothing is known about time."""
+    usable = [cycles for cycles in by_round if len(cycles) >= 2 and sum(len(c) for c in cycles) >= MIN_QUERIES]
     if len(usable) < 2:
-        return 0.0
+        return 0.0, len(usable)
     sizes = np.array([sum(len(c) for c in cycles) for cycles in usable], dtype=np.float64)
     aboves = [np.array([np.count_nonzero(c > point) for c in cycles], dtype=np.float64) for cycles in usable]
     fractions = np.array([a.sum() for a in aboves]) / sizes
     within = np.array([exceedance_se(cycles, a) ** 2 for cycles, a in zip(usable, aboves)])
     sigma2 = max(0.0, float(np.var(fractions, ddof=1)) - float(within.mean()))
-    return sigma2 * float(np.sum(sizes ** 2)) / float(sizes.sum()) ** 2
+    return sigma2 * float(np.sum(sizes ** 2)) / float(sizes.sum()) ** 2, len(usable)
 
 
 def few_rounds_factor(rounds: int, cycles: int, level: float) -> float:
@@ -216,7 +223,9 @@ def few_rounds_factor(rounds: int, cycles: int, level: float) -> float:
 
 def round_spread(by_round: list[list[np.ndarray]], q: float = 99.0) -> list[float] | None:
     """The lowest and highest p99 of the rounds on their own (rounds with at least 100 queries in complete
-    cycles), beside the pooled interval: where it is wider than the interval, the machine drifted."""
+    cycles), beside the pooled interval. Even on a steady machine it is often wider than the interval (one round's
+    p99 is far less precise than the pool's: 15 of 50 stationary runs of five rounds), so it is a figure to read,
+    not a verdict of drift on its own."""
     own = [float(np.percentile(np.concatenate(cycles), q)) for cycles in by_round
            if cycles and sum(len(c) for c in cycles) >= MIN_QUERIES]
     return [round(min(own), 6), round(max(own), 6)] if len(own) >= 2 else None

@@ -149,7 +149,8 @@ class SteadyState(_Open):
     max_queries: int | None = Field(None, description="the most queries the run could issue")
     rounds: int | None = Field(None, description="tests pooled, each started from an empty system")
     se_within: float | None = Field(None, description="the part of se from the busy periods' variance")
-    se_between: float | None = Field(None, description="the part of se from the differences between rounds")
+    se_between: float | None = Field(None, description="the part of se from the differences between rounds, "
+                                                        "widened for their few degrees of freedom (√(se² − se_within²))")
     round_p99: Interval | None = Field(None, description="the lowest and highest p99 of the rounds on their own")
 
 
