@@ -14,14 +14,13 @@ MobileNet at 224 px) so their work differs by a few percent, and each width's p5
 figure is the time per MAC against the width that is a multiple of 32, paired by round with its 95% interval.
 ``ONEDNN_MAX_CPU_ISA`` caps OpenVINO's oneDNN kernels (AVX2 on an AVX-512 CPU: the AVX2 kernels' block sizes,
 not an AVX2 CPU's speed); onnxruntime picks its kernels from the CPU and has no such cap.
-Writes ``multiples.json`` and ``multiples.md`` under ``--out``; the prune stage's ``round_to`` default
-(compress/pruning/channel_multiples.py) is read from these tables.
+Writes ``multiples.json`` and ``multiples.md`` under ``--out``; the prune stage's ``round_to: auto`` reads the
+multiples these tables led to from each runner's ``channel_blocks``.
 """
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import tempfile
 from pathlib import Path
@@ -92,11 +91,9 @@ def measure(kind: str, runtime: str, folder: Path, seconds: float, options: dict
 
 
 def machine() -> str:
-    from train.hardware import isa_facts, isa_words
+    from train.hardware import machine_words
 
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), "unknown CPU")
-    return f"{cpu}, {len(os.sched_getaffinity(0))} cores; {isa_words(isa_facts())}"
+    return machine_words()
 
 
 def table(results: dict[str, dict[str, dict]]) -> str:

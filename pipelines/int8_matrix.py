@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import subprocess
 import sys
 from pathlib import Path
@@ -194,11 +193,9 @@ def _cores() -> int:
 
 
 def machine() -> str:
-    from train.hardware import isa_facts, isa_words
+    from train.hardware import machine_words
 
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.processor())
-    return f"{cpu}, {_cores()} cores; {isa_words(isa_facts())}"
+    return machine_words()
 
 
 def table(results: dict[str, dict]) -> str:

@@ -30,7 +30,7 @@ from serve_bench.latency.machine_load import load_summary
 from serve_bench.latency.traffic import TrafficSettings, measure_traffic, wanted
 from serve_bench.limits import Limits
 from serve_bench.runners import RUNNERS
-from serve_bench.runners.channel_widths import conv_widths, isa_class
+from serve_bench.runners.channel_widths import widths_against
 from serve_bench.stats.latency_intervals import BlockedSamples, Ratio, block_bootstrap_ci, paired_ratio, repeat_spread
 from serve_bench.stats.paired import paired_counts, paired_summary
 from serve_bench.accuracy.predictions import Predictions, digest_of_test_split, hits, top_k
@@ -248,18 +248,6 @@ def _reference_on_runtime(spec: ArtifactSpec, specs: list[ArtifactSpec]) -> Arti
     return next((r for r in specs if r.extra.get("role") == "reference" and r.backend == spec.backend), None)
 
 
-def _channel_widths(spec: ArtifactSpec, alone: ArtifactSpec) -> dict | None:
-    """The file's convolution widths against its runtime's channel multiple on this CPU, and the unpruned file's:
-    where the file is slower than the unpruned one, odd widths are a cause read from the file itself."""
-    from train.hardware import isa_facts
-
-    multiple = RUNNERS[spec.backend].channel_blocks.get(isa_class(isa_facts()), 1)
-    mine, theirs = conv_widths(spec.path), conv_widths(alone.path)
-    if multiple <= 1 or mine is None or theirs is None:
-        return None
-    return {"file": mine.as_dict(multiple), "unpruned": theirs.as_dict(multiple)}
-
-
 def run_benchmark(specs: list[ArtifactSpec], baseline: str, test: TestSet, settings: BenchSettings,
                   progress=None, own_tests: dict[str, TestSet] | None = None, say=None) -> BenchResult:
     """Measure ``specs`` interleaved and judge their accuracy against ``baseline`` by ``settings.limits`` (its
@@ -373,7 +361,7 @@ def run_benchmark(specs: list[ArtifactSpec], baseline: str, test: TestSet, setti
             entry["vs_export_alone"] = {"reference": alone.name,
                                         **{k: r.as_dict() for k, r in _ratios(blocked[spec.name],
                                                                               blocked[alone.name]).items()}}
-            widths = _channel_widths(spec, alone)
+            widths = widths_against(spec.path, alone.path, spec.backend)
             if widths:
                 entry["channel_widths"] = widths
         reference = _fp32_reference(spec, specs)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from serve_bench.gate import quantized_not_faster
+from serve_bench.report.int8_flags import quantized_not_faster
 from serve_bench.latency.profile_comparison import family_times, int8_loss_reasons, kernel_precisions
 from tests.report_entries import as_entries
 

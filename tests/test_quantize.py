@@ -23,7 +23,8 @@ from compress.stages.measurement import _refusal
 from compress.stages.int8_records import split_arrays
 from serve_bench.limits import Limits
 from tests.report_entries import as_entries
-from serve_bench.gate import evaluate, quantized_not_faster
+from serve_bench.gate import evaluate
+from serve_bench.report.int8_flags import quantized_not_faster
 from export.onnx_export import export_onnx
 from tests.report_invariants import points_outside_intervals
 from tests.conftest import TINY, start_from, trained_digits_config

@@ -12,6 +12,7 @@ the libraries use without changing what the CPU reports, so both caps are read h
 from __future__ import annotations
 
 import os
+import platform
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -141,3 +142,20 @@ def isa_differences(recorded: dict, here: dict) -> list[str]:
     """What differs between a saved fingerprint's instruction set and this machine's (empty: same)."""
     return [f"{key}: {recorded.get(key)} there, {here.get(key)} here" for key in COMPARED
             if recorded.get(key) != here.get(key)]
+
+
+def cpu_model() -> str:
+    """The CPU's model name as /proc/cpuinfo gives it (else what the platform module knows)."""
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def machine_words() -> str:
+    """The machine a benchmark's figures name: CPU, the cores this process may use, and the instruction set."""
+    return f"{cpu_model()}, {len(os.sched_getaffinity(0))} cores; {isa_words(isa_facts())}"

@@ -10,19 +10,10 @@ from __future__ import annotations
 import platform
 from importlib.metadata import PackageNotFoundError, version
 
+from train.hardware import cpu_model
+
 PACKAGES = ("compress", "torch", "torchvision", "torch-pruning", "onnx", "onnxruntime", "onnxruntime-gpu",
             "torchao", "tensorrt", "openvino", "nncf", "numpy")
-
-
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as fh:
-            for line in fh:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def _onnxruntime() -> dict | None:
@@ -50,7 +41,7 @@ def environment() -> dict:
         "python": platform.python_version(),
         "platform": platform.platform(),
         "machine": platform.machine(),
-        "cpu": _cpu_model(),
+        "cpu": cpu_model(),
         "cpu_count": os.cpu_count(),
         "isa": (isa := isa_facts()),
         "isa_summary": isa_words(isa),

@@ -23,7 +23,8 @@ from compress.stages.runtime_choice import onnx_runtimes
 from compress.stages.training_run import is_detection
 from serve_bench.bench import ArtifactSpec, BenchResult, BenchSettings, TestSet, on_runtimes, run_benchmark
 from serve_bench.accuracy.detection import thin_classes
-from serve_bench.gate import evaluate, quantized_not_faster
+from serve_bench.gate import evaluate
+from serve_bench.report.int8_flags import quantized_not_faster
 from serve_bench.latency.harness import HarnessSettings, short_of_floors_flag
 from serve_bench.stats.latency_intervals import too_few_blocks
 from serve_bench.limits import Limits

@@ -27,7 +27,7 @@ from compress.stages.int8_flavours import OpenVinoFlavour, flavour_plan, kernel_
 from compress.stages.training_run import is_detection, stop_if_collapsed
 from compress.quantization.detection_int8 import detection_output_error, tail_nodes
 from export.onnx_export import export_onnx
-from serve_bench.gate import why_int8_not_faster
+from serve_bench.report.int8_flags import why_int8_not_faster
 from train.hardware import isa_facts
 
 

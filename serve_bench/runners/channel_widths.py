@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 
 SHOWN = 8  # widths named in a line
@@ -40,12 +41,32 @@ def _weight_shape(name: str, initializers: dict, producers: dict) -> tuple[int, 
     return None
 
 
+def widths_against(path: str | Path, unpruned: str | Path, runtime: str) -> dict | None:
+    """The file's convolution widths against ``runtime``'s channel multiple on this CPU, beside the unpruned
+    file's (``file``, ``unpruned``); None where the runner wants no multiple or either file has no widths."""
+    from serve_bench.runners import RUNNERS
+    from train.hardware import isa_facts
+
+    multiple = RUNNERS[runtime].channel_blocks.get(isa_class(isa_facts()), 1)
+    mine, theirs = conv_widths(str(path)), conv_widths(str(unpruned))
+    if multiple <= 1 or mine is None or theirs is None:
+        return None
+    return {"file": mine.as_dict(multiple), "unpruned": theirs.as_dict(multiple)}
+
+
 def conv_widths(path: str | Path) -> ConvWidths | None:
     """The output widths of the file's Conv and QLinearConv nodes; None where it is not an ONNX file one can read
     (a TensorRT engine, a torch model folder) or its weights are not constants."""
     path = Path(path)
     if path.suffix != ".onnx" or not path.is_file():
         return None
+    stat = path.stat()
+    return _read_widths(str(path), stat.st_mtime_ns, stat.st_size)
+
+
+@lru_cache(maxsize=64)  # the unpruned file is the reference of every compressed file on its runtime: read once,
+def _read_widths(path: str, mtime_ns: int, size: int) -> ConvWidths | None:  # again where the file changed
+    del mtime_ns, size  # the cache's key only
     import onnx
 
     model = onnx.load(str(path), load_external_data=False)
