@@ -3,15 +3,14 @@
 Every artifact, the fp32 torch baseline included, runs in its own worker process; latency
 blocks are interleaved across them, then each computes its own predictions on the test split
 through the same runner that was timed, so the numbers describe the file that ships. Each
-number a release is gated on leaves here with its interval: accuracy (Wilson), the drop
-against the baseline (paired, image by image), each percentile (bootstrapped over single
-requests and over whole blocks) and each latency ratio (bootstrapped over shared rounds).
+number a release is gated on leaves here with its interval: accuracy (Wilson), the drop against the baseline
+(paired, image by image), each percentile (over single requests and whole blocks), each latency ratio (over
+shared rounds).
 
 Three notions of speed leave here, each answering another question (see :func:`speed_figures`):
 - ``latency_ms`` — service time of one request on a quiet machine: percentiles, their intervals,
   and ``latency_ms.throughput`` = batch / mean service time (what one idle worker could sustain);
-- ``throughput`` — items per second of measured wall time (with ``concurrency`` > 1 the clients'
-  real rate, which is not 1 / latency);
+- ``throughput`` — items per second of wall time (with ``concurrency`` > 1 the clients' rate, not 1 / latency);
 - ``speedup_p99`` and ``latency_ratio`` — this artifact against the baseline, both from the
   same rounds (the harness runs every artifact in every round) and the same estimator:
   ``speedup_p99`` is exactly 1 / ``latency_ratio.p99.ratio`` and ``speedup_p99_ci`` its interval
@@ -248,6 +247,12 @@ def _reference_on_runtime(spec: ArtifactSpec, specs: list[ArtifactSpec]) -> Arti
     return next((r for r in specs if r.extra.get("role") == "reference" and r.backend == spec.backend), None)
 
 
+def _traffic_pairs(specs: list[ArtifactSpec], baseline: str) -> dict[str, dict[str, str]]:
+    """The files each file's server runs are paired with, round by round: the baseline, and an INT8 file's fp32."""
+    return {spec.name: {"baseline": baseline, **{"fp32": r.name for r in [_fp32_reference(spec, specs)] if r}}
+            for spec in specs}
+
+
 def run_benchmark(specs: list[ArtifactSpec], baseline: str, test: TestSet, settings: BenchSettings,
                   progress=None, own_tests: dict[str, TestSet] | None = None, say=None) -> BenchResult:
     """Measure ``specs`` interleaved and judge their accuracy against ``baseline`` by ``settings.limits`` (its
@@ -283,7 +288,7 @@ def run_benchmark(specs: list[ArtifactSpec], baseline: str, test: TestSet, setti
                 workers, scenario=settings.scenario, target_qps=settings.target_qps,
                 budget_ms=limits.p99_budget_ms if limits else None, decision=limits.decision if limits else "point",
                 settings=swept, settle_s=settings.harness.settle_s,
-                expected_ms=expected, null_pool=_pool(test, 1)[:16], progress=say)
+                expected_ms=expected, null_pool=_pool(test, 1)[:16], progress=say, pairs=_traffic_pairs(specs, baseline))
         profiles = {name: operator_profile(worker, settings) for name, worker in workers.items()}
         served = {spec.name: batch for spec in specs
                   if (batch := served_batch(spec, traffic.get(spec.name), eval_batches[spec.name]))}

@@ -235,20 +235,27 @@ def carried_load(art: Entry, budget_ms: float | None = None, decision: str | Non
 def yields_to_float(art: Entry, candidates: list[Entry]) -> str | None:
     """Why an INT8 candidate gives way to the fp32 file of the same model on the same runtime, or None.
 
-    Quantization is a risk to accuracy taken for speed; where the bench's block-paired p99 ratio of the INT8 file
-    over that fp32 file (``int8_vs_fp32``, measured in the same rounds) does not show it faster, and the fp32 file
-    passed the gate too, the risk buys nothing that this run can show, so the float file is preferred. A lower
-    point p99 inside a ratio interval that reaches 1 is noise between two files, not a reason to ship INT8.
-    ``candidates`` are the files that passed; the ratio is closed-loop, so the gate applies this only where it
-    ranks by closed-loop p99 (not under traffic, whose paired ratio it does not have yet)."""
-    paired = art.int8_vs_fp32
-    if art.precision != "int8" or paired is None or paired.p99.verdict == "faster":
+    Quantization is a risk to accuracy taken for speed; where the p99 ratio of the INT8 file over that fp32 file,
+    measured paired, does not show it faster, and the fp32 file passed the gate too, the risk buys nothing that
+    this run can show, so the float file is preferred. A lower point p99 inside a ratio interval that reaches 1 is
+    noise between two files, not a reason to ship INT8. The ratio is the one the release is ranked by: under traffic
+    at the pipeline's rate, the two files' rounds paired (``at_target.paired["fp32"]``); closed loop, the blocks
+    of the same rounds (``int8_vs_fp32``). ``candidates`` are the files that passed."""
+    if art.precision != "int8":
         return None
-    if paired.reference not in {c.name for c in candidates}:
+    run = server_run(art)
+    if run is not None:
+        ratio = (run.paired or {}).get("fp32")
+        reference, level = (ratio.reference, ratio.level or 0.95) if ratio is not None else (None, 0.95)
+        how = f"at {run.offered_qps:g} queries/s, paired round by round" if ratio is not None else ""
+    else:
+        pair, level = art.int8_vs_fp32, 0.95
+        ratio, reference, how = (pair.p99, pair.reference, "block-paired") if pair is not None else (None, None, "")
+    if ratio is None or ratio.verdict == "faster" or reference not in {c.name for c in candidates}:
         return None
-    return (f"{art.name} (int8) gives way to {paired.reference} (fp32, same model and runtime, also within both "
-            f"limits): its p99 over that file's, block-paired, is ×{paired.p99.ratio:.2f} "
-            f"(95% CI {paired.p99.ci[0]:.2f}–{paired.p99.ci[1]:.2f}, {paired.p99.verdict}), so quantization buys "
+    return (f"{art.name} (int8) gives way to {reference} (fp32, same model and runtime, also within both "
+            f"limits): its p99 over that file's, {how}, is ×{ratio.ratio:.2f} "
+            f"({level:.0%} CI {ratio.ci[0]:.2f}–{ratio.ci[1]:.2f}, {ratio.verdict}), so quantization buys "
             "no latency this run can show")
 
 
@@ -285,9 +292,10 @@ def evaluate(artifacts: list[Entry], limits: Limits, accuracy_meaningful: bool =
             reasons.append(f"{art.name}: " + "; ".join(problems))
         else:
             candidates.append(art)
-    # The INT8/fp32 ratio is the closed loop's: it decides only where the release is ranked by closed-loop p99.
-    closed_loop = all(server_run(a) is None and carried_load(a, p99_budget_ms, decision) is None for a in candidates)
-    yields = {a.name: yields_to_float(a, candidates) for a in candidates} if closed_loop else {}
+    # The INT8/fp32 ratio decides where the release is ranked by p99 (at the pipeline's traffic, or closed loop),
+    # not where it is ranked by the load each file carried within the budget (a sweep).
+    by_p99 = not candidates or not all(carried_load(a, p99_budget_ms, decision) is not None for a in candidates)
+    yields = {a.name: yields_to_float(a, candidates) for a in candidates} if by_p99 else {}
     gave_way = [why for why in yields.values() if why]
     ranked = [a for a in candidates if not yields.get(a.name)]
     release = preferred(ranked or candidates, p99_budget_ms, decision).name if candidates else None

@@ -42,6 +42,27 @@ def test_an_int8_file_not_shown_faster_than_its_float_file_gives_way_to_it():
     assert alone["release"] == "int8" and not any("gives way" in n for n in alone["notes"])
 
 
+def test_under_traffic_the_int8_file_gives_way_by_its_ratio_paired_round_by_round():
+    """Gated on the server scenario, the ratio that decides is the one at the pipeline's rate, the two files'
+    rounds paired; the closed-loop ratio (here: faster) does not."""
+    from tests.test_load_scenarios import artifact_with_run, run_at
+
+    def int8(verdict: str, ci: list[float]) -> dict:
+        run = {**run_at(200, 1.1, (1.0, 1.3)), "paired": {"fp32": {"reference": "onnx", "ratio": 0.93, "ci": ci,
+                                                                    "rounds": 6, "verdict": verdict, "level": 0.99}}}
+        return {**artifact_with_run("int8", run), "precision": "int8", "accuracy_drop": 0.3,
+                "int8_vs_fp32": {"reference": "onnx", "p50": {"ratio": 0.5, "ci": [0.4, 0.6], "verdict": "faster"},
+                                 "p99": {"ratio": 0.5, "ci": [0.4, 0.6], "verdict": "faster"}}}
+
+    onnx = {**artifact_with_run("onnx", run_at(200, 1.2, (1.1, 1.4))), "accuracy_drop": 0.0}
+    limits = Limits(max_drop=0.5, p99_budget_ms=2.0)
+    tie = evaluate(as_entries([onnx, int8("not distinguishable", [0.81, 1.07])]), limits)
+    assert tie["release"] == "onnx"
+    assert any("at 200 queries/s, paired round by round" in n and "99% CI 0.81–1.07" in n for n in tie["notes"])
+    faster = evaluate(as_entries([onnx, int8("faster", [0.85, 0.97])]), limits)
+    assert faster["release"] == "int8" and not any("gives way" in n for n in faster["notes"])
+
+
 def test_accuracy_fail():
     gate = evaluate(as_entries([_art("int8", 1.2, 0.5)]), Limits(max_drop=0.5, p99_budget_ms=2.0))
     assert not gate["passed"] and gate["release"] is None

@@ -224,7 +224,7 @@ def test_a_pipeline_gated_on_the_server_scenario_reports_loadgen_and_the_harness
                           "min_duration_s": 0.0, "warmup_iters": 5, "warmup_s": 0.0, "block_iters": 50, "threads": 1,
                           "settle_s": 0.0, "block_s": 0.0, "profile_iters": 5,
                           "traffic": {"duration_s": 0.6, "min_queries": 50, "warmup_s": 0.2,
-                                      "max_queries": 150}}]
+                                      "max_queries": 350}}]
     path = tmp_path / "pipeline.yaml"
     path.write_text(yaml.safe_dump(config))
     assert main(["run", str(path), "--run-dir", str(tmp_path / "run")]) == 0
@@ -239,6 +239,9 @@ def test_a_pipeline_gated_on_the_server_scenario_reports_loadgen_and_the_harness
         assert run["serving"]["threads"] == max(1, physical_cores() - 1)  # a core left to LoadGen and the batcher
         assert {"queue_ms", "compute_ms", "p99_ci", "loadgen"} <= set(run)
         assert run["loadgen"]["early_stopping"]  # LoadGen's own words, kept
+        assert run["tests"] >= 2 and run["steady_state"]["rounds"] == run["tests"]  # the files took turns
+        if art["name"] != report["baseline"]:  # its p99 over the baseline's, paired round by round
+            assert run["paired"]["baseline"]["reference"] == report["baseline"]
         profile = art["operator_profile"]
         assert profile["ops"] and abs(sum(o["share"] for o in profile["ops"]) - 1) < 1e-6
     overhead = report["traffic"]["sut_overhead"]

@@ -54,9 +54,11 @@ def test_the_eta_shows_after_one_slow_update_from_the_rate_since_start():
 
 
 def test_the_traffic_bar_counts_every_test_a_measurement_can_run():
-    """Two files at the target rate (server), one load each, and a sweep of one of them over two configurations:
-    per configuration an offline ceiling, three rates, one bisection probe and the confirmation."""
+    """Two files at the target rate (server) and one load each, in 5 rounds at least, and a sweep of one of them
+    over two configurations: per configuration an offline ceiling, three rates, one bisection probe and the
+    confirmation. A single-stream test at the target is one test, not in rounds."""
     settings = TrafficSettings(sweep=True, rates=[0.25, 0.5, 0.85], refine=1, confirm=True, loads=[100.0],
                                sweep_artifacts=["a"], configs=[ServingSettings(), ServingSettings(max_batch=8)])
-    assert planned_tests(["a", "b"], "server", settings) == 2 * (1 + 1) + 2 * 1 * (1 + 3 + 1 + 1)
+    assert planned_tests(["a", "b"], "server", settings) == 2 * (1 + 1) * 5 + 2 * 1 * (1 + 3 + 1 + 1)
     assert planned_tests(["a", "b"], "single-stream", TrafficSettings(loadgen=False)) == 0
+    assert planned_tests(["a", "b"], "single-stream", TrafficSettings(loadgen=True, loads=[100.0])) == 2 * (1 + 5)

@@ -218,7 +218,7 @@ def test_partial_runs_render_with_dashes():
                                                                  "curve": [], "capacity": None}],
                                                     "best": None, "batching_gain": None}}
     head, rows = traffic_table(as_report(partial))
-    assert rows == [["fp32", "single-stream"] + ["—"] * 12]
+    assert rows == [["fp32", "single-stream"] + ["—"] * 14]
     assert capacity_table(as_report(partial))[1] == [["fp32", "b1", "—", "—", "—", "—", "—", "", "no capacity recorded"]]
     assert "## " + TRAFFIC_TITLE in render_markdown(as_report(partial))
 
@@ -239,3 +239,28 @@ def test_accuracy_vs_p99_reads_at_a_glance_on_a_log_axis_with_names_in_the_legen
                for line in ax.lines if line.get_marker() not in (None, "None", "")}
     assert len(colours) >= 3  # one colour per file
     plt.close(fig)
+
+
+def test_rounds_show_their_spread_the_paired_ratio_and_a_drift_flag_naming_the_file(report):
+    """A run in rounds shows its rounds' p99s beside the interval and its p99 over the baseline's at the same rate;
+    rounds that differ more than their busy periods allow (Cochran's Q p < 0.01) say "drifted" and raise a flag
+    naming the file and rate; rounds that do not, neither."""
+    from serve_bench.report.traffic import drift_flags
+
+    int8 = report["artifacts"][1]["traffic"]["at_target"]
+    int8["steady_state"] = {"point": 1.5, "ci": [1.25, 1.75], "rounds": 6, "round_p99": [1.1, 2.9],
+                            "rounds_differ_p": 0.0004, "precise": True, "level": 0.99, "queries": 6000,
+                            "discarded": 10, "tail_cycles": 40}
+    int8["paired"] = {"baseline": {"reference": "fp32", "ratio": 0.12, "ci": [0.1, 0.15], "rounds": 6,
+                                   "verdict": "faster", "level": 0.99}}
+    parsed = as_report(report)
+    head, rows = traffic_table(parsed)
+    cells = {row[0]: dict(zip(head, row)) for row in rows}
+    assert cells["int8"]["rounds: p99 min–max"] == "1.100–2.900 (6 rounds) drifted"
+    assert cells["int8"]["p99 ratio, paired by round [CI]"] == "×0.12 [0.10, 0.15] 99% over baseline (6 rounds)"
+    assert cells["fp32"]["rounds: p99 min–max"] == "—"
+    (flag,) = drift_flags(parsed.artifacts)
+    assert flag.startswith("int8 at 500.0/s: its 6 rounds under traffic differ") and "1.100–2.900 ms" in flag
+    int8["steady_state"]["rounds_differ_p"] = 0.2
+    assert drift_flags(as_report(report).artifacts) == []
+    assert "drifted" not in traffic_table(as_report(report))[1][1][7]

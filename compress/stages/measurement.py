@@ -32,6 +32,7 @@ from serve_bench import report_model
 from serve_bench.latency.machine_load import busy_machine_flag
 from serve_bench.report.profile import profile_failures, slower_than_unpruned_flags, unfused_qdq_flags
 from serve_bench.report.files import test_set_facts
+from serve_bench.report.traffic import drift_flags
 from serve_bench.report.tables import main_table
 from serve_bench.runners import RUNNER_OF_KIND
 from serve_bench.accuracy.runtime_parity import runtime_choice_note
@@ -232,6 +233,7 @@ def flags_of(result: BenchResult, environment: dict, independence: dict | None, 
                           independence_flag(independence)) if f]
     flags += unfused_qdq_flags(judged)
     flags += slower_than_unpruned_flags(judged)
+    flags += drift_flags(judged)
     if test.targets is not None and class_names is not None:
         flags += [f for f in (thin_classes(test.targets, class_names),) if f]
     if limits is not None:

@@ -22,8 +22,10 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from serve_bench.load.capacity import best_config, capacity, confirmed, next_rates, within_budget
 from serve_bench.load.loadgen_scenarios import Scenario
+from serve_bench.load.rounds import RoundsRule
 from serve_bench.load.serving_loop import ServingSettings
 from serve_bench.latency.machine_load import LoadSampler, load_summary
+from serve_bench.latency.traffic_rounds import measure_in_rounds, pair_runs
 from serve_bench.latency.worker import BenchWorker
 from train.progress import LiveBar
 
@@ -68,8 +70,13 @@ class TrafficSettings(BaseModel):
                                                    "measurement, not counted (a first test of a worker was seen to "
                                                    "read a p99 4× its later ones at the same rate)")
     max_queries: int = Field(20000, ge=1, description="the at-target, `loads` and confirmation tests measure again "
-                                                      "with more queries until their steady-state p99 is precise, "
-                                                      "up to this many queries in all (then the report says so)")
+                                                      "until their steady-state p99 is precise, up to this many "
+                                                      "queries in all (then the report says so)")
+    rounds: int = Field(5, ge=2, description="the at-target and `loads` tests take turns across the files, round "
+                                             "after round (each round a test of `min_queries` queries and "
+                                             "`duration_s` at least per file and rate), at least this many rounds "
+                                             "before a p99 may be called precise: its interval counts the "
+                                             "differences between rounds (the machine's drift)")
     sweep_max_queries: int = Field(5000, ge=1, description="the same cap for each probe of the sweep")
     min_tail_cycles: int = Field(20, ge=0, description="busy periods reaching the p99 a precise figure rests on")
     precision: float = Field(0.25, gt=0, description="a precise p99's interval: its upper end within this fraction "
@@ -91,22 +98,23 @@ class _Turns:
         self.sampler = LoadSampler([os.getpid(), *(w.process.pid for w in workers.values())])
         self.loads: dict[str, list] = {name: [] for name in workers}
 
-    def __call__(self, name: str, *command) -> dict:
+    def __call__(self, name: str, *command, tests: int = 1) -> dict:
         time.sleep(self.settle_s)
         before = self.sampler.snapshot()
         result = self.workers[name].call(*command)
         self.loads[name].append(self.sampler.other_share(before))
         if self.bar is not None:
-            self.bar.update(advance=1, note=name)
+            self.bar.update(advance=tests, note=name)
         return result
 
 
 def planned_tests(names: list[str], scenario: Scenario, settings: TrafficSettings) -> int:
-    """How many LoadGen tests the traffic measurement runs at most (the sweep stops a file's grid early once two
-    rates miss the budget): the bar's total."""
+    """How many LoadGen tests the traffic measurement plans (the rounds' least, the sweep's most: it stops a file's
+    grid early once two rates miss the budget): the bar's total."""
     swept = [n for n in names if settings.sweep_artifacts is None or n in settings.sweep_artifacts]
     per_config = 1 + len(settings.rates) + settings.refine + (1 if settings.confirm else 0)
-    return (len(names) * (runs_loadgen(settings, scenario) + len(settings.loads))
+    in_rounds = (scenario == "server" and runs_loadgen(settings, scenario)) + len(settings.loads)
+    return (len(names) * ((runs_loadgen(settings, scenario) and scenario != "server") + in_rounds * settings.rounds)
             + (len(settings.configs) * len(swept) * per_config if settings.sweep else 0))
 
 
@@ -214,14 +222,16 @@ def wanted(settings: TrafficSettings | None, scenario: Scenario) -> bool:
 def measure_traffic(workers: dict[str, BenchWorker], *, scenario: Scenario, target_qps: float | None,
                     budget_ms: float | None, decision: str, settings: TrafficSettings, settle_s: float,
                     expected_ms: dict[str, float], null_pool: np.ndarray | None = None,
-                    progress: Progress | None = None) -> tuple[dict[str, dict], dict]:
-    """Per artifact its ``traffic`` report entry, and the report-level ``traffic`` facts (the harness overhead)."""
+                    progress: Progress | None = None,
+                    pairs: dict[str, dict[str, str]] | None = None) -> tuple[dict[str, dict], dict]:
+    """Per artifact its ``traffic`` report entry, and the report-level ``traffic`` facts (the harness overhead).
+    ``pairs[file]`` names the files its server runs are paired with, by role ("baseline", "fp32")."""
     say = progress or log.info
     names = list(workers)
     with LiveBar("traffic tests", planned_tests(names, scenario, settings)) as bar:
         entries = _measure_traffic(_Turns(workers, settle_s, bar), names, scenario=scenario, target_qps=target_qps,
                                    budget_ms=budget_ms, decision=decision, settings=settings,
-                                   expected_ms=expected_ms, say=say)
+                                   expected_ms=expected_ms, say=say, pairs=pairs or {})
     facts = {"scenario": scenario, "target_qps": target_qps, "p99_budget_ms": budget_ms,
              "settings": settings.model_dump(mode="json"), "sut_overhead": None}
     if settings.overhead and null_pool is not None:
@@ -231,21 +241,39 @@ def measure_traffic(workers: dict[str, BenchWorker], *, scenario: Scenario, targ
 
 def _measure_traffic(turns: _Turns, names: list[str], *, scenario: Scenario, target_qps: float | None,
                      budget_ms: float | None, decision: str, settings: TrafficSettings, expected_ms: dict[str, float],
-                     say: Progress) -> dict[str, dict]:
+                     say: Progress, pairs: dict[str, dict[str, str]]) -> dict[str, dict]:
     entries: dict[str, dict] = {name: {"scenario": scenario, "target_qps": target_qps, "at_target": None,
                                        "sweep": None} for name in names}
     serving = settings.serving.model_dump()
-    if runs_loadgen(settings, scenario):
+    at_target = runs_loadgen(settings, scenario)
+    if at_target and scenario != "server":  # single-stream or offline: one test, no queue to measure in rounds
         for name in names:
             run = turns(name, "serve", serving, _scenario(scenario, settings, budget_ms, target_qps,
                                                            expected_ms.get(name, 1.0)))
-            run["within_budget"] = within_budget(run, budget_ms) if scenario == "server" else None
             entries[name]["at_target"] = run
             say(_words(name, run))
-    for qps in settings.loads:
-        for name in names:
-            entries[name].setdefault("loads", []).append(_server_test(
-                turns, name, serving, _scenario("server", settings, budget_ms, qps), budget_ms, say))
+    rates = ([target_qps] if at_target and scenario == "server" else []) + list(settings.loads)
+    if rates:
+        rule = RoundsRule(min_rounds=settings.rounds, max_queries=settings.max_queries, budget_ms=budget_ms,
+                          min_tail_cycles=settings.min_tail_cycles, precision=settings.precision)
+
+        resolved: dict[str, dict] = {}  # each file's serving configuration, its threads filled in by its worker
+
+        def turn(name: str, asked: list[dict]) -> list:
+            answer = turns(name, "turn", serving, asked, tests=len(asked))
+            resolved[name] = answer["serving"]
+            return answer["tests"]
+
+        measured = measure_in_rounds(turn, names, [_scenario("server", settings, budget_ms, qps) for qps in rates],
+                                     rule)
+        pair_runs(measured, pairs)
+        for (name, i), (run, _) in measured.items():
+            run["serving"], run["within_budget"] = resolved[name], within_budget(run, budget_ms)
+            say(_words(name, run))
+            if at_target and scenario == "server" and i == 0:
+                entries[name]["at_target"] = run
+            else:
+                entries[name].setdefault("loads", []).append(run)
     if settings.sweep:
         swept = [n for n in names if settings.sweep_artifacts is None or n in settings.sweep_artifacts]
         for name, sweep in _sweep(turns, swept, settings, budget_ms, decision, say, expected_ms).items():

@@ -168,6 +168,12 @@ def worker_main(conn, backend: str, path: str, options: dict, pool: np.ndarray, 
                 serving, scenario = args
                 conn.send(("ok", serve(copies, pool, serving, lambda loop: run_scenario(
                     loop, len(pool), ScenarioSettings(**scenario)))))
+            elif command == "turn":  # one round's tests of this file (serve_bench.load.rounds)
+                from serve_bench.load.loadgen_scenarios import ScenarioSettings, one_turn
+
+                serving, scenarios = args
+                conn.send(("ok", serve(copies, pool, serving, lambda loop: one_turn(
+                    loop, len(pool), [ScenarioSettings(**s) for s in scenarios]))))
             elif command == "open-loop":
                 from serve_bench.load.open_loop import run_open_loop
 

@@ -65,6 +65,7 @@ MAX_DISCARDED = 0.05  # a p99 whose runs' open busy periods held more of the que
 # at least 95% (the module's docstring, the README's table).
 LEVEL = 0.99
 METHOD = "regenerative: complete busy periods as independent units, Woodruff interval"
+DRIFT_P = 0.01  # rounds whose Cochran's Q is this unlikely on a machine that did not change: it drifted
 TAIL_FROM, TAIL_STEP = 95.0, 0.05  # the stored tail: enough to put the upper end at another level afterwards
 Segment = tuple[np.ndarray, np.ndarray]  # (scheduled time s, latency ms) per query, in schedule order
 
@@ -112,6 +113,7 @@ class SteadyP99:
     se_within: float | None = None  # the part of se from the cycles' variance
     se_between: float | None = None  # the part from the differences between rounds (√ of its variance share)
     round_p99: list[float] | None = None  # min and max of the rounds' own p99s
+    rounds_differ_p: float | None = None  # Cochran's Q test that the rounds' fractions above the point are alike
 
     def as_dict(self) -> dict:
         out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "values"}
@@ -160,6 +162,7 @@ def steady_p99(segments: Sequence[Segment], *, q: float = 99.0, budget_ms: float
     se = se_at(level)
     low, high = woodruff_bounds(values, q, se, len(cycles), level)
     spread = round_spread(by_round, q) if rounds_mode else None
+    differ = rounds_differ_p(by_round, point) if rounds_mode else None
     tail_table = [round(float(v), 6) for v in np.percentile(values, np.arange(TAIL_FROM, 100.0 + 1e-9, TAIL_STEP))]
     among = {}
     for f in range(1, 9):  # exact upper ends for a gate that corrects over up to 8 candidates
@@ -186,7 +189,7 @@ def steady_p99(segments: Sequence[Segment], *, q: float = 99.0, budget_ms: float
         precise, reason = False, f"the upper end is {high / point - 1:.0%} above the point (wanted {precision:.0%})"
     return SteadyP99(point, (low, high), queries, discarded, len(cycles), tail, precise, reason, level,
                      se=round(se, 9), tail=tail_table, upper_among=among, values=values, rounds=len(segments),
-                     se_within=round(within, 9), round_p99=spread,
+                     se_within=round(within, 9), round_p99=spread, rounds_differ_p=differ,
                      se_between=round(float(np.sqrt(se ** 2 - within ** 2)), 9) if rounds_mode else None)
 
 
@@ -210,6 +213,29 @@ def between_rounds_var(by_round: list[list[np.ndarray]], point: float) -> tuple[
     within = np.array([exceedance_se(cycles, a) ** 2 for cycles, a in zip(usable, aboves)])
     sigma2 = max(0.0, float(np.var(fractions, ddof=1)) - float(within.mean()))
     return sigma2 * float(np.sum(sizes ** 2)) / float(sizes.sum()) ** 2, len(usable)
+
+
+def rounds_differ_p(by_round: list[list[np.ndarray]], point: float) -> float | None:
+    """How likely rounds as different as these are on a machine that did not change between them: Cochran's Q
+    (the heterogeneity test of meta-analysis) on the rounds' fractions of queries above the pooled ``point``,
+    Q = Σ (f_i − f̄)² / v_i against χ² with R − 1 degrees of freedom. Under that hypothesis every cycle of every
+    round comes from one process, so v_i is round i's ratio-estimator variance from the residuals of all the
+    rounds' cycles (a round's own residuals give a round with no query above the point almost no variance, and
+    flagged 43% of runs of a steady machine). Why not "the spread of the rounds' p99s exceeds the interval": one
+    round's p99 is far noisier than the pool's, and that spread exceeded the interval in 15 of 50 runs of a
+    machine that never drifted. None below two usable rounds (the same rule as :func:`between_rounds_var`)."""
+    usable = [cycles for cycles in by_round if len(cycles) >= 2 and sum(len(c) for c in cycles) >= MIN_QUERIES]
+    if len(usable) < 2:
+        return None
+    lengths = [np.array([len(c) for c in cycles], dtype=np.float64) for cycles in usable]
+    aboves = [np.array([np.count_nonzero(c > point) for c in cycles], dtype=np.float64) for cycles in usable]
+    pooled = sum(a.sum() for a in aboves) / sum(n.sum() for n in lengths)
+    residual = np.concatenate([a - pooled * n for a, n in zip(aboves, lengths)])
+    spread = float(np.sum(residual ** 2)) / (len(residual) - 1)  # per cycle, of every round
+    if spread <= 0:
+        return None
+    q = sum((a.sum() / n.sum() - pooled) ** 2 * len(n) * n.mean() ** 2 / spread for a, n in zip(aboves, lengths))
+    return round(float(stats.chi2.sf(q, len(usable) - 1)), 6)
 
 
 def few_rounds_factor(rounds: int, cycles: int, level: float) -> float:

@@ -21,7 +21,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from serve_bench.load.queue_simulation import single_server_fifo
-from serve_bench.load.steady_state import queries_wanted, steady_p99
+from serve_bench.load.rounds import RATIO_LEVEL, RoundsRule, in_rounds, paired_p99_ratio
+from serve_bench.load.steady_state import DRIFT_P, queries_wanted, steady_p99
 
 SERVICE_S = 0.002  # 2 ms: the issue's and the LoadGen tests' scale
 
@@ -36,6 +37,7 @@ class Coverage:
     median_error: float  # median of point / true − 1
     median_queries: float
     capped: float  # share of runs that reached the cap before the rule called them precise
+    flagged: float | None = None  # share of runs in rounds whose rounds differed (Cochran's Q p < DRIFT_P)
 
 
 def true_p99_ms(queue: str, rho: float, seed: int = 12345) -> float:
@@ -58,6 +60,9 @@ class Drift:
     round_queries: int = 2000
     min_rounds: int = 5
 
+    def factor(self, rng: np.random.Generator) -> float:
+        return float(rng.uniform(1 - self.spread, 1 + self.spread)) if self.spread else 1.0
+
 
 def _round(queue: str, lam: float, n: int, rng: np.random.Generator, factor: float = 1.0):
     arrivals = np.cumsum(rng.standard_exponential(n)) / lam
@@ -77,28 +82,37 @@ def drifting_true_p99_ms(queue: str, rho: float, drift: Drift, rounds: int = 200
 
 def one_run(queue: str, rho: float, rng: np.random.Generator, first: int, cap: int, min_tail_cycles: int,
             precision: float, budget_ms: float | None = None, drift: Drift | None = None):
+    """One measurement until precise: back to back (``drift`` None, as the bench's sweep probes), or in rounds of a
+    drifting machine through the bench's own loop (serve_bench.load.rounds)."""
     lam = rho / SERVICE_S
-    segments, done = [], 0
-    want = drift.round_queries if drift else first
+    if drift is not None:
+        rule = RoundsRule(min_rounds=drift.min_rounds, max_queries=cap, min_tail_cycles=min_tail_cycles,
+                          precision=precision, budget_ms=budget_ms)
+
+        def one_round(active: list[str], index: int) -> dict:
+            run = _round(queue, lam, drift.round_queries, rng, drift.factor(rng))
+            return {key: (run.arrival_s, run.latency_ms) for key in active}
+
+        measured = in_rounds(["run"], one_round, lambda segment: segment, rule)["run"]
+        return measured.estimate, sum(len(latencies) for _, latencies in measured.tests)
+    segments, done, want = [], 0, first
     while True:
-        factor = rng.uniform(1 - drift.spread, 1 + drift.spread) if drift else 1.0
-        run = _round(queue, lam, want, rng, factor)
+        run = _round(queue, lam, want, rng)
         segments.append((run.arrival_s, run.latency_ms))
         done += want
-        estimate = steady_p99(segments, budget_ms=budget_ms, min_tail_cycles=min_tail_cycles, precision=precision,
-                              min_rounds=drift.min_rounds if drift else 1)
+        estimate = steady_p99(segments, budget_ms=budget_ms, min_tail_cycles=min_tail_cycles, precision=precision)
         if estimate.precise or done >= cap:
             return estimate, done
-        want = min(drift.round_queries if drift else queries_wanted(estimate, min_tail_cycles), cap - done)
+        want = min(queries_wanted(estimate, min_tail_cycles), cap - done)
 
 
 def coverage(queue: str, rho: float, runs: int, *, first: int = 1000, cap: int = 20000, min_tail_cycles: int = 20,
              precision: float = 0.25, seed: int = 0, truth: float | None = None,
              budget_at_truth: bool = False, drift: Drift | None = None) -> Coverage:
     if truth is None:
-        truth = drifting_true_p99_ms(queue, rho, drift) if drift else true_p99_ms(queue, rho)
+        truth = drifting_true_p99_ms(queue, rho, drift) if drift and drift.spread else true_p99_ms(queue, rho)
     rng = np.random.default_rng(seed)
-    covered, errors, sizes, capped = 0, [], [], 0
+    covered, errors, sizes, capped, flagged = 0, [], [], 0, 0
     for _ in range(runs):
         estimate, done = one_run(queue, rho, rng, first, cap, min_tail_cycles, precision,
                                  truth if budget_at_truth else None, drift)
@@ -109,8 +123,54 @@ def coverage(queue: str, rho: float, runs: int, *, first: int = 1000, cap: int =
             errors.append(estimate.point / truth - 1)
         sizes.append(done)
         capped += not estimate.precise
+        flagged += estimate.rounds_differ_p is not None and estimate.rounds_differ_p < DRIFT_P
     return Coverage(queue, rho, truth, runs, covered / runs, float(np.median(errors)), float(np.median(sizes)),
-                    capped / runs)
+                    capped / runs, flagged / runs if drift else None)
+
+
+@dataclass(frozen=True)
+class PairedCoverage:
+    rho: tuple[float, float]  # the candidate's and the baseline's load (one arrival rate, two service times)
+    true_ratio: float
+    runs: int
+    covered: float  # share of runs whose interval (at RATIO_LEVEL) holds the true ratio
+    median_error: float
+    median_width: float  # of the interval, relative to the true ratio
+    median_rounds: float
+
+
+def paired_coverage(rho: float, baseline_rho: float, runs: int, drift: Drift, *, cap: int = 20000,
+                    min_tail_cycles: int = 20, precision: float = 0.25, seed: int = 0) -> PairedCoverage:
+    """Two M/M/1 files at one arrival rate (the candidate's service time ``rho / baseline_rho`` times the
+    baseline's), measured in the same rounds of one drifting machine (a round's factor applies to both, as a slow
+    stretch does), each stopping by the bench's rule, then their p99 ratio paired round by round. The truth is the
+    ratio of the two time-averaged p99s."""
+    scale = {"candidate": rho / baseline_rho, "baseline": 1.0}
+    truth = (scale["candidate"] * drifting_true_p99_ms("M/M/1", rho, drift)  # in the candidate's time unit
+             / drifting_true_p99_ms("M/M/1", baseline_rho, drift))
+    rng = np.random.default_rng(seed)
+    lam = baseline_rho / SERVICE_S
+    rule = RoundsRule(min_rounds=drift.min_rounds, max_queries=cap, min_tail_cycles=min_tail_cycles,
+                      precision=precision)
+
+    def one_round(active: list[str], index: int) -> dict:
+        factor = drift.factor(rng)
+        runs_now = {key: _round("M/M/1", lam, drift.round_queries, rng, factor * scale[key]) for key in active}
+        return {key: (run.arrival_s, run.latency_ms) for key, run in runs_now.items()}
+
+    covered, errors, widths, rounds = 0, [], [], []
+    for _ in range(runs):
+        measured = in_rounds(["candidate", "baseline"], one_round, lambda segment: segment, rule)
+        ratio = paired_p99_ratio(measured["candidate"].tests, measured["baseline"].tests)
+        if ratio is None:
+            errors.append(-1.0)
+            continue
+        covered += ratio.ci[0] <= truth <= ratio.ci[1]
+        errors.append(ratio.ratio / truth - 1)
+        widths.append((ratio.ci[1] - ratio.ci[0]) / truth)
+        rounds.append(ratio.rounds)
+    return PairedCoverage((rho, baseline_rho), truth, runs, covered / runs, float(np.median(errors)),
+                          float(np.median(widths)), float(np.median(rounds)))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -120,18 +180,32 @@ def main(argv: list[str] | None = None) -> None:
                                                                 "max_queries)")
     parser.add_argument("--budget-at-truth", action="store_true", help="the budget at the true p99: the loop also "
                                                                        "stops when the budget decides")
+    parser.add_argument("--rounds", action="store_true", help="measure in rounds even without drift (--drift 0)")
     parser.add_argument("--drift", type=float, default=0.0, help="each round's service times scaled by 1 ± this "
                                                                     "(uniform), rounds of 2,000 queries, 5 at least")
+    parser.add_argument("--paired", type=float, nargs=2, metavar=("RHO", "BASELINE_RHO"),
+                        help="in rounds: the p99 ratio of two M/M/1 files measured in the same rounds at one arrival "
+                             "rate (e.g. 0.5 0.25), paired round by round, against the true ratio")
+    parser.add_argument("--round-queries", type=int, default=Drift.round_queries, help="queries per round")
     args = parser.parse_args(argv)
-    drift = Drift(spread=args.drift) if args.drift else None
+    if args.paired:
+        drift = Drift(spread=args.drift, round_queries=args.round_queries)
+        c = paired_coverage(*args.paired, args.runs, drift, cap=args.cap)
+        print(f"paired p99 ratio, ρ {c.rho[0]} over {c.rho[1]}, drift ±{args.drift:.0%}: true {c.true_ratio:.3f}, "
+              f"{RATIO_LEVEL:.0%} interval covers it in {c.covered:.1%} of {c.runs} runs, median error "
+              f"{c.median_error:+.1%}, "
+              f"median width {c.median_width:.1%} of the truth, median {c.median_rounds:.0f} rounds paired")
+        return
+    drift = Drift(spread=args.drift, round_queries=args.round_queries) if args.drift or args.rounds else None
     print("| queue | ρ | true p99 ms | upper end ≥ true p99 | median error of the point | median requests | "
-          "capped |")
-    print("|---|---|---|---|---|---|---|")
+          "capped | rounds flagged as different |")
+    print("|---|---|---|---|---|---|---|---|")
     for queue in ("M/M/1", "M/D/1"):
         for rho in ((0.5, 0.75) if drift else (0.5, 0.75, 0.9)):
             c = coverage(queue, rho, args.runs, cap=args.cap, budget_at_truth=args.budget_at_truth, drift=drift)
             print(f"| {queue} | {rho} | {c.true_p99_ms:.2f} | {c.covered:.1%} | {c.median_error:+.1%} | "
-                  f"{c.median_queries:,.0f} | {c.capped:.0%} |", flush=True)
+                  f"{c.median_queries:,.0f} | {c.capped:.0%} | "
+                  f"{'—' if c.flagged is None else f'{c.flagged:.1%}'} |", flush=True)
 
 
 if __name__ == "__main__":

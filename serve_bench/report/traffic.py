@@ -12,6 +12,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from serve_bench.load.steady_state import DRIFT_P
 from serve_bench.report_model import Capacity, Entry, Report, Serving, ServerRun, SteadyState
 
 Table = tuple[list[str], list[list[str]]]
@@ -99,7 +100,8 @@ def _mean(part: dict[str, float | None] | None) -> float | None:
 def traffic_table(report: Report) -> Table | None:
     """One row per LoadGen test of an artifact at a given rate (the target, then the fixed ``loads``, so rows of
     one rate compare artifacts at the same traffic); None when there is none."""
-    head = ["artifact", "scenario", "serving", "offered /s", "completed /s", "p50 ms", "p99 ms [CI]", "steady state",
+    head = ["artifact", "scenario", "serving", "offered /s", "completed /s", "p50 ms", "p99 ms [CI]",
+            "rounds: p99 min–max", "p99 ratio, paired by round [CI]", "steady state",
             "LoadGen verdict", "queue mean ms", "model mean ms", "mean batch", "within p99 budget", "sustainable"]
     rows = []
     for art, run in _runs_at_rates(report):
@@ -107,10 +109,55 @@ def traffic_table(report: Report) -> Table | None:
         p99 = _num(lat.get("p99")) + (_bounds(run.p99_ci) if lat.get("p99") is not None else "")
         rows.append([art.name, run.scenario or "—", serving_text(run.serving),
                      _num(run.offered_qps, 1), _num(run.completed_qps, 1), _num(lat.get("p50")), p99,
+                     spread_text(run.steady_state), paired_text(run),
                      steady_text(run.steady_state), verdict(run), _num(_mean(run.queue_ms)),
                      _num(_mean(run.compute_ms)),
                      _num(run.mean_batch, 2), _within(run), _sustainable(run)])
     return (head, rows) if rows else None
+
+
+def spread_text(steady: SteadyState | None) -> str:
+    """The rounds' own p99s, lowest to highest, with the rounds counted, and "drifted" where they differ more
+    than their busy periods allow (:data:`DRIFT_P`)."""
+    if steady is None or not steady.round_p99:
+        return "—"
+    low, high = steady.round_p99
+    said = f"{_num(low)}–{_num(high)} ({steady.rounds} rounds)"
+    return said + (" drifted" if drifted(steady) else "")
+
+
+def drifted(steady: SteadyState | None) -> bool:
+    return steady is not None and steady.rounds_differ_p is not None and steady.rounds_differ_p < DRIFT_P
+
+
+def paired_text(run: ServerRun) -> str:
+    """This run's p99 over the baseline's and its float file's at the same rate, paired round by round."""
+    words = {"baseline": "baseline", "fp32": "its fp32 file"}
+    return "; ".join(f"×{r.ratio:.2f} [{r.ci[0]:.2f}, {r.ci[1]:.2f}]{_level(r.level)} over {words.get(role, role)} "
+                     f"({r.rounds} rounds)" for role, r in (run.paired or {}).items()) or "—"
+
+
+def _level(level: float | None) -> str:
+    return "" if level is None else f" {level:.0%}"
+
+
+def drift_flags(entries: list[Entry]) -> list[str]:
+    """A flag per file and rate whose rounds under traffic differed more than their busy periods allow: the
+    machine drifted while it was measured, and its interval (which counts that) is wider for it."""
+    out = []
+    for art in entries:
+        traffic = art.traffic
+        runs = [] if traffic is None else [traffic.at_target, *(traffic.loads or [])]
+        for run in filter(None, runs):
+            steady = run.steady_state
+            if drifted(steady):
+                low, high = steady.round_p99 or (None, None)
+                out.append(f"{art.name} at {_num(run.offered_qps, 1)}/s: its {steady.rounds} rounds under traffic "
+                           f"differ more than their busy periods allow (p99 per round {_num(low)}–{_num(high)} ms, "
+                           f"Cochran's Q p = {steady.rounds_differ_p:.2g}): the machine drifted while it was "
+                           "measured; its interval counts that, but measure again on a quieter machine before "
+                           "trusting the absolute p99")
+    return out
 
 
 def _runs_at_rates(report: Report) -> list[tuple[Entry, ServerRun]]:

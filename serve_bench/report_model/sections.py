@@ -152,6 +152,9 @@ class SteadyState(_Open):
     se_between: float | None = Field(None, description="the part of se from the differences between rounds, "
                                                         "widened for their few degrees of freedom (√(se² − se_within²))")
     round_p99: Interval | None = Field(None, description="the lowest and highest p99 of the rounds on their own")
+    rounds_differ_p: float | None = Field(None, description="Cochran's Q test that the rounds are alike: below "
+                                                            "0.01 the machine drifted between them")
+    stopped: str | None = Field(None, description="why the rounds stopped: precise, not sustainable, capped")
 
 
 class LoadGenVerdict(_Open):
@@ -201,6 +204,19 @@ class ServerRun(_Open):
     compute_ms: dict[str, float | None] | None = Field(None, description="time in the model: mean, p50, p99")
     within_budget: dict[str, bool | None] | None = Field(None, description="within the p99 budget by each rule: "
                                                                            "point, confident")
+    paired: dict[str, "TrafficRatio"] | None = Field(None, description="this run's steady-state p99 over another "
+                                                                       "file's at the same rate, paired round by "
+                                                                       "round, by role: baseline, fp32")
+
+
+class TrafficRatio(Ratio):
+    """A p99 ratio under traffic: the two files' rounds of the same index paired (serve_bench.load.rounds)."""
+
+    reference: str
+    level: float | None = Field(None, description="the interval's two-sided level (99%: a claim on it is about 95%)")
+
+
+ServerRun.model_rebuild()
 
 
 class Capacity(_Open):

@@ -1,0 +1,142 @@
+"""The server scenario measured in rounds: each file's tests take turns with the other files', round after round.
+
+Why: a file measured in one stretch (its tests back to back) carries that stretch of the machine into its p99, and
+the interval, built from the busy periods inside the stretch, cannot know it. On a 2-core machine one file's p99 at
+200/s read 3.59 [3.12, 4.30] ms at the start of a bench and 1.92 [1.81, 2.32] later in the same bench. In rounds,
+every file is tested once per round, so a slow stretch falls on one round of every file instead of on all of one
+file's, and the differences between a file's rounds join its interval (``steady_p99(min_rounds=…)``). A file
+stops as soon as its interval is precise or decided against the budget (never before ``min_rounds``), when its
+queue grew without bound, or at its cap of queries; the others go on.
+
+Two files' rounds of the same index ran minutes apart at most, in the same order, so their p99s pair round by round
+like the closed-loop blocks: :func:`paired_p99_ratio` takes each round's share of both files' errors together, so
+a drift common to both cancels from their ratio.
+
+The same loop runs on a fake clock (``python -m serve_bench.load.steady_state_check --drift 0.2``), so the rule
+the bench stops by is the rule the known answers test.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Callable, Hashable, Sequence, TypeVar
+
+import numpy as np
+from scipy import stats
+
+from serve_bench.load.steady_state import MIN_QUERIES, Segment, SteadyP99, bounded, complete_cycles, steady_p99
+from serve_bench.stats.latency_intervals import Ratio
+
+log = logging.getLogger(__name__)
+
+K = TypeVar("K", bound=Hashable)
+T = TypeVar("T")
+# Two-sided level of the paired ratio's interval. At 95% it held a known ratio in 88.5% of runs measured until
+# precise (ρ 0.5 over 0.25, ±20% drift): a few thousand queries' p99 runs low, and each file stops when its
+# interval looks narrow. As for the steady-state p99 (its LEVEL), the interval is at 99% so that a claim resting
+# on it is about 95% (docs/pages/measured.md).
+RATIO_LEVEL = 0.99
+
+
+@dataclass(frozen=True)
+class RoundsRule:
+    """When one file's measurement at one rate is done: its steady-state p99 precise (the module's rule in
+    serve_bench.load.steady_state) after ``min_rounds`` rounds at least, its queue grown without bound in most of
+    two rounds or more (one round of a stable queue near load can look grown), or ``max_queries`` queries
+    measured in all."""
+
+    min_rounds: int = 5
+    max_queries: int = 20000
+    min_tail_cycles: int = 20
+    precision: float = 0.25
+    budget_ms: float | None = None
+
+    def estimate(self, segments: Sequence[Segment]) -> SteadyP99:
+        return steady_p99(segments, budget_ms=self.budget_ms, min_tail_cycles=self.min_tail_cycles,
+                          precision=self.precision, min_rounds=self.min_rounds)
+
+    def done(self, segments: Sequence[Segment], estimate: SteadyP99) -> str | None:
+        """Why this measurement stops after its last round, or None to measure another."""
+        if estimate.precise:
+            return "precise"
+        grown = sum(bounded(*segment)[0] is False for segment in segments)
+        if len(segments) >= 2 and 2 * grown > len(segments):  # most rounds saw the queue grow (pooled_verdict)
+            return "not sustainable"
+        if self.max_queries - sum(len(latencies) for _, latencies in segments) < MIN_QUERIES:
+            return "capped"
+        return None
+
+
+@dataclass
+class Measured:
+    """One file's tests at one rate, round by round, and the estimate they gave."""
+
+    tests: list
+    estimate: SteadyP99
+    stopped: str | None = None  # why it stopped ("precise", "not sustainable", "capped")
+
+
+def in_rounds(keys: Sequence[K], one_round: Callable[[list[K], int], dict[K, T]], segment_of: Callable[[T], Segment],
+              rule: RoundsRule | Callable[[K], RoundsRule]) -> dict[K, Measured]:
+    """Measure every key (a file at a rate) in rounds until each is done by ``rule`` (one for all, or per key).
+
+    ``one_round(active, index)`` runs round ``index`` (0, 1, …): one test of each active key, in the order given,
+    and returns them by key. A key stops by itself; the round goes on without it."""
+    rule_of = rule if callable(rule) else (lambda key: rule)
+    out: dict[K, Measured] = {}
+    active, index = list(keys), 0
+    while active:
+        tests = one_round(active, index)
+        for key in list(active):
+            measured = out.setdefault(key, Measured([], None))  # type: ignore[arg-type]
+            measured.tests.append(tests[key])
+            segments = [segment_of(t) for t in measured.tests]
+            measured.estimate = rule_of(key).estimate(segments)
+            measured.stopped = rule_of(key).done(segments, measured.estimate)
+            if measured.stopped:
+                active.remove(key)
+                log.info("%s: %s after %d rounds", key, measured.stopped, len(measured.tests))
+        index += 1
+    return out
+
+
+def paired_p99_ratio(a: Sequence[Segment], b: Sequence[Segment], q: float = 99.0,
+                     level: float = RATIO_LEVEL) -> Ratio | None:
+    """``a``'s steady-state p99 over ``b``'s, both pooled over the rounds both measured (round i of each ran in the
+    same round of the bench), with an interval whose units are those rounds.
+
+    Each file's p99 moves with the share of its queries above it: log p̂ − log p ≈ (share − 1%) · (dQ/dF) / Q
+    (dQ/dF, the quantile's slope, read from the pooled latencies at q ± 0.5). Round i adds U_i, its queries
+    above the point less 1% of its queries, to that share, so the log ratio's error is a sum over rounds of
+    d_i = U_i^a·slope_a/(N_a·Q_a) − U_i^b·slope_b/(N_b·Q_b). Rounds start empty and are independent (the round
+    version of the busy periods' regenerative variance), so Var = R/(R−1)·Σ(d_i − d̄)², with t at R − 1 degrees of
+    freedom. A slow stretch that moves both files in round i moves U_i^a and U_i^b alike and cancels from d_i:
+    the pairing. A round counts where both files have ``MIN_QUERIES`` queries in complete busy periods; None
+    below two such rounds. Chosen over a bootstrap of whole rounds (the closed-loop ratios' estimator), which
+    covered a known ratio in only 85.5% of runs at 95% (docs/pages/measured.md)."""
+    pairs = [(complete_cycles(*x)[0], complete_cycles(*y)[0]) for x, y in zip(a, b)]
+    pairs = [(x, y) for x, y in pairs if sum(map(len, x)) >= MIN_QUERIES and sum(map(len, y)) >= MIN_QUERIES]
+    if len(pairs) < 2:
+        return None
+    (qa, da), (qb, db) = (_linearised([p[k] for p in pairs], q) for k in (0, 1))
+    d = da - db
+    rounds = len(pairs)
+    se = float(np.sqrt(rounds / (rounds - 1) * np.sum((d - d.mean()) ** 2)))
+    t = float(stats.t.ppf(1 - (1 - level) / 2, rounds - 1))
+    ratio = qa / qb
+    return Ratio(ratio, (ratio * float(np.exp(-t * se)), ratio * float(np.exp(t * se))), rounds, LINEARISED)
+
+
+LINEARISED = "rounds paired: the log ratio linearised in each round's share above the p99, t over rounds"
+
+
+def _linearised(rounds: list[list[np.ndarray]], q: float) -> tuple[float, np.ndarray]:
+    """One file's pooled p99 and each round's share of the error of its log: U_i·(dQ/dF)/(N·Q)."""
+    values = np.concatenate([np.concatenate(cycles) for cycles in rounds])
+    point = float(np.percentile(values, q))
+    step = 0.5
+    low, high = np.percentile(values, [max(q - step, 0.0), min(q + step, 100.0)])
+    slope = float(high - low) / (2 * step / 100)  # dQ/dF: latency per unit of probability
+    above = np.array([sum(np.count_nonzero(c > point) for c in cycles) - (1 - q / 100) * sum(map(len, cycles))
+                      for cycles in rounds], dtype=np.float64)
+    return point, above * slope / (len(values) * point)
