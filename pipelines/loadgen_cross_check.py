@@ -82,10 +82,14 @@ def main(argv: list[str] | None = None) -> None:
     name = args.artifact or report["gate"]["release"]
     entry = next(e for e in report["artifacts"] if e["name"] == name)
     run = entry["traffic"]["at_target"]
+    serving = run.get("serving") or {}
+    if serving.get("max_batch", 1) != 1 or serving.get("instances", 1) != 1:
+        raise SystemExit(f"{name} was served with {serving} at the target rate; this check serves one copy, batch 1, "
+                         "first come first served, so it would measure another server")
     data = yaml.safe_load((args.run_dir / "pipeline.resolved.yaml").read_text())["data"]
     size, channels = data["image_size"], data.get("channels", 3)
     pool = np.random.default_rng(0).standard_normal((64, channels, size, size)).astype(np.float32)
-    runner = make_runner(entry["backend"], entry["path"], threads=serving_threads()).load()
+    runner = make_runner(entry["backend"], entry["path"], threads=serving.get("threads") or serving_threads()).load()
     for _ in range(200):  # warm: first calls at a new shape are slow
         runner.infer(pool[:1])
     budget = report["gate"]["limits"].get("p99_budget_ms") or 1000.0

@@ -247,10 +247,9 @@ def _reference_on_runtime(spec: ArtifactSpec, specs: list[ArtifactSpec]) -> Arti
     return next((r for r in specs if r.extra.get("role") == "reference" and r.backend == spec.backend), None)
 
 
-def _traffic_pairs(specs: list[ArtifactSpec], baseline: str) -> dict[str, dict[str, str]]:
-    """The files each file's server runs are paired with, round by round: the baseline, and an INT8 file's fp32."""
-    return {spec.name: {"baseline": baseline, **{"fp32": r.name for r in [_fp32_reference(spec, specs)] if r}}
-            for spec in specs}
+def _traffic_pairs(specs: list[ArtifactSpec]) -> dict[str, dict[str, str]]:
+    """The file each INT8 file's server runs are paired with, round by round: its fp32 file (what the gate asks)."""
+    return {spec.name: {"fp32": r.name} for spec in specs for r in [_fp32_reference(spec, specs)] if r}
 
 
 def run_benchmark(specs: list[ArtifactSpec], baseline: str, test: TestSet, settings: BenchSettings,
@@ -288,7 +287,7 @@ def run_benchmark(specs: list[ArtifactSpec], baseline: str, test: TestSet, setti
                 workers, scenario=settings.scenario, target_qps=settings.target_qps,
                 budget_ms=limits.p99_budget_ms if limits else None, decision=limits.decision if limits else "point",
                 settings=swept, settle_s=settings.harness.settle_s,
-                expected_ms=expected, null_pool=_pool(test, 1)[:16], progress=say, pairs=_traffic_pairs(specs, baseline))
+                expected_ms=expected, null_pool=_pool(test, 1)[:16], progress=say, pairs=_traffic_pairs(specs))
         profiles = {name: operator_profile(worker, settings) for name, worker in workers.items()}
         served = {spec.name: batch for spec in specs
                   if (batch := served_batch(spec, traffic.get(spec.name), eval_batches[spec.name]))}

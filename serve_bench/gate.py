@@ -259,6 +259,23 @@ def yields_to_float(art: Entry, candidates: list[Entry]) -> str | None:
             "no latency this run can show")
 
 
+def unpaired_int8(candidates: list[Entry]) -> list[str]:
+    """A note per INT8 candidate ranked by its p99 at the pipeline's traffic without a ratio to its fp32 file there
+    (its rounds held too few queries in complete busy periods, or a report from before the rounds): the gate could
+    not ask whether quantization bought latency, and says so instead of letting the point p99 decide in silence."""
+    names = {c.name for c in candidates}
+    out = []
+    for art in candidates:
+        run, pair = server_run(art), art.int8_vs_fp32
+        if art.precision != "int8" or run is None or pair is None or pair.reference not in names:
+            continue
+        if (run.paired or {}).get("fp32") is None:
+            out.append(f"{art.name} (int8) is not paired with {pair.reference} (fp32) at {run.offered_qps:g} "
+                       "queries/s (too few rounds with 100 queries in complete busy periods in both): ranked by "
+                       "its p99 alone, without asking whether quantization bought latency")
+    return out
+
+
 def preferred(candidates: list[Entry], budget_ms: float | None = None, decision: str | None = None) -> Entry:
     """Where every candidate was swept, the one that carries the most traffic within the budget; otherwise the
     lowest p99 (at the pipeline's traffic for the server scenario, else closed loop)."""
@@ -296,7 +313,7 @@ def evaluate(artifacts: list[Entry], limits: Limits, accuracy_meaningful: bool =
     # not where it is ranked by the load each file carried within the budget (a sweep).
     by_p99 = not candidates or not all(carried_load(a, p99_budget_ms, decision) is not None for a in candidates)
     yields = {a.name: yields_to_float(a, candidates) for a in candidates} if by_p99 else {}
-    gave_way = [why for why in yields.values() if why]
+    gave_way = [why for why in yields.values() if why] + (unpaired_int8(candidates) if by_p99 else [])
     ranked = [a for a in candidates if not yields.get(a.name)]
     release = preferred(ranked or candidates, p99_budget_ms, decision).name if candidates else None
     if release is None:

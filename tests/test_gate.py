@@ -61,6 +61,10 @@ def test_under_traffic_the_int8_file_gives_way_by_its_ratio_paired_round_by_roun
     assert any("at 200 queries/s, paired round by round" in n and "99% CI 0.81–1.07" in n for n in tie["notes"])
     faster = evaluate(as_entries([onnx, int8("faster", [0.85, 0.97])]), limits)
     assert faster["release"] == "int8" and not any("gives way" in n for n in faster["notes"])
+    unpaired = int8("faster", [0.85, 0.97])
+    del unpaired["traffic"]["at_target"]["paired"]
+    silent = evaluate(as_entries([onnx, unpaired]), limits)
+    assert silent["release"] == "int8" and any("is not paired with onnx (fp32) at 200" in n for n in silent["notes"])
 
 
 def test_accuracy_fail():

@@ -240,8 +240,6 @@ def test_a_pipeline_gated_on_the_server_scenario_reports_loadgen_and_the_harness
         assert {"queue_ms", "compute_ms", "p99_ci", "loadgen"} <= set(run)
         assert run["loadgen"]["early_stopping"]  # LoadGen's own words, kept
         assert run["tests"] >= 2 and run["steady_state"]["rounds"] == run["tests"]  # the files took turns
-        if art["name"] != report["baseline"]:  # its p99 over the baseline's, paired round by round
-            assert run["paired"]["baseline"]["reference"] == report["baseline"]
         profile = art["operator_profile"]
         assert profile["ops"] and abs(sum(o["share"] for o in profile["ops"]) - 1) < 1e-6
     overhead = report["traffic"]["sut_overhead"]

@@ -243,7 +243,7 @@ def test_accuracy_vs_p99_reads_at_a_glance_on_a_log_axis_with_names_in_the_legen
 
 def test_rounds_show_their_spread_the_paired_ratio_and_a_drift_flag_naming_the_file(report):
     """A run in rounds shows its rounds' p99s beside the interval and its p99 over the baseline's at the same rate;
-    rounds that differ more than their busy periods allow (Cochran's Q p < 0.01) say "drifted" and raise a flag
+    rounds that differ more than their busy periods allow (a permutation test, p < 0.01) say "drifted" and raise a flag
     naming the file and rate; rounds that do not, neither."""
     from serve_bench.report.traffic import drift_flags
 

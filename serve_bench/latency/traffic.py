@@ -25,7 +25,7 @@ from serve_bench.load.loadgen_scenarios import Scenario
 from serve_bench.load.rounds import RoundsRule
 from serve_bench.load.serving_loop import ServingSettings
 from serve_bench.latency.machine_load import LoadSampler, load_summary
-from serve_bench.latency.traffic_rounds import measure_in_rounds, pair_runs
+from serve_bench.latency.traffic_rounds import groups_of, measure_in_rounds, pair_runs
 from serve_bench.latency.worker import BenchWorker
 from train.progress import LiveBar
 
@@ -225,7 +225,7 @@ def measure_traffic(workers: dict[str, BenchWorker], *, scenario: Scenario, targ
                     progress: Progress | None = None,
                     pairs: dict[str, dict[str, str]] | None = None) -> tuple[dict[str, dict], dict]:
     """Per artifact its ``traffic`` report entry, and the report-level ``traffic`` facts (the harness overhead).
-    ``pairs[file]`` names the files its server runs are paired with, by role ("baseline", "fp32")."""
+    ``pairs[file]`` names the files its server runs are paired with, by role ("fp32": an INT8 file's float file)."""
     say = progress or log.info
     names = list(workers)
     with LiveBar("traffic tests", planned_tests(names, scenario, settings)) as bar:
@@ -265,7 +265,7 @@ def _measure_traffic(turns: _Turns, names: list[str], *, scenario: Scenario, tar
             return answer["tests"]
 
         measured = measure_in_rounds(turn, names, [_scenario("server", settings, budget_ms, qps) for qps in rates],
-                                     rule)
+                                     rule, together=groups_of(pairs), say=say)
         pair_runs(measured, pairs)
         for (name, i), (run, _) in measured.items():
             run["serving"], run["within_budget"] = resolved[name], within_budget(run, budget_ms)

@@ -9,7 +9,8 @@ import logging
 from typing import Callable
 
 from serve_bench.load.loadgen_scenarios import RETEST_SEED, LoadGenTest, ScenarioSettings, scenario_result
-from serve_bench.load.rounds import RATIO_LEVEL, RoundsRule, in_rounds, paired_p99_ratio
+from serve_bench.load.steady_state import MIN_QUERIES
+from serve_bench.load.rounds import RATIO_LEVEL, Measured, RoundsRule, in_rounds, paired_p99_ratio
 
 log = logging.getLogger(__name__)
 
@@ -18,26 +19,41 @@ RATE_SEED = 7_919  # a file's tests at two rates of one round draw different arr
 
 
 def measure_in_rounds(turn: Callable[[str, list[dict]], list[LoadGenTest]], names: list[str],
-                      scenarios: list[dict], rule: RoundsRule) -> dict[Key, tuple[dict, list[LoadGenTest]]]:
+                      scenarios: list[dict], rule: RoundsRule, together: dict[str, str] | None = None,
+                      say: Callable[[str], None] | None = None) -> dict[Key, tuple[dict, list[LoadGenTest]]]:
     """Per (file, rate index) its pooled run (``scenario_result``, plus why it stopped) and the tests it pooled.
 
-    ``scenarios[i]`` is the server test at rate i as ``ScenarioSettings`` fields; round r's test draws the seed
-    ``seed + RETEST_SEED·r + RATE_SEED·i``, and only a turn's first test warms up. ``turn(file, scenarios)`` runs
-    one file's tests of a round."""
+    ``scenarios[i]`` is the server test at rate i as ``ScenarioSettings`` fields. Every round's test holds
+    ``min_queries`` queries, 200 at least (its duration is cut to what they take, so a fast rate's rounds are no longer than a
+    slow one's and the cap holds enough of them), draws the seed ``seed + RETEST_SEED·r + RATE_SEED·i`` (the same
+    arrivals for every file in round r, so pairs compare like with like), and only a turn's first test warms up.
+    The files take their turns in an order rotated by one each round, so no file always follows the same one.
+    Files paired with each other (``together`` maps each to its group's name: an INT8 file and its fp32 file)
+    stop together at each rate (serve_bench.load.rounds: in_rounds's ``group``), so their ratio rests on the same
+    rounds as the p99s beside it; every other file stops by itself (a fast file is not held for a slow baseline's
+    cap). ``turn(file, scenarios)`` runs one file's tests of a round; ``say`` hears each stop."""
     keys = [(name, i) for name in names for i in range(len(scenarios))]
 
     def one_round(active: list[Key], index: int) -> dict[Key, LoadGenTest]:
         out: dict[Key, LoadGenTest] = {}
-        for name in names:
+        shift = index % len(names)
+        for name in names[shift:] + names[:shift]:
             mine = [i for n, i in active if n == name]
             if not mine:
                 continue
-            asked = [{**scenarios[i], "seed": scenarios[i]["seed"] + RETEST_SEED * index + RATE_SEED * i,
-                      "warmup_s": scenarios[i].get("warmup_s", 0.0) if k == 0 else 0.0} for k, i in enumerate(mine)]
+            asked = [_round_test(scenarios[i], index, i, first=k == 0) for k, i in enumerate(mine)]
             out.update(zip([(name, i) for i in mine], turn(name, asked)))
         return out
 
-    measured = in_rounds(keys, one_round, lambda test: test.segment, rule)
+    def told(key: Key, m: Measured) -> None:
+        if say is not None:
+            point = m.estimate.point
+            say(f"{key[0]} at {scenarios[key[1]]['target_qps']:g}/s: {m.stopped} after {len(m.tests)} rounds"
+                + (f", p99 {point:.3f} ms" if point is not None else ""))
+
+    group_of = together or {}
+    measured = in_rounds(keys, one_round, lambda test: test.segment, rule,
+                         group=lambda key: (group_of.get(key[0], key[0]), key[1]), said=told)
     out = {}
     for key, m in measured.items():
         run = scenario_result(ScenarioSettings(**scenarios[key[1]]), m.tests, m.estimate, rounds=True)
@@ -46,9 +62,22 @@ def measure_in_rounds(turn: Callable[[str, list[dict]], list[LoadGenTest]], name
     return out
 
 
+def _round_test(scenario: dict, index: int, rate: int, first: bool) -> dict:
+    qps, queries = scenario["target_qps"], max(scenario["min_queries"], 2 * MIN_QUERIES)  # a verdict on the queue
+    return {**scenario, "seed": scenario["seed"] + RETEST_SEED * index + RATE_SEED * rate,
+            "duration_s": min(scenario["duration_s"], queries / qps),
+            "warmup_s": scenario["warmup_s"] if first else 0.0}
+
+
+def groups_of(pairs: dict[str, dict[str, str]]) -> dict[str, str]:
+    """Each paired file's group (its reference's name) for :func:`measure_in_rounds`."""
+    return {name: reference for file, roles in pairs.items() for reference in roles.values()
+            for name in (file, reference)}
+
+
 def pair_runs(measured: dict[Key, tuple[dict, list[LoadGenTest]]], pairs: dict[str, dict[str, str]]) -> None:
     """Add to each run its p99 over each reference's at the same rate, paired round by round (``paired``):
-    ``pairs[file]`` names the reference of each role ("baseline", "fp32")."""
+    ``pairs[file]`` names the reference of each role ("fp32")."""
     for (name, i), (run, tests) in measured.items():
         for role, reference in (pairs.get(name) or {}).items():
             other = measured.get((reference, i))

@@ -18,13 +18,14 @@ the bench stops by is the rule the known answers test.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Hashable, Sequence, TypeVar
 
 import numpy as np
 from scipy import stats
 
-from serve_bench.load.steady_state import MIN_QUERIES, Segment, SteadyP99, bounded, complete_cycles, steady_p99
+from serve_bench.load.steady_state import (MIN_QUERIES, Segment, SteadyP99, bounded, complete_cycles, few_rounds_factor,
+                                           rounds_differ_p, steady_p99)
 from serve_bench.stats.latency_intervals import Ratio
 
 log = logging.getLogger(__name__)
@@ -41,9 +42,10 @@ RATIO_LEVEL = 0.99
 @dataclass(frozen=True)
 class RoundsRule:
     """When one file's measurement at one rate is done: its steady-state p99 precise (the module's rule in
-    serve_bench.load.steady_state) after ``min_rounds`` rounds at least, its queue grown without bound in most of
-    two rounds or more (one round of a stable queue near load can look grown), or ``max_queries`` queries
-    measured in all."""
+    serve_bench.load.steady_state) after ``min_rounds`` rounds at least; its queue grown without bound in most of
+    ``min_rounds`` rounds or more, or in each of two or more (one round of a stable queue near load can look
+    grown: M/M/1 at ρ 0.85 in 4-5% of 1,000-query rounds, at 0.95 in 24%); or ``max_queries`` queries measured,
+    with no room left for another round as long as the last."""
 
     min_rounds: int = 5
     max_queries: int = 20000
@@ -58,13 +60,17 @@ class RoundsRule:
     def done(self, segments: Sequence[Segment], estimate: SteadyP99) -> str | None:
         """Why this measurement stops after its last round, or None to measure another."""
         if estimate.precise:
-            return "precise"
-        grown = sum(bounded(*segment)[0] is False for segment in segments)
-        if len(segments) >= 2 and 2 * grown > len(segments):  # most rounds saw the queue grow (pooled_verdict)
+            return PRECISE
+        grown, rounds = sum(bounded(*segment)[0] is False for segment in segments), len(segments)
+        if (rounds >= self.min_rounds and 2 * grown > rounds) or (rounds >= 2 and grown == rounds):
             return "not sustainable"
-        if self.max_queries - sum(len(latencies) for _, latencies in segments) < MIN_QUERIES:
+        used = sum(len(latencies) for _, latencies in segments)
+        if self.max_queries - used < max(MIN_QUERIES, len(segments[-1][1])):
             return "capped"
         return None
+
+
+PRECISE = "precise"
 
 
 @dataclass
@@ -77,25 +83,40 @@ class Measured:
 
 
 def in_rounds(keys: Sequence[K], one_round: Callable[[list[K], int], dict[K, T]], segment_of: Callable[[T], Segment],
-              rule: RoundsRule | Callable[[K], RoundsRule]) -> dict[K, Measured]:
+              rule: RoundsRule | Callable[[K], RoundsRule], group: Callable[[K], Hashable] | None = None,
+              said: Callable[[K, Measured], None] | None = None) -> dict[K, Measured]:
     """Measure every key (a file at a rate) in rounds until each is done by ``rule`` (one for all, or per key).
 
-    ``one_round(active, index)`` runs round ``index`` (0, 1, …): one test of each active key, in the order given,
-    and returns them by key. A key stops by itself; the round goes on without it."""
+    ``one_round(active, index)`` runs round ``index`` (0, 1, …): one test of each active key, and returns them by
+    key. A key whose queue grew, or that reached its cap, stops by itself. A precise key goes on while a key of its
+    ``group`` (the files compared with it at the same rate) is still measuring, so files paired round by round
+    hold the same rounds: each file's stopping, which favours a point that looks precise, then cannot bias their
+    ratio one way, and the ratio is the quotient of the p99s beside it. ``said(key, measured)`` is told each stop.
+    The last estimate of each key carries :func:`rounds_differ_p` (computed once, at its end)."""
     rule_of = rule if callable(rule) else (lambda key: rule)
+    group_of = group or (lambda key: key)
     out: dict[K, Measured] = {}
     active, index = list(keys), 0
     while active:
         tests = one_round(active, index)
-        for key in list(active):
+        for key in active:
             measured = out.setdefault(key, Measured([], None))  # type: ignore[arg-type]
             measured.tests.append(tests[key])
             segments = [segment_of(t) for t in measured.tests]
             measured.estimate = rule_of(key).estimate(segments)
             measured.stopped = rule_of(key).done(segments, measured.estimate)
-            if measured.stopped:
+        waiting = {group_of(k) for k in active if not out[k].stopped}
+        for key in list(active):
+            measured = out[key]
+            if measured.stopped and (measured.stopped != PRECISE or group_of(key) not in waiting):
                 active.remove(key)
+                segments = [segment_of(t) for t in measured.tests]
+                if measured.estimate.point is not None and len(segments) > 1:
+                    measured.estimate = replace(measured.estimate,
+                                                rounds_differ_p=rounds_differ_p(segments, measured.estimate.point))
                 log.info("%s: %s after %d rounds", key, measured.stopped, len(measured.tests))
+                if said is not None:
+                    said(key, measured)
         index += 1
     return out
 
@@ -103,40 +124,52 @@ def in_rounds(keys: Sequence[K], one_round: Callable[[list[K], int], dict[K, T]]
 def paired_p99_ratio(a: Sequence[Segment], b: Sequence[Segment], q: float = 99.0,
                      level: float = RATIO_LEVEL) -> Ratio | None:
     """``a``'s steady-state p99 over ``b``'s, both pooled over the rounds both measured (round i of each ran in the
-    same round of the bench), with an interval whose units are those rounds.
+    same round of the bench), with an interval that counts the busy periods and the differences between rounds.
 
     Each file's p99 moves with the share of its queries above it: log p̂ − log p ≈ (share − 1%) · (dQ/dF) / Q
-    (dQ/dF, the quantile's slope, read from the pooled latencies at q ± 0.5). Round i adds U_i, its queries
-    above the point less 1% of its queries, to that share, so the log ratio's error is a sum over rounds of
-    d_i = U_i^a·slope_a/(N_a·Q_a) − U_i^b·slope_b/(N_b·Q_b). Rounds start empty and are independent (the round
-    version of the busy periods' regenerative variance), so Var = R/(R−1)·Σ(d_i − d̄)², with t at R − 1 degrees of
-    freedom. A slow stretch that moves both files in round i moves U_i^a and U_i^b alike and cancels from d_i:
-    the pairing. A round counts where both files have ``MIN_QUERIES`` queries in complete busy periods; None
-    below two such rounds. Chosen over a bootstrap of whole rounds (the closed-loop ratios' estimator), which
-    covered a known ratio in only 85.5% of runs at 95% (docs/pages/measured.md)."""
+    (dQ/dF, the quantile's slope, read from the pooled latencies at q ± 0.5). A busy period j adds
+    e_j = (its queries above the point − 1% of its queries) · slope / (N·Q) to that error, and round i adds
+    d_i = Σe^a − Σe^b over its busy periods of both files. Within a round the busy periods are independent
+    (the regenerative variance, as for each p99): Var_w(d_i) = k_a·s²_a + k_b·s²_b. Between rounds, the d_i
+    vary by S² where their within-round variances alone give the mean of Var_w: the excess, max(0, S² − mean),
+    is the rounds' own part, widened for its R − 1 degrees of freedom as the p99's is
+    (serve_bench.load.steady_state.few_rounds_factor). A slow stretch that moves both files in round i moves
+    both sums alike and cancels from d_i: the pairing. A round counts where both files have ``MIN_QUERIES``
+    queries in complete busy periods; None below two such rounds. Chosen over a bootstrap of whole rounds (the
+    closed-loop ratios' estimator), which held a known ratio in only 85.5% of runs at 95%, and over t with R − 1
+    degrees of freedom on the whole variance, too wide to tell an INT8 file 1.25× faster from its float file in
+    five rounds (docs/pages/measured.md)."""
     pairs = [(complete_cycles(*x)[0], complete_cycles(*y)[0]) for x, y in zip(a, b)]
     pairs = [(x, y) for x, y in pairs if sum(map(len, x)) >= MIN_QUERIES and sum(map(len, y)) >= MIN_QUERIES]
     if len(pairs) < 2:
         return None
-    (qa, da), (qb, db) = (_linearised([p[k] for p in pairs], q) for k in (0, 1))
-    d = da - db
-    rounds = len(pairs)
-    se = float(np.sqrt(rounds / (rounds - 1) * np.sum((d - d.mean()) ** 2)))
-    t = float(stats.t.ppf(1 - (1 - level) / 2, rounds - 1))
+    (qa, ea), (qb, eb) = (_linearised([p[k] for p in pairs], q) for k in (0, 1))
+    d = np.array([x.sum() - y.sum() for x, y in zip(ea, eb)])
+    within = np.array([_sum_var(x) + _sum_var(y) for x, y in zip(ea, eb)])
+    rounds, cycles = len(pairs), min(sum(map(len, ea)), sum(map(len, eb)))
+    between = max(0.0, float(np.var(d, ddof=1)) - float(within.mean())) * rounds
+    se = float(np.sqrt(within.sum() + between * few_rounds_factor(rounds, cycles, level)))
+    t = float(stats.t.ppf(1 - (1 - level) / 2, cycles - 1))
     ratio = qa / qb
     return Ratio(ratio, (ratio * float(np.exp(-t * se)), ratio * float(np.exp(t * se))), rounds, LINEARISED)
 
 
-LINEARISED = "rounds paired: the log ratio linearised in each round's share above the p99, t over rounds"
+LINEARISED = ("rounds paired: the log ratio linearised in each busy period's share above the p99, the rounds' "
+              "excess variance widened for their few degrees of freedom")
 
 
-def _linearised(rounds: list[list[np.ndarray]], q: float) -> tuple[float, np.ndarray]:
-    """One file's pooled p99 and each round's share of the error of its log: U_i·(dQ/dF)/(N·Q)."""
+def _sum_var(e: np.ndarray) -> float:
+    """The variance of a sum of independent, alike terms, from the terms: k · s²."""
+    return float(len(e) * np.var(e, ddof=1)) if len(e) > 1 else 0.0
+
+
+def _linearised(rounds: list[list[np.ndarray]], q: float) -> tuple[float, list[np.ndarray]]:
+    """One file's pooled p99, and per round each busy period's share of the error of its log."""
     values = np.concatenate([np.concatenate(cycles) for cycles in rounds])
     point = float(np.percentile(values, q))
     step = 0.5
     low, high = np.percentile(values, [max(q - step, 0.0), min(q + step, 100.0)])
     slope = float(high - low) / (2 * step / 100)  # dQ/dF: latency per unit of probability
-    above = np.array([sum(np.count_nonzero(c > point) for c in cycles) - (1 - q / 100) * sum(map(len, cycles))
-                      for cycles in rounds], dtype=np.float64)
-    return point, above * slope / (len(values) * point)
+    scale = slope / (len(values) * point)
+    return point, [np.array([(np.count_nonzero(c > point) - (1 - q / 100) * len(c)) * scale for c in cycles])
+                   for cycles in rounds]

@@ -154,7 +154,7 @@ def drift_flags(entries: list[Entry]) -> list[str]:
                 low, high = steady.round_p99 or (None, None)
                 out.append(f"{art.name} at {_num(run.offered_qps, 1)}/s: its {steady.rounds} rounds under traffic "
                            f"differ more than their busy periods allow (p99 per round {_num(low)}–{_num(high)} ms, "
-                           f"Cochran's Q p = {steady.rounds_differ_p:.2g}): the machine drifted while it was "
+                           f"permutation test p = {steady.rounds_differ_p:.2g}): the machine drifted while it was "
                            "measured; its interval counts that, but measure again on a quieter machine before "
                            "trusting the absolute p99")
     return out

@@ -152,7 +152,7 @@ class SteadyState(_Open):
     se_between: float | None = Field(None, description="the part of se from the differences between rounds, "
                                                         "widened for their few degrees of freedom (√(se² − se_within²))")
     round_p99: Interval | None = Field(None, description="the lowest and highest p99 of the rounds on their own")
-    rounds_differ_p: float | None = Field(None, description="Cochran's Q test that the rounds are alike: below "
+    rounds_differ_p: float | None = Field(None, description="a permutation test that the rounds are alike: below "
                                                             "0.01 the machine drifted between them")
     stopped: str | None = Field(None, description="why the rounds stopped: precise, not sustainable, capped")
 
