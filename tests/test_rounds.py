@@ -134,9 +134,10 @@ def test_the_bench_loop_warms_each_turn_once_seeds_each_round_and_pairs_the_same
 @pytest.mark.slow  # 200 runs of up to 20,000 requests each, and two long truths: about two and a half minutes
 def test_the_paired_ratio_covers_the_known_ratio_on_a_drifting_machine():
     """Two M/M/1 files at one arrival rate (ρ 0.5 and 0.25), each round's service times × 1 ± 20% for both, each
-    file stopping by the bench's rule: the 99% interval of their p99 ratio, paired round by round, holds the true
-    ratio (of the two time-averaged p99s) in at least 93% of runs (measured 95.0%, median 10 rounds; at 95% it
-    was 88.5%). At ρ 0.75 over 0.5 it holds it in 83%: there the candidate's p99 runs 11% low (docs/pages/measured.md)."""
+    pair stopping together by the bench's rule: the 99% interval of their p99 ratio, paired round by round, holds
+    the true ratio (of the two time-averaged p99s) in at least 93% of runs (measured 99.0%, median error −0.5%,
+    median 20 rounds). At ρ 0.75 over 0.5 it holds it in 83%: there the candidate's p99 runs 12% low
+    (docs/pages/measured.md)."""
     result = paired_coverage(0.5, 0.25, 200, Drift(spread=0.2, round_queries=1000))
     assert result.covered >= 0.93 and abs(result.median_error) <= 0.05
 

@@ -32,10 +32,10 @@ log = logging.getLogger(__name__)
 
 K = TypeVar("K", bound=Hashable)
 T = TypeVar("T")
-# Two-sided level of the paired ratio's interval. At 95% it held a known ratio in 88.5% of runs measured until
-# precise (ρ 0.5 over 0.25, ±20% drift): a few thousand queries' p99 runs low, and each file stops when its
-# interval looks narrow. As for the steady-state p99 (its LEVEL), the interval is at 99% so that a claim resting
-# on it is about 95% (docs/pages/measured.md).
+# Two-sided level of the paired ratio's interval: 99%, as for the steady-state p99 (its LEVEL), because the files
+# are measured until precise and a claim resting on the interval is then about 95%. Known answers (±20% drift,
+# docs/pages/measured.md): 99.0% of runs at ρ 0.5 over 0.25; 83% at ρ 0.75 over 0.5, where the slower file's p99
+# itself runs 12% low. An earlier form at 95% (whole-variance t over rounds, each file stopping alone) held 88.5%.
 RATIO_LEVEL = 0.99
 
 
@@ -114,7 +114,7 @@ def in_rounds(keys: Sequence[K], one_round: Callable[[list[K], int], dict[K, T]]
                 if measured.estimate.point is not None and len(segments) > 1:
                     measured.estimate = replace(measured.estimate,
                                                 rounds_differ_p=rounds_differ_p(segments, measured.estimate.point))
-                log.info("%s: %s after %d rounds", key, measured.stopped, len(measured.tests))
+                log.debug("%s: %s after %d rounds", key, measured.stopped, len(measured.tests))
                 if said is not None:
                     said(key, measured)
         index += 1
@@ -138,7 +138,7 @@ def paired_p99_ratio(a: Sequence[Segment], b: Sequence[Segment], q: float = 99.0
     queries in complete busy periods; None below two such rounds. Chosen over a bootstrap of whole rounds (the
     closed-loop ratios' estimator), which held a known ratio in only 85.5% of runs at 95%, and over t with R − 1
     degrees of freedom on the whole variance, too wide to tell an INT8 file 1.25× faster from its float file in
-    five rounds (docs/pages/measured.md)."""
+    five rounds (16 of 40 simulated runs; docs/pages/measured.md)."""
     pairs = [(complete_cycles(*x)[0], complete_cycles(*y)[0]) for x, y in zip(a, b)]
     pairs = [(x, y) for x, y in pairs if sum(map(len, x)) >= MIN_QUERIES and sum(map(len, y)) >= MIN_QUERIES]
     if len(pairs) < 2:
