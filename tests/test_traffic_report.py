@@ -260,7 +260,7 @@ def test_rounds_show_their_spread_the_paired_ratio_and_a_drift_flag_naming_the_f
     assert cells["int8"]["p99 ratio, paired by round [CI]"] == "×0.12 [0.10, 0.15] 99% over baseline (6 rounds)"
     assert cells["fp32"]["rounds: p99 min–max"] == "—"
     (flag,) = drift_flags(parsed.artifacts)
-    assert flag.startswith("int8 at 500.0/s: its 6 rounds under traffic differ") and "1.100–2.900 ms" in flag
+    assert "differ more than their busy periods allow for int8 at 500.0/s (6 rounds, p99 per round 1.100–2.900 ms" in flag
     int8["steady_state"]["rounds_differ_p"] = 0.2
     assert drift_flags(as_report(report).artifacts) == []
     assert "drifted" not in traffic_table(as_report(report))[1][1][7]

@@ -142,9 +142,9 @@ def _level(level: float | None) -> str:
 
 
 def drift_flags(entries: list[Entry]) -> list[str]:
-    """A flag per file and rate whose rounds under traffic differed more than their busy periods allow: the
-    machine drifted while it was measured, and its interval (which counts that) is wider for it."""
-    out = []
+    """One flag naming every file and rate whose rounds under traffic differed more than their busy periods allow:
+    the machine drifted while they were measured, and their intervals (which count that) are wider for it."""
+    drifted_runs = []
     for art in entries:
         traffic = art.traffic
         runs = [] if traffic is None else [traffic.at_target, *(traffic.loads or [])]
@@ -152,12 +152,14 @@ def drift_flags(entries: list[Entry]) -> list[str]:
             steady = run.steady_state
             if drifted(steady):
                 low, high = steady.round_p99 or (None, None)
-                out.append(f"{art.name} at {_num(run.offered_qps, 1)}/s: its {steady.rounds} rounds under traffic "
-                           f"differ more than their busy periods allow (p99 per round {_num(low)}–{_num(high)} ms, "
-                           f"permutation test p = {steady.rounds_differ_p:.2g}): the machine drifted while it was "
-                           "measured; its interval counts that, but measure again on a quieter machine before "
-                           "trusting the absolute p99")
-    return out
+                drifted_runs.append(f"{art.name} at {_num(run.offered_qps, 1)}/s ({steady.rounds} rounds, p99 per "
+                                    f"round {_num(low)}–{_num(high)} ms, permutation test p = "
+                                    f"{steady.rounds_differ_p:.2g})")
+    if not drifted_runs:
+        return []
+    return ["the rounds under traffic differ more than their busy periods allow for " + "; ".join(drifted_runs)
+            + ": the machine drifted while they were measured; their intervals count that, but measure again on a "
+            "quieter machine before trusting the absolute p99s"]
 
 
 def _runs_at_rates(report: Report) -> list[tuple[Entry, ServerRun]]:
