@@ -89,7 +89,8 @@ def main(argv: list[str] | None = None) -> None:
     data = yaml.safe_load((args.run_dir / "pipeline.resolved.yaml").read_text())["data"]
     size, channels = data["image_size"], data.get("channels", 3)
     pool = np.random.default_rng(0).standard_normal((64, channels, size, size)).astype(np.float32)
-    runner = make_runner(entry["backend"], entry["path"], threads=serving.get("threads") or serving_threads()).load()
+    path = Path(entry["path"]) if Path(entry["path"]).is_absolute() else args.run_dir / entry["path"]
+    runner = make_runner(entry["backend"], path, threads=serving.get("threads") or serving_threads()).load()
     for _ in range(200):  # warm: first calls at a new shape are slow
         runner.infer(pool[:1])
     budget = report["gate"]["limits"].get("p99_budget_ms") or 1000.0
