@@ -79,30 +79,51 @@ def main(argv: list[str] | None = None) -> None:
     from serve_bench.runners import make_runner
 
     report = json.loads((args.run_dir / "bench" / "report" / "report.json").read_text())
-    name = args.artifact or report["gate"]["release"]
-    entry = next(e for e in report["artifacts"] if e["name"] == name)
+    name, entry, path = checked_file(args.run_dir, report, args.artifact)
     run = entry["traffic"]["at_target"]
     serving = run.get("serving") or {}
-    if serving.get("max_batch", 1) != 1 or serving.get("instances", 1) != 1:
-        raise SystemExit(f"{name} was served with {serving} at the target rate; this check serves one copy, batch 1, "
-                         "first come first served, so it would measure another server")
     data = yaml.safe_load((args.run_dir / "pipeline.resolved.yaml").read_text())["data"]
     size, channels = data["image_size"], data.get("channels", 3)
     pool = np.random.default_rng(0).standard_normal((64, channels, size, size)).astype(np.float32)
-    path = Path(entry["path"]) if Path(entry["path"]).is_absolute() else args.run_dir / entry["path"]
     runner = make_runner(entry["backend"], path, threads=serving.get("threads") or serving_threads()).load()
     for _ in range(200):  # warm: first calls at a new shape are slow
         runner.infer(pool[:1])
     budget = report["gate"]["limits"].get("p99_budget_ms") or 1000.0
     measured = serve(runner, pool, run["offered_qps"], args.queries, budget, args.seed)
-    low, high = run["p99_ci"]
-    inside = low <= measured["p99_ms"] <= high
     print(f"{name} ({entry['backend']}) at {run['offered_qps']:g}/s")
-    print(f"  the bench's at-target p99: {run['latency_ms']['p99']:.3f} ms, 99% interval [{low:.3f}, {high:.3f}] "
+    print(f"  the bench's at-target p99: {run['latency_ms']['p99']:.3f} ms, 99% interval {_interval(run)} "
           f"({run['queries']:,} queries in {run['steady_state'].get('rounds', 1)} rounds)")
     print(f"  LoadGen alone, one thread FIFO: p99 {measured['p99_ms']:.3f} ms, p50 {measured['p50_ms']:.3f} ms "
           f"({measured['queries']:,} queries, {measured['wall_s']} s, {measured['valid']}): "
-          f"{'inside' if inside else 'OUTSIDE'} the interval")
+          f"{_verdict(run.get('p99_ci'), measured['p99_ms'])}")
+
+
+def checked_file(run_dir: Path, report: dict, artifact: str | None) -> tuple[str, dict, Path]:
+    """The report entry to check (the gate's release unless named) and its file: the report keeps paths relative
+    to the run directory, so the check runs from any folder. Refuses a file served batched or in several copies at
+    the target rate: this check's one-thread server would measure another server."""
+    name = artifact or report["gate"]["release"]
+    entry = next((e for e in report["artifacts"] if e["name"] == name), None)
+    if entry is None or not (entry.get("traffic") or {}).get("at_target"):
+        raise SystemExit(f"{run_dir}: no entry {name!r} measured at the target rate in bench/report/report.json "
+                         f"(entries: {', '.join(e['name'] for e in report['artifacts'])})")
+    serving = entry["traffic"]["at_target"].get("serving") or {}
+    if serving.get("max_batch", 1) != 1 or serving.get("instances", 1) != 1:
+        raise SystemExit(f"{name} was served with {serving} at the target rate; this check serves one copy, batch 1, "
+                         "first come first served, so it would measure another server")
+    path = Path(entry["path"])
+    return name, entry, path if path.is_absolute() else run_dir / path
+
+
+def _interval(run: dict) -> str:
+    ci = run.get("p99_ci")
+    return "none (not steady state)" if ci is None else f"[{ci[0]:.3f}, {ci[1]:.3f}]"
+
+
+def _verdict(ci: list[float] | None, p99: float) -> str:
+    if ci is None:
+        return "no interval to compare with"
+    return "inside the interval" if ci[0] <= p99 <= ci[1] else "OUTSIDE the interval"
 
 
 if __name__ == "__main__":

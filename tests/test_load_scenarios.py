@@ -224,7 +224,7 @@ def test_a_pipeline_gated_on_the_server_scenario_reports_loadgen_and_the_harness
                           "min_duration_s": 0.0, "warmup_iters": 5, "warmup_s": 0.0, "block_iters": 50, "threads": 1,
                           "settle_s": 0.0, "block_s": 0.0, "profile_iters": 5,
                           "traffic": {"duration_s": 0.6, "min_queries": 50, "warmup_s": 0.2,
-                                      "max_queries": 350}}]
+                                      "max_queries": 500}}]
     path = tmp_path / "pipeline.yaml"
     path.write_text(yaml.safe_dump(config))
     assert main(["run", str(path), "--run-dir", str(tmp_path / "run")]) == 0

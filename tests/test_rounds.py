@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from serve_bench.latency.traffic_rounds import groups_of, measure_in_rounds, pair_runs
-from serve_bench.load.rounds import RoundsRule, in_rounds, paired_p99_ratio
+from serve_bench.latency.traffic_rounds import groups_of, measure_in_rounds, pair_runs, round_queries
+from serve_bench.load.rounds import RoundsRule, in_rounds, paired_p99_ratio, round_size
 from serve_bench.load.steady_state import DRIFT_P, rounds_differ_p, steady_p99
 from serve_bench.load.steady_state_check import SERVICE_S, Drift, coverage, paired_coverage
 from serve_bench.load.queue_simulation import single_server_fifo
@@ -114,9 +114,10 @@ def test_the_bench_loop_warms_each_turn_once_seeds_each_round_and_pairs_the_same
     scenarios = [{"scenario": "server", "target_qps": qps, "seed": 0, "warmup_s": 1.0, "min_queries": 600, "duration_s": 2.0}
                  for qps in (150.0, 100.0)]
     measured = measure_in_rounds(turn, ["base", "fast"], scenarios, RoundsRule(min_rounds=3),
-                                 together=groups_of({"fast": {"baseline": "base"}}))
+                                 together=groups_of({"fast": {"baseline": "base"}}), round_s=3.0)
     assert [name for name, _ in turns[:4]] == ["base", "fast", "fast", "base"]  # the order turns each round
-    assert all(s["duration_s"] == min(2.0, 600 / s["target_qps"]) for _, asked in turns for s in asked)
+    sizes = {s["target_qps"]: (s["min_queries"], s["duration_s"]) for _, asked in turns for s in asked}
+    assert sizes == {150.0: (450, 2.0), 100.0: (300, 2.0)}  # 3 s of queries (under min_queries, over 200)
     assert all([s["warmup_s"] for s in asked] == [1.0] + [0.0] * (len(asked) - 1) for _, asked in turns)
     for name in ("base", "fast"):  # each (round, rate) its own arrivals; the two files' round i draw the same ones
         seeds = [s["seed"] for n, asked in turns if n == name for s in asked]
@@ -129,6 +130,23 @@ def test_the_bench_loop_warms_each_turn_once_seeds_each_round_and_pairs_the_same
     paired = measured[("fast", 1)][0]["paired"]["baseline"]
     assert paired["reference"] == "base" and paired["rounds"] >= 3 and paired["ratio"] < 1
     assert "paired" not in measured[("base", 0)][0]  # a file is not paired with itself
+
+
+def test_a_rounds_test_holds_its_seconds_of_queries_between_two_hundred_and_min_queries():
+    assert [round_queries(qps, 1000, 2.0) for qps in (50, 100, 300, 1000, 5000)] == [200, 200, 600, 1000, 1000]
+    assert round_queries(300, 1000, float("inf")) == 1000 and round_queries(300, 50, float("inf")) == 200
+
+
+def test_a_round_grows_where_its_busy_periods_are_long_so_the_one_left_open_is_a_small_part():
+    """M/M/1: a query's busy period holds (1 + ρ)/(1 − ρ)² queries on average: 2.0 at ρ 0.2, 28 at ρ 0.75. A light
+    queue keeps its 200-query rounds; at ρ 0.75 the next round holds 20 such busy periods (about 560, read from the
+    first round's), and no more than ``most``; a first round has nothing to read and keeps its plan."""
+    rng = np.random.default_rng(5)
+    assert round_size(200, 1000, []) == 200
+    assert round_size(200, 1000, [_segment(rng, 0.2, n=400)]) == 200
+    grown = [round_size(200, 5000, [_segment(rng, 0.75, n=2000)]) for _ in range(20)]
+    assert 350 < np.median(grown) < 900 and min(grown) > 200
+    assert round_size(200, 400, [_segment(rng, 0.9, n=4000)]) == 400  # ρ 0.9: 190 per busy period
 
 
 @pytest.mark.slow  # 200 runs of up to 20,000 requests each, and two long truths: about two and a half minutes

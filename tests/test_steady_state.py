@@ -115,6 +115,17 @@ def test_too_few_queries_give_no_verdict_even_when_latency_doubles():
     assert ok is None and why.startswith("unknown")
 
 
+def test_a_p99_above_the_budget_stops_though_its_upper_end_is_unbounded():
+    """A short run at ρ 0.5 (true p99 18.4 ms): its upper end reaches the slowest query, so the p99 is not precise;
+    with a 5 ms budget its lower end is far above, and the gate refuses whatever the upper end, so it stops."""
+    run = single_server_fifo(poisson_arrivals(0.5 / SERVICE_S, count=600, seed=2),
+                             np.random.default_rng(2).standard_exponential(600) * SERVICE_S)
+    alone = steady_p99([(run.arrival_s, run.latency_ms)], min_tail_cycles=0)
+    assert not alone.precise and "slowest query" in alone.reason
+    judged = steady_p99([(run.arrival_s, run.latency_ms)], min_tail_cycles=0, budget_ms=5.0)
+    assert judged.precise and "above the 5 ms budget" in judged.reason and judged.ci[0] > 1.4 * 5.0
+
+
 def test_a_queue_that_never_empties_has_no_steady_state_p99():
     estimate = steady_p99([(np.arange(500) * 1e-3, np.arange(500) * 5.0 + 10)])
     assert estimate.point is None and not estimate.precise and "never emptied" in estimate.reason
@@ -153,6 +164,29 @@ def test_a_server_measurement_goes_on_until_its_p99_is_precise_then_pools_every_
     assert run["p99_ci"] == steady["ci"] and run["latency_ms"]["p99"] == steady["point"] and run["sustainable"]
     capped = run_scenario(None, 16, settings.model_copy(update={"max_queries": 1500, "min_tail_cycles": 1000}))
     assert capped["queries"] <= 1500 + 1000 and capped["steady_state"]["capped"]
+
+
+def test_where_the_open_busy_periods_hold_too_much_the_p99_is_every_querys_and_no_interval_goes_with_it():
+    """An overloaded queue (ρ 1.3): its last busy period never closes and holds most queries, so the p99 of the
+    complete busy periods would leave out the slowest ones. The record then gives every query's p99 and no
+    interval, so no report or gate reads the cycles' interval beside another figure (it was 255 ms beside
+    [47.5, 90.3])."""
+    from serve_bench.load.loadgen_scenarios import scenario_result
+    from serve_bench.load.steady_state import upper_at
+
+    test = _simulated_test(1.3, seed=3, queries=4000)
+    every = float(np.percentile(test.latencies_ms, 99))
+    run = scenario_result(ScenarioSettings(scenario="server", target_qps=1.3 / SERVICE_S), [test])
+    steady = run["steady_state"]
+    assert steady["discarded"] > 0.5 * run["queries"] and steady["percentiles_of"].startswith("every query")
+    assert run["latency_ms"]["p99"] == pytest.approx(every, rel=1e-6) == steady["point"]
+    assert run["p99_ci"] is None and steady["ci"] is None and not steady["precise"]
+    assert upper_at(steady, 1) is None and upper_at(steady, 4) is None
+    stable = scenario_result(ScenarioSettings(scenario="server", target_qps=0.5 / SERVICE_S),
+                             [_simulated_test(0.5, seed=3, queries=4000)])
+    low, high = stable["p99_ci"]
+    assert stable["steady_state"]["percentiles_of"] == "the complete busy periods"
+    assert low < stable["latency_ms"]["p99"] < high
 
 
 def _probe(qps: float, p99: float) -> dict:

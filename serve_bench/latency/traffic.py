@@ -73,10 +73,13 @@ class TrafficSettings(BaseModel):
                                                       "until their steady-state p99 is precise, up to this many "
                                                       "queries in all (then the report says so)")
     rounds: int = Field(5, ge=2, description="the at-target and `loads` tests take turns across the files, round "
-                                             "after round (each round a test of `min_queries` queries and "
-                                             "`duration_s` at least per file and rate), at least this many rounds "
-                                             "before a p99 may be called precise: its interval counts the "
-                                             "differences between rounds (the machine's drift)")
+                                             "after round (each round one test per file and rate, sized by "
+                                             "`round_s`), at least this many rounds before a p99 may be called "
+                                             "precise: its interval counts the differences between rounds (the "
+                                             "machine's drift)")
+    round_s: float = Field(2.0, gt=0, description="a round's test lasts this long at slow rates (200 queries at "
+                                                  "least, `min_queries` at most, more near load): more, shorter "
+                                                  "rounds narrow an interval that counts the machine's drift sooner")
     sweep_max_queries: int = Field(5000, ge=1, description="the same cap for each probe of the sweep")
     min_tail_cycles: int = Field(20, ge=0, description="busy periods reaching the p99 a precise figure rests on")
     precision: float = Field(0.25, gt=0, description="a precise p99's interval: its upper end within this fraction "
@@ -265,7 +268,7 @@ def _measure_traffic(turns: _Turns, names: list[str], *, scenario: Scenario, tar
             return answer["tests"]
 
         measured = measure_in_rounds(turn, names, [_scenario("server", settings, budget_ms, qps) for qps in rates],
-                                     rule, together=groups_of(pairs), say=say)
+                                     rule, together=groups_of(pairs), say=say, round_s=settings.round_s)
         pair_runs(measured, pairs)
         for (name, i), (run, _) in measured.items():
             run["serving"], run["within_budget"] = resolved[name], within_budget(run, budget_ms)

@@ -10,7 +10,7 @@ from typing import Callable
 
 from serve_bench.load.loadgen_scenarios import RETEST_SEED, LoadGenTest, ScenarioSettings, scenario_result
 from serve_bench.load.steady_state import MIN_QUERIES
-from serve_bench.load.rounds import RATIO_LEVEL, Measured, RoundsRule, in_rounds, paired_p99_ratio
+from serve_bench.load.rounds import RATIO_LEVEL, Measured, RoundsRule, in_rounds, paired_p99_ratio, round_size
 
 log = logging.getLogger(__name__)
 
@@ -20,19 +20,22 @@ RATE_SEED = 7_919  # a file's tests at two rates of one round draw different arr
 
 def measure_in_rounds(turn: Callable[[str, list[dict]], list[LoadGenTest]], names: list[str],
                       scenarios: list[dict], rule: RoundsRule, together: dict[str, str] | None = None,
-                      say: Callable[[str], None] | None = None) -> dict[Key, tuple[dict, list[LoadGenTest]]]:
+                      say: Callable[[str], None] | None = None, round_s: float | None = None) -> dict[Key, tuple[dict, list[LoadGenTest]]]:
     """Per (file, rate index) its pooled run (``scenario_result``, plus why it stopped) and the tests it pooled.
 
     ``scenarios[i]`` is the server test at rate i as ``ScenarioSettings`` fields. Every round's test holds
-    ``min_queries`` queries, 200 at least (its duration is cut to what they take, so a fast rate's rounds are no longer than a
-    slow one's and the cap holds enough of them), draws the seed ``seed + RETEST_SEED·r + RATE_SEED·i`` (the same
+    :func:`round_queries` queries (``round_s`` seconds of them, between 200 and ``min_queries``, grown toward
+    ``min_queries`` where the file's busy periods are long: serve_bench.load.rounds.round_size; its duration is
+    cut to what they take), draws the seed ``seed + RETEST_SEED·r + RATE_SEED·i`` (the same
     arrivals for every file in round r, so pairs compare like with like), and only a turn's first test warms up.
     The files take their turns in an order rotated by one each round, so no file always follows the same one.
     Files paired with each other (``together`` maps each to its group's name: an INT8 file and its fp32 file)
     stop together at each rate (serve_bench.load.rounds: in_rounds's ``group``), so their ratio rests on the same
     rounds as the p99s beside it; every other file stops by itself (a fast file is not held for a slow baseline's
-    cap). ``turn(file, scenarios)`` runs one file's tests of a round; ``say`` hears each stop."""
+    cap). ``turn(file, scenarios)`` runs one file's tests of a round; ``say`` hears each stop; ``round_s`` None
+    sizes every round by ``min_queries`` alone."""
     keys = [(name, i) for name in names for i in range(len(scenarios))]
+    earlier: dict[Key, list] = {key: [] for key in keys}
 
     def one_round(active: list[Key], index: int) -> dict[Key, LoadGenTest]:
         out: dict[Key, LoadGenTest] = {}
@@ -41,8 +44,11 @@ def measure_in_rounds(turn: Callable[[str, list[dict]], list[LoadGenTest]], name
             mine = [i for n, i in active if n == name]
             if not mine:
                 continue
-            asked = [_round_test(scenarios[i], index, i, first=k == 0) for k, i in enumerate(mine)]
+            asked = [_round_test(scenarios[i], index, i, k == 0, round_s, earlier[(name, i)])
+                     for k, i in enumerate(mine)]
             out.update(zip([(name, i) for i in mine], turn(name, asked)))
+        for key, test in out.items():
+            earlier[key].append(test.segment)
         return out
 
     def told(key: Key, m: Measured) -> None:
@@ -62,9 +68,23 @@ def measure_in_rounds(turn: Callable[[str, list[dict]], list[LoadGenTest]], name
     return out
 
 
-def _round_test(scenario: dict, index: int, rate: int, first: bool) -> dict:
-    qps, queries = scenario["target_qps"], max(scenario["min_queries"], 2 * MIN_QUERIES)  # a verdict on the queue
-    return {**scenario, "seed": scenario["seed"] + RETEST_SEED * index + RATE_SEED * rate,
+def round_queries(qps: float, min_queries: int, round_s: float) -> int:
+    """How many queries one round's test holds at ``qps``: ``round_s`` seconds of them, between ``2·MIN_QUERIES``
+    (a verdict on the queue and a round that counts toward the interval) and ``min_queries``.
+
+    Why seconds at slow rates: a machine that drifts between rounds adds the rounds' variance to the interval
+    divided by their number, so for the same measuring time more, shorter rounds give a narrower interval (and a
+    smaller widening for few degrees of freedom). At 100/s a round of 1,000 queries lasted 10 s and files needed
+    11-20 of them; at fast rates ``min_queries`` bounds the round so the cap still holds about 20 of them."""
+    most = max(min_queries, 2 * MIN_QUERIES)
+    return most if qps * round_s >= most else max(round(qps * round_s), 2 * MIN_QUERIES)
+
+
+def _round_test(scenario: dict, index: int, rate: int, first: bool, round_s: float | None, earlier: list) -> dict:
+    qps, most = scenario["target_qps"], max(scenario["min_queries"], 2 * MIN_QUERIES)
+    planned = round_queries(qps, scenario["min_queries"], float("inf") if round_s is None else round_s)
+    queries = round_size(planned, most, earlier)  # grown where the queue's busy periods are long
+    return {**scenario, "seed": scenario["seed"] + RETEST_SEED * index + RATE_SEED * rate, "min_queries": queries,
             "duration_s": min(scenario["duration_s"], queries / qps),
             "warmup_s": scenario["warmup_s"] if first else 0.0}
 

@@ -328,16 +328,16 @@ def scenario_result(settings: ScenarioSettings, tests: list[LoadGenTest], steady
            **served.summary(), "errors": [e for t in tests for e in t.errors][:3]}
     if settings.scenario == "server":
         steady = steady or steady_of(tests, settings)
-        out["steady_state"] = {**steady.as_dict(), "warmup_s": settings.warmup_s, "max_queries": settings.max_queries,
-                               "capped": not steady.precise and settings.max_queries is not None
-                               and queries > settings.max_queries - MIN_QUERIES}
-        out["sustainable"], out["sustainable_reason"] = pooled_verdict(tests, rounds)
         latencies = steady.values if steady.values is not None else np.zeros(0)
+        of = "the complete busy periods"
         if steady.discarded > MAX_DISCARDED * queries:  # not steady state: every query counts, the slow ones too
             latencies = np.concatenate([t.latencies_ms for t in tests])
-            out["steady_state"]["percentiles_of"] = "every query (the open busy periods hold too many to leave out)"
-        else:
-            out["steady_state"]["percentiles_of"] = "the complete busy periods"
+            of = "every query (the open busy periods hold too many to leave out)"
+            steady = steady.of_every_query(float(np.percentile(latencies, 99.0)))
+        out["steady_state"] = {**steady.as_dict(), "warmup_s": settings.warmup_s, "max_queries": settings.max_queries,
+                               "capped": not steady.precise and settings.max_queries is not None
+                               and queries > settings.max_queries - MIN_QUERIES, "percentiles_of": of}
+        out["sustainable"], out["sustainable_reason"] = pooled_verdict(tests, rounds)
         out["p99_ci"] = None if steady.ci is None else [round(v, 6) for v in steady.ci]
     else:
         latencies = np.concatenate([t.latencies_ms for t in tests])

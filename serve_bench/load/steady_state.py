@@ -48,7 +48,7 @@ claim resting on it is about 95%, not 99.5%. Under the bench's default cap of 20
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Sequence
 
 import numpy as np
@@ -115,6 +115,13 @@ class SteadyP99:
     round_p99: list[float] | None = None  # min and max of the rounds' own p99s
     rounds_differ_p: float | None = None  # a permutation test that the rounds are alike (set by the rounds loop)
 
+    def of_every_query(self, point: float) -> "SteadyP99":
+        """This record where the open busy periods hold too many queries to leave out (``MAX_DISCARDED``): the p99
+        is then every query's, and no interval goes with it (the cycles' interval is about another figure, and
+        queries inside one long busy period are not independent), so neither a report nor a gate reads one."""
+        return replace(self, point=point, ci=None, se=None, se_within=None, se_between=None, tail=None,
+                       upper_among=None, precise=False)
+
     def as_dict(self) -> dict:
         out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "values"}
         out["ci"] = None if self.ci is None else [round(v, 6) for v in self.ci]
@@ -168,7 +175,6 @@ def steady_p99(segments: Sequence[Segment], *, q: float = 99.0, budget_ms: float
         at = 1 - (1 - level) / f
         corrected = woodruff_bounds(values, q, se_at(at), len(cycles), at)[1]
         among[str(f)] = None if corrected >= values.max() else round(corrected, 6)
-    decided = budget_ms is not None and (high <= budget_ms or low > budget_ms)
     if rounds_mode and used < min_rounds:
         precise, reason = False, (f"{used} rounds with {MIN_QUERIES} queries in complete busy periods, of the "
                                   f"{min_rounds} wanted ({len(segments)} measured)")
@@ -178,10 +184,12 @@ def steady_p99(segments: Sequence[Segment], *, q: float = 99.0, budget_ms: float
     elif tail < min_tail_cycles:
         precise, reason = False, (f"the p99 rests on {tail} busy periods that reach it, fewer than "
                                   f"{min_tail_cycles}")
+    elif budget_ms is not None and low > budget_ms:  # above the budget whatever the upper end: the gate refuses
+        precise, reason = True, f"the interval lies above the {budget_ms:g} ms budget"
     elif high >= values.max():
         precise, reason = False, "the interval's upper end is the slowest query measured"
-    elif decided:
-        precise, reason = True, f"the interval lies on one side of the {budget_ms:g} ms budget"
+    elif budget_ms is not None and high <= budget_ms:
+        precise, reason = True, f"the interval lies below the {budget_ms:g} ms budget"
     elif high - point <= precision * point:
         precise, reason = True, f"the upper end is within {precision:.0%} of the point"
     else:
@@ -203,7 +211,7 @@ def between_rounds_var(by_round: list[list[np.ndarray]], point: float) -> tuple[
     fraction (weighted by queries) carries σ²·Σn²/(Σn)² of it. A round counts with two complete cycles and
     ``MIN_QUERIES`` queries in them at least (a handful of queries would make S² noise). Returned with the number
     of rounds it rests on; zero below two: then nothing is known about time."""
-    usable = [cycles for cycles in by_round if len(cycles) >= 2 and sum(len(c) for c in cycles) >= MIN_QUERIES]
+    usable = usable_rounds(by_round)
     if len(usable) < 2:
         return 0.0, len(usable)
     sizes = np.array([sum(len(c) for c in cycles) for cycles in usable], dtype=np.float64)
@@ -212,6 +220,12 @@ def between_rounds_var(by_round: list[list[np.ndarray]], point: float) -> tuple[
     within = np.array([exceedance_se(cycles, a) ** 2 for cycles, a in zip(usable, aboves)])
     sigma2 = max(0.0, float(np.var(fractions, ddof=1)) - float(within.mean()))
     return sigma2 * float(np.sum(sizes ** 2)) / float(sizes.sum()) ** 2, len(usable)
+
+
+def usable_rounds(by_round: list[list[np.ndarray]]) -> list[list[np.ndarray]]:
+    """The rounds that say something about time: two complete busy periods and ``MIN_QUERIES`` queries in them at
+    least (a handful of queries would make a round's share above the point noise)."""
+    return [cycles for cycles in by_round if len(cycles) >= 2 and sum(len(c) for c in cycles) >= MIN_QUERIES]
 
 
 def rounds_differ_p(segments: Sequence[Segment], point: float, permutations: int = 999,
@@ -226,8 +240,7 @@ def rounds_differ_p(segments: Sequence[Segment], point: float, permutations: int
     exceeds the interval": one round's p99 is far noisier than the pool's, and that spread exceeded the interval in
     15 of 50 runs of a machine that never drifted. None below two rounds with ``MIN_QUERIES`` queries in two
     complete busy periods or more (the rule of :func:`between_rounds_var`). Seeded: a report reads the same twice."""
-    by_round = [complete_cycles(*segment)[0] for segment in segments]
-    usable = [cycles for cycles in by_round if len(cycles) >= 2 and sum(len(c) for c in cycles) >= MIN_QUERIES]
+    usable = usable_rounds([complete_cycles(*segment)[0] for segment in segments])
     if len(usable) < 2:
         return None
     counts = np.array([len(cycles) for cycles in usable])

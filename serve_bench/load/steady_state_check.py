@@ -17,12 +17,13 @@ from __future__ import annotations
 import argparse
 import math
 from dataclasses import dataclass
+from typing import Sequence
 
 import numpy as np
 
 from serve_bench.load.queue_simulation import single_server_fifo
-from serve_bench.load.rounds import RATIO_LEVEL, RoundsRule, in_rounds, paired_p99_ratio
-from serve_bench.load.steady_state import DRIFT_P, queries_wanted, steady_p99
+from serve_bench.load.rounds import RATIO_LEVEL, RoundsRule, in_rounds, paired_p99_ratio, size_for_busy_periods
+from serve_bench.load.steady_state import DRIFT_P, complete_cycles, queries_wanted, steady_p99
 
 SERVICE_S = 0.002  # 2 ms: the issue's and the LoadGen tests' scale
 
@@ -59,6 +60,12 @@ class Drift:
     spread: float = 0.2
     round_queries: int = 2000
     min_rounds: int = 5
+    most: int | None = None  # rounds grown toward this where busy periods are long, as the bench's (round_size)
+
+    def size(self, lengths: Sequence[int]) -> int:
+        """The next round's queries, given the earlier rounds' busy-period lengths."""
+        return self.round_queries if self.most is None else size_for_busy_periods(self.round_queries, self.most,
+                                                                                    lengths)
 
     def factor(self, rng: np.random.Generator) -> float:
         return float(rng.uniform(1 - self.spread, 1 + self.spread)) if self.spread else 1.0
@@ -75,8 +82,12 @@ def drifting_true_p99_ms(queue: str, rho: float, drift: Drift, rounds: int = 200
     drawn as the runs draw theirs (4 million queries at the defaults)."""
     rng = np.random.default_rng(seed)
     lam = rho / SERVICE_S
-    latencies = [_round(queue, lam, drift.round_queries, rng, rng.uniform(1 - drift.spread, 1 + drift.spread))
-                 .latency_ms for _ in range(rounds)]
+    latencies, lengths = [], []
+    for _ in range(rounds):  # sized as a run sizes its rounds, from every earlier round's busy periods
+        run = _round(queue, lam, drift.size(lengths), rng, rng.uniform(1 - drift.spread, 1 + drift.spread))
+        latencies.append(run.latency_ms)
+        if drift.most is not None:
+            lengths += [len(c) for c in complete_cycles(run.arrival_s, run.latency_ms)[0]]
     return float(np.percentile(np.concatenate(latencies), 99))
 
 
@@ -89,8 +100,11 @@ def one_run(queue: str, rho: float, rng: np.random.Generator, first: int, cap: i
         rule = RoundsRule(min_rounds=drift.min_rounds, max_queries=cap, min_tail_cycles=min_tail_cycles,
                           precision=precision, budget_ms=budget_ms)
 
+        lengths: list[int] = []
+
         def one_round(active: list[str], index: int) -> dict:
-            run = _round(queue, lam, drift.round_queries, rng, drift.factor(rng))
+            run = _round(queue, lam, drift.size(lengths), rng, drift.factor(rng))
+            lengths.extend(len(c) for c in complete_cycles(run.arrival_s, run.latency_ms)[0])
             return {key: (run.arrival_s, run.latency_ms) for key in active}
 
         measured = in_rounds(["run"], one_round, lambda segment: segment, rule)["run"]
@@ -154,9 +168,16 @@ def paired_coverage(rho: float, baseline_rho: float, runs: int, drift: Drift, *,
     rule = RoundsRule(min_rounds=drift.min_rounds, max_queries=cap, min_tail_cycles=min_tail_cycles,
                       precision=precision)
 
+    lengths: dict[str, list[int]] = {key: [] for key in scale}
+
     def one_round(active: list[str], index: int) -> dict:
         factor = drift.factor(rng)
-        runs_now = {key: _round("M/M/1", lam, drift.round_queries, rng, factor * scale[key]) for key in active}
+        if index == 0:  # a new run: its rounds sized from its own busy periods
+            for seen in lengths.values():
+                seen.clear()
+        runs_now = {key: _round("M/M/1", lam, drift.size(lengths[key]), rng, factor * scale[key]) for key in active}
+        for key, run in runs_now.items():
+            lengths[key].extend(len(c) for c in complete_cycles(run.arrival_s, run.latency_ms)[0])
         return {key: (run.arrival_s, run.latency_ms) for key, run in runs_now.items()}
 
     covered, errors, widths, rounds = 0, [], [], []
@@ -189,16 +210,19 @@ def main(argv: list[str] | None = None) -> None:
                         help="in rounds: the p99 ratio of two M/M/1 files measured in the same rounds at one arrival "
                              "rate (e.g. 0.5 0.25), paired round by round, against the true ratio")
     parser.add_argument("--round-queries", type=int, default=Drift.round_queries, help="queries per round")
+    parser.add_argument("--round-most", type=int, help="rounds grown toward this many queries where busy periods "
+                                                       "are long, as the bench grows its (its min_queries: 1000)")
     args = parser.parse_args(argv)
     if args.paired:
-        drift = Drift(spread=args.drift, round_queries=args.round_queries)
+        drift = Drift(spread=args.drift, round_queries=args.round_queries, most=args.round_most)
         c = paired_coverage(*args.paired, args.runs, drift, cap=args.cap)
         print(f"paired p99 ratio, ρ {c.rho[0]} over {c.rho[1]}, drift ±{args.drift:.0%}: true {c.true_ratio:.3f}, "
               f"{RATIO_LEVEL:.0%} interval covers it in {c.covered:.1%} of {c.runs} runs, median error "
               f"{c.median_error:+.1%}, "
               f"median width {c.median_width:.1%} of the truth, median {c.median_rounds:.0f} rounds paired")
         return
-    drift = Drift(spread=args.drift, round_queries=args.round_queries) if args.drift or args.rounds else None
+    drift = (Drift(spread=args.drift, round_queries=args.round_queries, most=args.round_most)
+             if args.drift or args.rounds else None)
     print("| queue | ρ | true p99 ms | upper end ≥ true p99 | median error of the point | median requests | "
           "capped | rounds flagged as different |")
     print("|---|---|---|---|---|---|---|---|")
