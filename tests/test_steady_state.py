@@ -126,6 +126,24 @@ def test_a_p99_above_the_budget_stops_though_its_upper_end_is_unbounded():
     assert judged.precise and "above the 5 ms budget" in judged.reason and judged.ci[0] > 1.4 * 5.0
 
 
+def test_a_file_far_over_its_budget_stops_on_the_share_of_queries_above_it():
+    """M/M/1 at ρ 0.8 (2 ms service, true p99 46 ms) against a 10 ms budget, in five rounds of 400 queries: its
+    top 1% falls in a handful of long busy periods, too few for the p99's own interval to be precise, but about a
+    fifth of its queries lie above the budget, in hundreds of busy periods, so the p99 is shown over it."""
+    rng = np.random.default_rng(4)
+    segments = []
+    for _ in range(5):
+        run = single_server_fifo(poisson_arrivals(0.8 / SERVICE_S, count=400, seed=int(rng.integers(1 << 30))),
+                                 rng.standard_exponential(400) * SERVICE_S)
+        segments.append((run.arrival_s, run.latency_ms))
+    alone = steady_p99(segments, min_rounds=5)
+    assert not alone.precise and alone.tail_cycles < 20
+    judged = steady_p99(segments, min_rounds=5, budget_ms=10.0)
+    assert judged.precise and "lie above the 10 ms budget" in judged.reason and judged.point > 2 * 10.0
+    near = steady_p99(segments, min_rounds=5, budget_ms=0.9 * judged.point)  # just under the p99: not shown
+    assert not near.reason.startswith("more than")
+
+
 def test_a_queue_that_never_empties_has_no_steady_state_p99():
     estimate = steady_p99([(np.arange(500) * 1e-3, np.arange(500) * 5.0 + 10)])
     assert estimate.point is None and not estimate.precise and "never emptied" in estimate.reason

@@ -44,9 +44,10 @@ class TrafficSettings(BaseModel):
                                                    "artifact; default: for the server scenario (single-stream is "
                                                    "the closed-loop harness's own measurement)")
     duration_s: float = Field(2.0, gt=0, description="LoadGen's minimum duration of each test")
-    min_queries: int = Field(1000, ge=1, description="LoadGen's minimum query count of the at-target and `loads` "
-                                                     "tests (its early stopping needs about 700 queries with none "
-                                                     "past the budget before it will claim a 99th percentile)")
+    min_queries: int = Field(1000, ge=1, description="the queries of each file's first round at each at-target "
+                                                     "and `loads` rate (LoadGen's verdict is that test's: its early "
+                                                     "stopping needs about 700 queries with none past the budget to "
+                                                     "claim a 99th percentile) and the most a later round holds")
     sweep_min_queries: int = Field(300, ge=1, description="the same for each probe of the sweep, so a slow model's "
                                                           "low rates do not take minutes")
     serving: ServingSettings = Field(default_factory=ServingSettings, description="the serving configuration of "

@@ -9,7 +9,7 @@ import logging
 from typing import Callable
 
 from serve_bench.load.loadgen_scenarios import RETEST_SEED, LoadGenTest, ScenarioSettings, scenario_result
-from serve_bench.load.steady_state import MIN_QUERIES
+from serve_bench.load.steady_state import MAX_DISCARDED, MIN_QUERIES
 from serve_bench.load.rounds import RATIO_LEVEL, Measured, RoundsRule, in_rounds, paired_p99_ratio, round_size
 
 log = logging.getLogger(__name__)
@@ -23,10 +23,11 @@ def measure_in_rounds(turn: Callable[[str, list[dict]], list[LoadGenTest]], name
                       say: Callable[[str], None] | None = None, round_s: float | None = None) -> dict[Key, tuple[dict, list[LoadGenTest]]]:
     """Per (file, rate index) its pooled run (``scenario_result``, plus why it stopped) and the tests it pooled.
 
-    ``scenarios[i]`` is the server test at rate i as ``ScenarioSettings`` fields. Every round's test holds
-    :func:`round_queries` queries (``round_s`` seconds of them, between 200 and ``min_queries``, grown toward
-    ``min_queries`` where the file's busy periods are long: serve_bench.load.rounds.round_size; its duration is
-    cut to what they take), draws the seed ``seed + RETEST_SEED·r + RATE_SEED·i`` (the same
+    ``scenarios[i]`` is the server test at rate i as ``ScenarioSettings`` fields. A file's first round at a rate
+    holds ``min_queries`` queries (LoadGen's verdict is that test's); later ones :func:`round_queries` (``round_s``
+    seconds of them, 200 at least), grown toward ``min_queries`` where the file's busy periods are long
+    (serve_bench.load.rounds.round_size), never past the cap, and alike for files paired at that rate. Each draws
+    the seed ``seed + RETEST_SEED·r + RATE_SEED·i`` (the same
     arrivals for every file in round r, so pairs compare like with like), and only a turn's first test warms up.
     The files take their turns in an order rotated by one each round, so no file always follows the same one.
     Files paired with each other (``together`` maps each to its group's name: an INT8 file and its fp32 file)
@@ -34,32 +35,43 @@ def measure_in_rounds(turn: Callable[[str, list[dict]], list[LoadGenTest]], name
     rounds as the p99s beside it; every other file stops by itself (a fast file is not held for a slow baseline's
     cap). ``turn(file, scenarios)`` runs one file's tests of a round; ``say`` hears each stop; ``round_s`` None
     sizes every round by ``min_queries`` alone."""
+    rule_of = rule if callable(rule) else (lambda key: rule)
     keys = [(name, i) for name in names for i in range(len(scenarios))]
     earlier: dict[Key, list] = {key: [] for key in keys}
+    group_of = together or {}
+
+    def group(key: Key) -> tuple[str, int]:
+        return group_of.get(key[0], key[0]), key[1]
 
     def one_round(active: list[Key], index: int) -> dict[Key, LoadGenTest]:
+        sizes: dict[tuple[str, int], int] = {}  # files paired at a rate hold rounds of one size: like with like
+        for key in active:
+            scenario = scenarios[key[1]]
+            most = max(scenario["min_queries"], 2 * MIN_QUERIES)
+            planned = round_queries(scenario["target_qps"], scenario["min_queries"],
+                                    float("inf") if round_s is None else round_s)
+            left = rule_of(key).max_queries - sum(len(latencies) for _, latencies in earlier[key])
+            size = min(round_size(planned, most, earlier[key]), max(left, 2 * MIN_QUERIES))  # no overshoot
+            sizes[group(key)] = max(sizes.get(group(key), 0), size)
         out: dict[Key, LoadGenTest] = {}
         shift = index % len(names)
         for name in names[shift:] + names[:shift]:
             mine = [i for n, i in active if n == name]
             if not mine:
                 continue
-            asked = [_round_test(scenarios[i], index, i, k == 0, round_s, earlier[(name, i)])
-                     for k, i in enumerate(mine)]
+            asked = [_round_test(scenarios[i], index, i, k == 0, sizes[group((name, i))]) for k, i in enumerate(mine)]
             out.update(zip([(name, i) for i in mine], turn(name, asked)))
         for key, test in out.items():
             earlier[key].append(test.segment)
         return out
 
     def told(key: Key, m: Measured) -> None:
-        if say is not None:
-            point = m.estimate.point
+        if say is not None:  # the complete busy periods' p99, where the record gives it (not every query's)
+            point = m.estimate.point if m.estimate.discarded <= MAX_DISCARDED * m.estimate.queries else None
             say(f"{key[0]} at {scenarios[key[1]]['target_qps']:g}/s: {m.stopped} after {len(m.tests)} rounds"
                 + (f", p99 {point:.3f} ms" if point is not None else ""))
 
-    group_of = together or {}
-    measured = in_rounds(keys, one_round, lambda test: test.segment, rule,
-                         group=lambda key: (group_of.get(key[0], key[0]), key[1]), said=told)
+    measured = in_rounds(keys, one_round, lambda test: test.segment, rule, group=group, said=told)
     out = {}
     for key, m in measured.items():
         run = scenario_result(ScenarioSettings(**scenarios[key[1]]), m.tests, m.estimate, rounds=True)
@@ -80,10 +92,8 @@ def round_queries(qps: float, min_queries: int, round_s: float) -> int:
     return most if qps * round_s >= most else max(round(qps * round_s), 2 * MIN_QUERIES)
 
 
-def _round_test(scenario: dict, index: int, rate: int, first: bool, round_s: float | None, earlier: list) -> dict:
-    qps, most = scenario["target_qps"], max(scenario["min_queries"], 2 * MIN_QUERIES)
-    planned = round_queries(qps, scenario["min_queries"], float("inf") if round_s is None else round_s)
-    queries = round_size(planned, most, earlier)  # grown where the queue's busy periods are long
+def _round_test(scenario: dict, index: int, rate: int, first: bool, queries: int) -> dict:
+    qps = scenario["target_qps"]
     return {**scenario, "seed": scenario["seed"] + RETEST_SEED * index + RATE_SEED * rate, "min_queries": queries,
             "duration_s": min(scenario["duration_s"], queries / qps),
             "warmup_s": scenario["warmup_s"] if first else 0.0}
@@ -101,8 +111,12 @@ def pair_runs(measured: dict[Key, tuple[dict, list[LoadGenTest]]], pairs: dict[s
     for (name, i), (run, tests) in measured.items():
         for role, reference in (pairs.get(name) or {}).items():
             other = measured.get((reference, i))
-            if other is None or reference == name:
-                continue
+            if other is None or reference == name or not (_of_cycles(run) and _of_cycles(other[0])):
+                continue  # a record of every query has no busy periods' figure to pair
             ratio = paired_p99_ratio([t.segment for t in tests], [t.segment for t in other[1]])
             if ratio is not None:
                 run.setdefault("paired", {})[role] = {"reference": reference, **ratio.as_dict(), "level": RATIO_LEVEL}
+
+
+def _of_cycles(run: dict) -> bool:
+    return run["steady_state"].get("percentiles_of") == "the complete busy periods"

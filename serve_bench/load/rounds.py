@@ -24,8 +24,8 @@ from typing import Callable, Hashable, Sequence, TypeVar
 import numpy as np
 from scipy import stats
 
-from serve_bench.load.steady_state import (MIN_QUERIES, Segment, SteadyP99, bounded, complete_cycles, few_rounds_factor,
-                                           rounds_differ_p, steady_p99)
+from serve_bench.load.steady_state import (MIN_QUERIES, Segment, SteadyP99, bounded, complete_cycles, cycle_starts,
+                                           few_rounds_factor, rounds_differ_p, steady_p99)
 from serve_bench.stats.latency_intervals import Ratio
 
 log = logging.getLogger(__name__)
@@ -128,22 +128,32 @@ BUSY_PERIODS_PER_ROUND = 20
 
 def round_size(planned: int, most: int, earlier: Sequence[Segment]) -> int:
     """How many queries the next round of one file at one rate holds: ``planned`` (the rate's seconds of queries),
-    grown to ``BUSY_PERIODS_PER_ROUND`` times the mean busy period a query falls in (Σn²/Σn over the complete busy
-    periods of the ``earlier`` rounds), and ``most`` at most.
+    grown to ``BUSY_PERIODS_PER_ROUND`` times the mean busy period a query falls in (Σn²/Σn over the busy
+    periods of the ``earlier`` rounds), and ``most`` at most; a first round (nothing earlier) holds ``most``:
+    LoadGen's verdict on a file at a rate is its first test's, and its early stopping needs about 700 queries.
 
     Why: each round starts empty and its last busy period is cut by the end of the schedule and left out. Near
     load a query's busy period holds dozens of queries (M/M/1 at ρ 0.75: (1 + ρ)/(1 − ρ)² = 28 on average), so
     in a short round the part left out is the slow part: rounds of 200 queries read the p99 of a drifting M/M/1 at
     ρ 0.75 26% low (known answers, docs/pages/measured.md). A light queue keeps its short rounds."""
-    return size_for_busy_periods(planned, most, [len(c) for segment in earlier for c in complete_cycles(*segment)[0]])
+    return size_for_busy_periods(planned, most, [n for segment in earlier for n in busy_period_lengths(*segment)])
+
+
+def busy_period_lengths(schedule_s: np.ndarray, latencies_ms: np.ndarray) -> np.ndarray:
+    """Queries in each busy period of one round, the one still open at its end too (its length so far: a lower
+    bound). Complete ones alone would miss the longest, which the end of a round cuts most often, and so size the
+    next round too short (M/M/1 at ρ 0.75: Σn²/Σn read 19 where it is 28)."""
+    starts = cycle_starts(schedule_s, latencies_ms)
+    return np.diff(np.append(starts, len(latencies_ms)))
 
 
 def size_for_busy_periods(planned: int, most: int, lengths: Sequence[int]) -> int:
-    """:func:`round_size` from the earlier rounds' busy-period lengths (queries in each complete busy period)."""
+    """:func:`round_size` from the earlier rounds' busy-period lengths (:func:`busy_period_lengths`); none: a
+    first round, ``most``."""
     n = np.asarray(lengths, dtype=np.float64)
-    size = planned
-    if len(n):
-        size = max(size, int(np.ceil(BUSY_PERIODS_PER_ROUND * float((n ** 2).sum() / n.sum()))))
+    if not len(n):
+        return max(most, planned)
+    size = max(planned, int(np.ceil(BUSY_PERIODS_PER_ROUND * float((n ** 2).sum() / n.sum()))))
     return min(size, max(most, planned))
 
 

@@ -120,7 +120,7 @@ class SteadyP99:
         is then every query's, and no interval goes with it (the cycles' interval is about another figure, and
         queries inside one long busy period are not independent), so neither a report nor a gate reads one."""
         return replace(self, point=point, ci=None, se=None, se_within=None, se_between=None, tail=None,
-                       upper_among=None, precise=False)
+                       upper_among=None, precise=False, round_p99=None, rounds_differ_p=None)
 
     def as_dict(self) -> dict:
         out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "values"}
@@ -175,17 +175,25 @@ def steady_p99(segments: Sequence[Segment], *, q: float = 99.0, budget_ms: float
         at = 1 - (1 - level) / f
         corrected = woodruff_bounds(values, q, se_at(at), len(cycles), at)[1]
         among[str(f)] = None if corrected >= values.max() else round(corrected, 6)
+    over = (share_above_low(cycles, by_round, budget_ms, level, rounds_mode)
+            if budget_ms is not None and point > budget_ms else None)
     if rounds_mode and used < min_rounds:
         precise, reason = False, (f"{used} rounds with {MIN_QUERIES} queries in complete busy periods, of the "
                                   f"{min_rounds} wanted ({len(segments)} measured)")
     elif discarded > MAX_DISCARDED * queries:
         precise, reason = False, (f"the busy periods still open when the tests ended hold {discarded / queries:.0%} "
                                   f"of the queries (more than {MAX_DISCARDED:.0%}): not yet steady state")
+    elif over is not None and over[1] >= min_tail_cycles and over[0] > 1 - q / 100:
+        precise, reason = True, (f"more than {100 - q:g}% of the queries lie above the {budget_ms:g} ms budget "
+                                 f"(their share's lower end {over[0]:.1%}, {over[1]} busy periods hold one): "
+                                 "the p99 is over it")
     elif tail < min_tail_cycles:
         precise, reason = False, (f"the p99 rests on {tail} busy periods that reach it, fewer than "
                                   f"{min_tail_cycles}")
     elif budget_ms is not None and low > budget_ms:  # above the budget whatever the upper end: the gate refuses
-        precise, reason = True, f"the interval lies above the {budget_ms:g} ms budget"
+        precise, reason = True, (f"the interval lies above the {budget_ms:g} ms budget"
+                                 + (" (its upper end is the slowest query measured: unknown)"
+                                    if high >= values.max() else ""))
     elif high >= values.max():
         precise, reason = False, "the interval's upper end is the slowest query measured"
     elif budget_ms is not None and high <= budget_ms:
@@ -198,6 +206,25 @@ def steady_p99(segments: Sequence[Segment], *, q: float = 99.0, budget_ms: float
                      se=round(se, 9), tail=tail_table, upper_among=among, values=values, rounds=len(segments),
                      se_within=round(within, 9), round_p99=spread,
                      se_between=round(float(np.sqrt(se ** 2 - within ** 2)), 9) if rounds_mode else None)
+
+
+def share_above_low(cycles: list[np.ndarray], by_round: list[list[np.ndarray]], threshold: float, level: float,
+                    rounds_mode: bool) -> tuple[float, int]:
+    """The lower end (at ``level``, two-sided) of the share of queries above ``threshold``, and how many busy
+    periods hold one: the same estimator as the p99's (cycles' ratio variance, plus the rounds' excess widened),
+    read at the budget instead of at the p99.
+
+    Why: a file far over its budget (p50 past it, say) has its top 1% in a few long busy periods, so its p99's
+    interval needs many rounds before 20 of them reach it, while the queries above the budget fill hundreds of
+    busy periods from the first rounds. Its p99 is over the budget exactly when that share is over 1%."""
+    above = np.array([np.count_nonzero(c > threshold) for c in cycles], dtype=np.float64)
+    lengths = sum(len(c) for c in cycles)
+    var = exceedance_se(cycles, above) ** 2
+    if rounds_mode:
+        between, used = between_rounds_var(by_round, threshold)
+        var += between * few_rounds_factor(used, len(cycles), level)
+    t = float(stats.t.ppf(1 - (1 - level) / 2, len(cycles) - 1))
+    return float(above.sum() / lengths - t * np.sqrt(var)), int(np.count_nonzero(above))
 
 
 def between_rounds_var(by_round: list[list[np.ndarray]], point: float) -> tuple[float, int]:

@@ -20,10 +20,12 @@ from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
+from scipy.optimize import brentq
 
 from serve_bench.load.queue_simulation import single_server_fifo
-from serve_bench.load.rounds import RATIO_LEVEL, RoundsRule, in_rounds, paired_p99_ratio, size_for_busy_periods
-from serve_bench.load.steady_state import DRIFT_P, complete_cycles, queries_wanted, steady_p99
+from serve_bench.load.rounds import (RATIO_LEVEL, RoundsRule, busy_period_lengths, in_rounds, paired_p99_ratio,
+                                    size_for_busy_periods)
+from serve_bench.load.steady_state import DRIFT_P, queries_wanted, steady_p99
 
 SERVICE_S = 0.002  # 2 ms: the issue's and the LoadGen tests' scale
 
@@ -39,6 +41,8 @@ class Coverage:
     median_queries: float
     capped: float  # share of runs that reached the cap before the rule called them precise
     flagged: float | None = None  # share of runs in rounds whose rounds differed (permutation test p < DRIFT_P)
+    mixture_p99_ms: float | None = None  # on a drifting machine: the p99 of a server loaded without pause
+    covered_mixture: float | None = None  # share of runs whose upper end is ≥ that one
 
 
 def true_p99_ms(queue: str, rho: float, seed: int = 12345) -> float:
@@ -63,7 +67,7 @@ class Drift:
     most: int | None = None  # rounds grown toward this where busy periods are long, as the bench's (round_size)
 
     def size(self, lengths: Sequence[int]) -> int:
-        """The next round's queries, given the earlier rounds' busy-period lengths."""
+        """The next round's queries, given the earlier rounds' busy-period lengths (the open ones too)."""
         return self.round_queries if self.most is None else size_for_busy_periods(self.round_queries, self.most,
                                                                                     lengths)
 
@@ -83,12 +87,32 @@ def drifting_true_p99_ms(queue: str, rho: float, drift: Drift, rounds: int = 200
     rng = np.random.default_rng(seed)
     lam = rho / SERVICE_S
     latencies, lengths = [], []
-    for _ in range(rounds):  # sized as a run sizes its rounds, from every earlier round's busy periods
+    for r in range(rounds):  # runs of 20 rounds, each sized as a run sizes its own, from its earlier rounds
+        if r % 20 == 0:
+            lengths = []
         run = _round(queue, lam, drift.size(lengths), rng, rng.uniform(1 - drift.spread, 1 + drift.spread))
         latencies.append(run.latency_ms)
         if drift.most is not None:
-            lengths += [len(c) for c in complete_cycles(run.arrival_s, run.latency_ms)[0]]
+            lengths += list(busy_period_lengths(run.arrival_s, run.latency_ms))
     return float(np.percentile(np.concatenate(latencies), 99))
+
+
+def mixture_p99_ms(queue: str, rho: float, spread: float, factors: int = 41, seed: int = 12345) -> float:
+    """The p99 a server loaded without pause would show on the drifting machine: the stationary latency of each
+    service scale f of 1 ± ``spread``, mixed uniformly over f (for M/M/1 exactly, P(T > x) = mean over f of
+    exp(−(1/(f·S) − λ)·x); for M/D/1 from a long run at each of ``factors`` scales). The rounds' truth above is
+    what rounds started empty deliver, which near load is less: both are stated."""
+    lam = rho / SERVICE_S
+    scales = 1 - spread + 2 * spread * (np.arange(factors) + 0.5) / factors  # midpoints: the uniform's integral
+    if queue == "M/M/1":
+        fine = 1 - spread + 2 * spread * (np.arange(4001) + 0.5) / 4001
+        rates = 1 / (fine * SERVICE_S) - lam
+        return float(brentq(lambda x: float(np.mean(np.exp(-rates * x))) - 0.01, 0.0, 100.0 / rates.min())) * 1e3
+    rng = np.random.default_rng(seed)
+    n = 400_000
+    pooled = [single_server_fifo(np.cumsum(rng.standard_exponential(n)) / lam, np.full(n, SERVICE_S * f))
+              .latency_ms[n // 100:] for f in scales]
+    return float(np.percentile(np.concatenate(pooled), 99))
 
 
 def one_run(queue: str, rho: float, rng: np.random.Generator, first: int, cap: int, min_tail_cycles: int,
@@ -104,7 +128,7 @@ def one_run(queue: str, rho: float, rng: np.random.Generator, first: int, cap: i
 
         def one_round(active: list[str], index: int) -> dict:
             run = _round(queue, lam, drift.size(lengths), rng, drift.factor(rng))
-            lengths.extend(len(c) for c in complete_cycles(run.arrival_s, run.latency_ms)[0])
+            lengths.extend(busy_period_lengths(run.arrival_s, run.latency_ms))
             return {key: (run.arrival_s, run.latency_ms) for key in active}
 
         measured = in_rounds(["run"], one_round, lambda segment: segment, rule)["run"]
@@ -125,8 +149,9 @@ def coverage(queue: str, rho: float, runs: int, *, first: int = 1000, cap: int =
              budget_at_truth: bool = False, drift: Drift | None = None) -> Coverage:
     if truth is None:
         truth = drifting_true_p99_ms(queue, rho, drift) if drift and drift.spread else true_p99_ms(queue, rho)
+    mixture = mixture_p99_ms(queue, rho, drift.spread) if drift and drift.spread else None
     rng = np.random.default_rng(seed)
-    covered, errors, sizes, capped, flagged = 0, [], [], 0, 0
+    covered, errors, sizes, capped, flagged, covered_mixture = 0, [], [], 0, 0, 0
     for _ in range(runs):
         estimate, done = one_run(queue, rho, rng, first, cap, min_tail_cycles, precision,
                                  truth if budget_at_truth else None, drift)
@@ -134,12 +159,14 @@ def coverage(queue: str, rho: float, runs: int, *, first: int = 1000, cap: int =
             errors.append(-1.0)
         else:
             covered += estimate.ci is not None and estimate.ci[1] >= truth
+            covered_mixture += mixture is not None and estimate.ci is not None and estimate.ci[1] >= mixture
             errors.append(estimate.point / truth - 1)
         sizes.append(done)
         capped += not estimate.precise
         flagged += estimate.rounds_differ_p is not None and estimate.rounds_differ_p < DRIFT_P  # set by in_rounds
     return Coverage(queue, rho, truth, runs, covered / runs, float(np.median(errors)), float(np.median(sizes)),
-                    capped / runs, flagged / runs if drift else None)
+                    capped / runs, flagged / runs if drift else None, mixture,
+                    covered_mixture / runs if mixture is not None else None)
 
 
 @dataclass(frozen=True)
@@ -175,9 +202,10 @@ def paired_coverage(rho: float, baseline_rho: float, runs: int, drift: Drift, *,
         if index == 0:  # a new run: its rounds sized from its own busy periods
             for seen in lengths.values():
                 seen.clear()
-        runs_now = {key: _round("M/M/1", lam, drift.size(lengths[key]), rng, factor * scale[key]) for key in active}
+        size = max(drift.size(lengths[key]) for key in active)  # the pair's rounds alike, as the bench's
+        runs_now = {key: _round("M/M/1", lam, size, rng, factor * scale[key]) for key in active}
         for key, run in runs_now.items():
-            lengths[key].extend(len(c) for c in complete_cycles(run.arrival_s, run.latency_ms)[0])
+            lengths[key].extend(busy_period_lengths(run.arrival_s, run.latency_ms))
         return {key: (run.arrival_s, run.latency_ms) for key, run in runs_now.items()}
 
     covered, errors, widths, rounds = 0, [], [], []
@@ -224,14 +252,16 @@ def main(argv: list[str] | None = None) -> None:
     drift = (Drift(spread=args.drift, round_queries=args.round_queries, most=args.round_most)
              if args.drift or args.rounds else None)
     print("| queue | ρ | true p99 ms | upper end ≥ true p99 | median error of the point | median requests | "
-          "capped | rounds flagged as different |")
-    print("|---|---|---|---|---|---|---|---|")
+          "capped | rounds flagged as different | loaded without pause: p99 ms | upper end ≥ it |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for queue in ("M/M/1", "M/D/1"):
         for rho in ((0.5, 0.75) if drift else (0.5, 0.75, 0.9)):
             c = coverage(queue, rho, args.runs, cap=args.cap, budget_at_truth=args.budget_at_truth, drift=drift)
             print(f"| {queue} | {rho} | {c.true_p99_ms:.2f} | {c.covered:.1%} | {c.median_error:+.1%} | "
                   f"{c.median_queries:,.0f} | {c.capped:.0%} | "
-                  f"{'—' if c.flagged is None else f'{c.flagged:.1%}'} |", flush=True)
+                  f"{'—' if c.flagged is None else f'{c.flagged:.1%}'} | "
+                  f"{'—' if c.mixture_p99_ms is None else f'{c.mixture_p99_ms:.2f}'} | "
+                  f"{'—' if c.covered_mixture is None else f'{c.covered_mixture:.1%}'} |", flush=True)
 
 
 if __name__ == "__main__":
