@@ -149,8 +149,8 @@ def test_a_rounds_test_holds_its_seconds_of_queries_between_two_hundred_and_min_
 
 
 def test_a_round_grows_where_its_busy_periods_are_long_so_the_one_left_open_is_a_small_part():
-    """M/M/1: a query's busy period holds (1 + ρ)/(1 − ρ)² queries on average: 2.0 at ρ 0.2, 28 at ρ 0.75. A light
-    queue keeps its 200-query rounds; at ρ 0.75 the next round holds 20 such busy periods (about 560, read from the
+    """M/M/1: a query's busy period holds (1 + ρ²)/(1 − ρ)² queries on average: 1.6 at ρ 0.2, 25 at ρ 0.75. A light
+    queue keeps its 200-query rounds; at ρ 0.75 the next round holds 20 such busy periods (about 500, read from the
     first round's, the open one too), and no more than ``most``."""
     rng = np.random.default_rng(5)
     assert round_size(200, 1000, []) == 1000  # a first round: LoadGen's verdict needs its min_queries

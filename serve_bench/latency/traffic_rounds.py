@@ -44,22 +44,24 @@ def measure_in_rounds(turn: Callable[[str, list[dict]], list[LoadGenTest]], name
         return group_of.get(key[0], key[0]), key[1]
 
     def one_round(active: list[Key], index: int) -> dict[Key, LoadGenTest]:
-        sizes: dict[tuple[str, int], int] = {}  # files paired at a rate hold rounds of one size: like with like
+        sizes: dict[tuple[str, int], tuple[int, int]] = {}  # per group: the largest grown size, the least room
+        # left under the cap (files paired at a rate hold rounds of one size: like with like; none past its cap)
         for key in active:
             scenario = scenarios[key[1]]
             most = max(scenario["min_queries"], 2 * MIN_QUERIES)
             planned = round_queries(scenario["target_qps"], scenario["min_queries"],
                                     float("inf") if round_s is None else round_s)
-            left = rule_of(key).max_queries - sum(len(latencies) for _, latencies in earlier[key])
-            size = min(round_size(planned, most, earlier[key]), max(left, 2 * MIN_QUERIES))  # no overshoot
-            sizes[group(key)] = max(sizes.get(group(key), 0), size)
+            left = max(rule_of(key).max_queries - sum(len(lat) for _, lat in earlier[key]), 2 * MIN_QUERIES)
+            grown, room = sizes.get(group(key), (0, left))
+            sizes[group(key)] = (max(grown, round_size(planned, most, earlier[key])), min(room, left))
         out: dict[Key, LoadGenTest] = {}
         shift = index % len(names)
         for name in names[shift:] + names[:shift]:
             mine = [i for n, i in active if n == name]
             if not mine:
                 continue
-            asked = [_round_test(scenarios[i], index, i, k == 0, sizes[group((name, i))]) for k, i in enumerate(mine)]
+            asked = [_round_test(scenarios[i], index, i, k == 0, min(sizes[group((name, i))]))
+                     for k, i in enumerate(mine)]
             out.update(zip([(name, i) for i in mine], turn(name, asked)))
         for key, test in out.items():
             earlier[key].append(test.segment)

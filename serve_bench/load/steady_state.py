@@ -183,7 +183,7 @@ def steady_p99(segments: Sequence[Segment], *, q: float = 99.0, budget_ms: float
     elif discarded > MAX_DISCARDED * queries:
         precise, reason = False, (f"the busy periods still open when the tests ended hold {discarded / queries:.0%} "
                                   f"of the queries (more than {MAX_DISCARDED:.0%}): not yet steady state")
-    elif over is not None and over[1] >= min_tail_cycles and over[0] > 1 - q / 100:
+    elif over is not None and over[1] >= min_tail_cycles and over[0] > 1 - q / 100 and low > budget_ms:
         precise, reason = True, (f"more than {100 - q:g}% of the queries lie above the {budget_ms:g} ms budget "
                                  f"(their share's lower end {over[0]:.1%}, {over[1]} busy periods hold one): "
                                  "the p99 is over it")
