@@ -8,8 +8,8 @@ from __future__ import annotations
 import logging
 from typing import Callable
 
-from serve_bench.load.loadgen_scenarios import RETEST_SEED, LoadGenTest, ScenarioSettings, scenario_result
-from serve_bench.load.steady_state import MAX_DISCARDED, MIN_QUERIES
+from serve_bench.load.loadgen_scenarios import OF_CYCLES, RETEST_SEED, LoadGenTest, ScenarioSettings, scenario_result
+from serve_bench.load.steady_state import MIN_QUERIES
 from serve_bench.load.rounds import RATIO_LEVEL, Measured, RoundsRule, in_rounds, paired_p99_ratio, round_size
 
 log = logging.getLogger(__name__)
@@ -69,7 +69,7 @@ def measure_in_rounds(turn: Callable[[str, list[dict]], list[LoadGenTest]], name
 
     def told(key: Key, m: Measured) -> None:
         if say is not None:  # the complete busy periods' p99, where the record gives it (not every query's)
-            point = m.estimate.point if m.estimate.discarded <= MAX_DISCARDED * m.estimate.queries else None
+            point = None if m.estimate.leaves_out_too_much else m.estimate.point
             say(f"{key[0]} at {scenarios[key[1]]['target_qps']:g}/s: {m.stopped} after {len(m.tests)} rounds"
                 + (f", p99 {point:.3f} ms" if point is not None else ""))
 
@@ -121,4 +121,4 @@ def pair_runs(measured: dict[Key, tuple[dict, list[LoadGenTest]]], pairs: dict[s
 
 
 def _of_cycles(run: dict) -> bool:
-    return run["steady_state"].get("percentiles_of") == "the complete busy periods"
+    return run["steady_state"].get("percentiles_of") == OF_CYCLES

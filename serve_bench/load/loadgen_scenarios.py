@@ -30,12 +30,13 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from serve_bench.stats.latency_intervals import BlockedSamples, block_bootstrap_ci
 from serve_bench.load.serving_loop import ServedRecords, ServingLoop
-from serve_bench.load.steady_state import (MAX_DISCARDED, MIN_QUERIES, Segment, SteadyP99, bounded, queries_wanted,
+from serve_bench.load.steady_state import (MIN_QUERIES, Segment, SteadyP99, bounded, queries_wanted,
                                            steady_p99)
 
 log = logging.getLogger(__name__)
 
 Scenario = Literal["single-stream", "server", "offline"]
+OF_CYCLES = "the complete busy periods"  # a server record's `percentiles_of` where its p99 is steady state's
 PERCENTILE_KEYS = {"p50": 50.0, "p90": 90.0, "p95": 95.0, "p99": 99.0, "p999": 99.9}
 
 
@@ -329,8 +330,8 @@ def scenario_result(settings: ScenarioSettings, tests: list[LoadGenTest], steady
     if settings.scenario == "server":
         steady = steady or steady_of(tests, settings)
         latencies = steady.values if steady.values is not None else np.zeros(0)
-        of = "the complete busy periods"
-        if steady.discarded > MAX_DISCARDED * queries:  # not steady state: every query counts, the slow ones too
+        of = OF_CYCLES
+        if steady.leaves_out_too_much:  # not steady state: every query counts, the slow ones too
             latencies = np.concatenate([t.latencies_ms for t in tests])
             of = "every query (the open busy periods hold too many to leave out)"
             steady = steady.of_every_query(float(np.percentile(latencies, 99.0)))

@@ -115,6 +115,12 @@ class SteadyP99:
     round_p99: list[float] | None = None  # min and max of the rounds' own p99s
     rounds_differ_p: float | None = None  # a permutation test that the rounds are alike (set by the rounds loop)
 
+    @property
+    def leaves_out_too_much(self) -> bool:
+        """Whether the busy periods still open when the tests ended hold more than ``MAX_DISCARDED`` of the
+        queries: then this is not yet steady state, and a report gives every query's p99 instead."""
+        return self.discarded > MAX_DISCARDED * self.queries
+
     def of_every_query(self, point: float) -> "SteadyP99":
         """This record where the open busy periods hold too many queries to leave out (``MAX_DISCARDED``): the p99
         is then every query's, and no interval goes with it (the cycles' interval is about another figure, and
