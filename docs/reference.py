@@ -2,7 +2,7 @@
 reference from the parser, and the report's fields from its typed model.
 
 A hand-written reference drifts from the code the first time a field is added. Here a page holds a marker,
-``<!-- generated: pipeline -->`` (or ``cli``, ``report``), and this MkDocs hook writes the reference there
+``<!-- generated: pipeline -->`` (or ``cli``, ``report``, ``runtimes``), and this MkDocs hook writes the reference there
 at build time from the classes the tool itself validates with, so the site cannot describe a field the
 code does not have, or miss one it has (a test checks the pipeline reference against the JSON schema).
 """
@@ -186,7 +186,28 @@ def cli_reference() -> str:
     return "\n".join(out)
 
 
-GENERATORS = {"pipeline": pipeline_reference, "cli": cli_reference, "report": report_reference}
+def runtimes_reference() -> str:
+    """One row per runtime, read from its runner class in the registry: the table cannot name a runtime the bench
+    does not have, or miss one it has."""
+    from serve_bench.runners import RUNNERS
+
+    rows = []
+    for name, runner in RUNNERS.items():
+        if not runner.formats:  # the harness's simulated model
+            continue
+        kinds = ", ".join(f"`{kind}`" for kind in runner.formats)
+        device = runner.fixed_device or "the bench's device"
+        own = f"`{runner.native_int8_kind}`" if runner.native_int8_kind else "—"
+        rows.append(f"| `{name}` | {runner.title or name} | {kinds} | "
+                    f"{'yes' if runner.measured_by_default else 'where `runtimes` names it'} | "
+                    f"{device} | {own} | "
+                    f"`{runner.install_hint}` |")
+    return ("| runtime | what it is | files it loads | measured by default | device | its own INT8 file | install |\n"
+            "|---|---|---|---|---|---|---|\n" + "\n".join(rows) + "\n")
+
+
+GENERATORS = {"pipeline": pipeline_reference, "cli": cli_reference, "report": report_reference,
+              "runtimes": runtimes_reference}
 
 
 def on_page_markdown(markdown: str, page, config, files, **kwargs) -> str:

@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from compress.cli import main
-from serve_bench.runners import usable_onnx_runtimes
+from serve_bench.runners import InductorRunner, usable_onnx_runtimes
 from tests.conftest import TINY
 from tests.report_invariants import points_outside_intervals
 
@@ -233,12 +233,14 @@ def test_every_report_names_the_instruction_set_it_was_measured_on(bench_run):
     for key in ("torch_cpu_capability", "avx2", "avx512_f", "avx512_vnni", "avx512_bf16", "amx_tile", "avx_vnni",
                 "physical_cores", "int8_dot_product"):
         assert key in isa
-    assert env["onnxruntime"]["version"] and "CPUExecutionProvider" in env["onnxruntime"]["providers"]
+    ort = env["runtimes"]["onnxruntime"]  # each runtime's own view, from its runner's fingerprint
+    assert ort["version"] and "CPUExecutionProvider" in ort["providers"] and env["runtimes"]["torch"]["version"]
     line = f"instruction set: {env['isa_summary']}"
     html = (folder / "report.html").read_text()
     header = html[html.index("<h1>"): html.index("<table>")]  # above the first table, not in the footer
     assert line in header and f"int8 dot product: {isa['int8_dot_product']}" in header
     assert line in (folder / "report.md").read_text().split("| artifact |")[0]
+    assert f"onnxruntime {ort['version']} (" in header and "CPUExecutionProvider" in header
 
 
 def _report_from_another_machine(run_dir, tmp_path, isa):
@@ -439,13 +441,17 @@ def test_the_report_is_typed_versioned_and_an_older_one_is_read_a_newer_one_refu
 def test_the_unpruned_model_exported_alone_is_measured_as_a_reference_never_released(tmp_path):
     """train → prune → export → bench: the baseline exported to fp32 ONNX as it is stands beside the candidates on
     each runtime, each ONNX candidate has its latency over it on the same runtime, and the gate neither judges nor
-    releases it. Where the bench already measures an fp32 ONNX of the baseline, none is added."""
+    releases it. Where the bench already measures an fp32 ONNX of the baseline, none is added. With inductor among
+    the runtimes, the baseline compiled alone is a reference too, and every candidate on another runtime has its
+    latency over it: what a PyTorch user gains over what they would deploy without compressing."""
     config = copy.deepcopy(TINY)
     config["red_line"] = {"metric": "top1", "max_drop": 100.0, "collapse_margin": None}
+    compiled = InductorRunner.unavailable() is None
+    runtimes = {"runtimes": ["onnxruntime", "inductor"], "inductor": {"bf16": "off"}} if compiled else {}
     config["stages"] += [{"name": "prune", "kind": "prune", "target": {"macs": 0.7}, "importance": "magnitude",
                           "deployed_latency": {"enabled": False},
                           "sparsity": {"epochs": 0}, "finetune": {"epochs": 1, "amp": "off"}},
-                         {"name": "export", "kind": "export"}, dict(FAST_BENCH, leave_out=["prune.model"])]
+                         {"name": "export", "kind": "export"}, dict(FAST_BENCH, leave_out=["prune.model"], **runtimes)]
     path = tmp_path / "p.yaml"
     path.write_text(yaml.safe_dump(config))
     assert main(["run", str(path), "--run-dir", str(tmp_path / "run")]) in (0, 1)
@@ -463,6 +469,14 @@ def test_the_unpruned_model_exported_alone_is_measured_as_a_reference_never_rele
     markdown = (tmp_path / "run" / "bench" / "report" / "report.md").read_text()
     assert "## Compression alone: against the unpruned model exported" in markdown
     assert points_outside_intervals(report) == []
+    if compiled:
+        alone = entries["train.model@inductor"]
+        assert (alone["role"], alone["backend"], alone["artifact"]) == ("reference", "inductor", "train.model")
+        assert set(alone["runner"]["compile_s"]) >= {"batch 1"} and gate["release"] != alone["name"]
+        assert alone["runtime_parity"]["reference"] == "train.model"  # the same file, eager and compiled
+        for name in ("export.onnx", "train.model"):
+            assert entries[name]["vs_compile_alone"]["reference"] == "train.model@inductor"
+        assert "vs_compile_alone" not in alone and "compile alone" in markdown
 
 
 def test_no_export_alone_where_the_bench_measures_the_baselines_fp32_onnx_already(bench_run):

@@ -95,5 +95,18 @@ def test_a_sections_fields_show_the_sections_own_default_and_every_marker_is_on_
     assert prune["target.macs"].default == "0.45" and prune["target.params"].default == "null"
     assert prune["finetune.epochs"].default == "3" and prune["sparsity.epochs"].default == "2"
     pages = ROOT / "docs" / "pages" / "reference"
-    for page, name in (("pipeline.md", "pipeline"), ("cli.md", "cli"), ("run-folder.md", "report")):
+    for page, name in (("pipeline.md", "pipeline"), ("cli.md", "cli"), ("run-folder.md", "report"),
+                       ("runtimes.md", "runtimes")):
         assert f"<!-- generated: {name} -->" in (pages / page).read_text(), page
+
+
+def test_the_runtime_table_is_read_from_the_runner_classes(reference):
+    """One row per runtime of the registry (the harness's simulated model aside), torch.compile's included with
+    the INT8 file it makes and the word that it is measured where named."""
+    from serve_bench.runners import RUNNERS
+
+    table = reference.runtimes_reference()
+    rows = [line for line in table.splitlines()[2:] if line.startswith("| `")]
+    assert [row.split("`")[1] for row in rows] == [name for name, r in RUNNERS.items() if r.formats]
+    inductor = next(row for row in rows if row.startswith("| `inductor`"))
+    assert "torch.compile (Inductor)" in inductor and "`pt2e-int8`" in inductor and "where `runtimes` names it" in inductor

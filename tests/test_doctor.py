@@ -32,7 +32,7 @@ def _imports(module: str) -> bool:
 
 
 HAS_OPENVINO = _imports("openvino")
-RUNTIME_ROWS = {"torch", "onnxruntime", "openvino", "tensorrt", "nncf", "mlperf_loadgen"}
+RUNTIME_ROWS = {"torch", "onnxruntime", "openvino", "tensorrt", "inductor", "nncf", "mlperf_loadgen"}
 
 
 @pytest.fixture(scope="module")
@@ -96,6 +96,22 @@ def test_onnxruntime_answers_like_torch(doctor_run):
     ort, torch_run = _smoke(report, "onnxruntime"), _smoke(report, "torch")
     assert torch_run["status"] == "PASS" and torch_run["max_abs_diff"] == 0.0  # saved artifact rebuilt exactly
     assert ort["status"] == "PASS" and ort["max_abs_diff"] < 1e-3 and ort["p50_ms"] > 0
+
+
+def test_every_runtime_of_the_registry_has_a_row_and_a_smoke_run_inductor_included(doctor_run):
+    """The doctor asks the runner registry which runtimes exist: torch.compile is listed, and its smoke run compiles
+    the tiny model and answers as torch does, within its runner's tolerance."""
+    from serve_bench.runners import RUNNERS, InductorRunner
+
+    _, out, report, _ = doctor_run
+    assert {r["runtime"] for r in report["smoke"]["results"]} == {n for n, r in RUNNERS.items() if r.formats}
+    row, run = _row(report, "inductor"), _smoke(report, "inductor")
+    if InductorRunner.unavailable() is not None:
+        assert row["status"] == "unusable here" and run["status"] == "SKIP"
+        return
+    assert row["status"] == "ok" and row["version"] == torch.__version__ and "C++ compiler" in row["detail"]
+    assert run["status"] == "PASS" and run["max_abs_diff"] < 1e-3 and run["p50_ms"] > 0
+    assert "inductor" in out
 
 
 @pytest.mark.skipif(not HAS_OPENVINO, reason="openvino is not importable here: its row and smoke run are not made")
@@ -165,7 +181,9 @@ def test_the_tensorrt_smoke_run_builds_an_fp32_engine_from_the_smoke_file(monkey
 
     built = {}
     monkeypatch.setattr(trt_engine, "build_engine", lambda *args: built.update(args=args))
-    path, device = smoke_module._artifact("tensorrt", prepared, tmp_path)
+    from serve_bench.runners import TensorRTRunner
+
+    path, device = TensorRTRunner.smoke_file(prepared.model_dir, prepared.onnx_path, tmp_path)
     onnx_path, out_dir, settings, input_name, chw = built["args"]
     assert (path, device) == (tmp_path / "engine", "cuda") and out_dir == path and onnx_path == prepared.onnx_path
     assert settings.precision == "fp32" and settings.max_batch == 1 and (input_name, chw) == ("input", (3, 32, 32))
@@ -244,18 +262,3 @@ def test_the_quickstart_step_passes_only_with_an_int8_engine_in_the_manifest(tmp
     manifest.artifacts["export.engine"] = ArtifactRecord(name="export.engine", meta={"precision": "int8"}, **record)
     manifest.save(tmp_path)
     assert gpu_check.engine_summary(tmp_path) == (True, "export.engine: int8 engine")
-
-
-def test_the_bench_runtimes_without_serve_bench_runtime_status(monkeypatch):
-    """Before serve_bench.runners answers (or where it cannot be imported), the doctor asks its own rows."""
-    from compress.doctor.defaults import onnx_runtimes
-    from compress.doctor.runtimes import RuntimeRow
-
-    monkeypatch.setitem(sys.modules, "serve_bench.runners", None)
-    rows = {"onnxruntime": RuntimeRow("onnxruntime", "ok", "1.0", ["CPUExecutionProvider"]),
-            "openvino": RuntimeRow("openvino", "not installed", detail="not installed: pip install 'compress[cpu]'")}
-    status, usable, source = onnx_runtimes("cpu", rows)
-    assert usable == ["onnxruntime"] and source == "the doctor's own check"
-    assert status == {"onnxruntime": None, "openvino": "not installed: pip install 'compress[cpu]'"}
-    status, usable, _ = onnx_runtimes("cuda", rows)
-    assert usable == [] and "no CUDAExecutionProvider" in status["onnxruntime"]

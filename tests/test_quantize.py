@@ -59,10 +59,30 @@ def calibration_seen():
 @pytest.fixture(scope="module")
 def ptq_run(tmp_path_factory, calibration_seen, trained_digits_run):
     folder = tmp_path_factory.mktemp("ptq")
-    path = _pipeline(folder, {"calibration": {"method": "minmax", "samples": 64}}, max_drop=100.0)
+    path = _pipeline(folder, {"calibration": {"method": "minmax", "samples": 64}, "native": ["inductor"]},
+                     max_drop=100.0)
     run_dir = start_from(trained_digits_run, folder / "run")
     assert main(["run", path, "--run-dir", str(run_dir)]) == 0
     return run_dir
+
+
+def test_pytorchs_own_int8_file_is_made_beside_the_ladder_and_judged_through_the_compiled_module(ptq_run):
+    """``native: [inductor]``: PT2E with X86InductorQuantizer from the same torch model and calibration images, an
+    output of its own that runs on torch.compile alone, with its red-line check made through that runtime and the
+    data it was made on recorded (its folder holds the model description)."""
+    from serve_bench.runners.inductor import native_int8
+    from train.model_io import read_description
+
+    manifest = json.loads((ptq_run / "manifest.json").read_text())
+    record = manifest["artifacts"]["quantize.native_inductor"]
+    meta, native = record["meta"], manifest["stages"]["quantize"]["metrics"]["native"]["native_inductor"]
+    assert record["kind"] == native_int8.KIND and meta["runtimes"] == ["inductor"] and meta["precision"] == "int8"
+    assert meta["red_line"] == {"within": native["within"], "test_drop": native["test_drop"]}
+    assert native["recipe"]["calibration_images"] == 64 and "X86InductorQuantizer" in native["recipe"]["quantizer"]
+    assert abs(native["test_drop"]) < 5.0  # INT8 of a trained model, not a broken one (the drop is on 1,000 images)
+    folder = ptq_run / record["path"]
+    assert native_int8.is_native_int8(folder)
+    assert read_description(folder)["data"]["split_digest"] == manifest["data"]["split_hash"]
 
 
 def test_ptq_writes_both_flavours_and_records_the_rung(ptq_run):

@@ -20,13 +20,12 @@ from rich.text import Text
 from compress.doctor import view
 from compress.doctor.defaults import bench_threads, default_choices
 from compress.doctor.machine import machine_facts
-from compress.doctor.runtimes import BROKEN, OK, RuntimeRow, runtime_rows
+from compress.doctor.runtimes import BROKEN, OK, RuntimeRow, runtime_names, runtime_rows
 from compress.doctor.smoke import FAIL, SmokeResult, run_smoke
 
 logger = logging.getLogger(__name__)
 
 FORMAT = "compress-doctor/1"
-SMOKE_RUNTIMES = ("torch", "onnxruntime", "openvino", "tensorrt")
 FAILED_EXIT = 3  # the CLI's "failed while running"
 
 
@@ -41,7 +40,7 @@ class DoctorSettings:
 def smoke_plan(rows: dict[str, RuntimeRow]) -> tuple[list[str], dict[str, str], dict[str, str]]:
     """(runtimes to run, runtime → why skipped, runtime → why it fails without running: installed but broken)."""
     run, skipped, broken = [], {}, {}
-    for name in SMOKE_RUNTIMES:
+    for name in runtime_names():
         row = rows[name]
         if row.status == OK:
             run.append(name)

@@ -43,24 +43,10 @@ def training_precision() -> list[Choice]:
     return out
 
 
-def _own_status(device: str, rows: dict[str, RuntimeRow]) -> dict[str, str | None]:
-    """The doctor's own check, where serve_bench.runners cannot be imported (the same questions, asked of the rows)."""
-    provider = "CPUExecutionProvider" if device == "cpu" else "CUDAExecutionProvider"
-    ort, ov = rows["onnxruntime"], rows["openvino"]
-    return {"onnxruntime": (ort.detail if ort.status != OK else None if provider in ort.devices
-                            else f"onnxruntime has no {provider} here"),
-            "openvino": ("the openvino runner runs on the CPU only" if device != "cpu"
-                         else None if ov.status == OK else ov.detail or ov.status)}
-
-
 def onnx_runtimes(device: str, rows: dict[str, RuntimeRow]) -> tuple[dict[str, str | None], list[str], str]:
     """(runtime → None if usable else why, the usable ones in the bench's order, whose answer it is)."""
-    try:
-        from serve_bench.runners import runtime_status, usable_onnx_runtimes
-    except ImportError as exc:  # serve_bench without the runners package: answer from the rows
-        logger.info("serve_bench.runners has no runtime_status (%s): using the doctor's own check", exc)
-        status = _own_status(device, rows)
-        return status, [name for name, why in status.items() if why is None], "the doctor's own check"
+    from serve_bench.runners import runtime_status, usable_onnx_runtimes
+
     return runtime_status(device), usable_onnx_runtimes(device), "serve_bench.runners"
 
 
@@ -74,6 +60,8 @@ def bench_threads(machine: dict) -> int:
 
 
 def bench_choices(machine: dict, rows: dict[str, RuntimeRow], gpu: bool) -> list[Choice]:
+    from serve_bench.runners import RUNNER_OF_KIND
+
     status, usable, source = onnx_runtimes("cpu", rows)
     not_used = "; ".join(f"{name}: {why}" for name, why in status.items() if why)
     out = [Choice("bench runtimes for ONNX files (CPU)", ", ".join(usable) or "none",
@@ -89,9 +77,9 @@ def bench_choices(machine: dict, rows: dict[str, RuntimeRow], gpu: bool) -> list
     out.append(Choice("bench threads", str(threads),
                       f"the physical cores ({machine.get('physical_cores')} physical, {machine.get('logical_cores')} "
                       "logical): hyper-threads share execution units and add little to inference"))
-    trt = rows["tensorrt"]
-    out.append(Choice("export: TensorRT engine", "built" if trt.status == OK else "skipped (recorded as skipped)",
-                      trt.detail if trt.status != OK else "TensorRT and a CUDA device are here"))
+    engine = rows[RUNNER_OF_KIND["trt-engine"]]  # the runtime of the export stage's engine file
+    out.append(Choice("export: TensorRT engine", "built" if engine.status == OK else "skipped (recorded as skipped)",
+                      engine.detail if engine.status != OK else "TensorRT and a CUDA device are here"))
     return out
 
 

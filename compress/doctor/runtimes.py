@@ -16,11 +16,8 @@ from typing import Any, Callable
 
 logger = logging.getLogger(__name__)
 
+# libraries the doctor lists beside the runtimes (each runtime's own hint is on its runner)
 INSTALL = {
-    "torch": "pip install compress (torch is a core dependency)",
-    "onnxruntime": "pip install 'compress[cpu]' (or 'compress[gpu]' on a GPU machine)",
-    "openvino": "pip install 'compress[cpu]'",
-    "tensorrt": "pip install 'compress[tensorrt]' (on a machine with an NVIDIA GPU)",
     "nncf": "pip install 'compress[cpu]'",
     "mlperf_loadgen": "pip install mlcommons-loadgen (a core dependency of compress)",
 }
@@ -30,7 +27,7 @@ OK, ABSENT, UNUSABLE, BROKEN = "ok", "not installed", "unusable here", "broken"
 
 @dataclass
 class RuntimeRow:
-    name: str  # the import name (torch, onnxruntime, openvino, tensorrt, nncf, mlperf_loadgen)
+    name: str  # a runtime's name in the registry, or a library's import name (nncf, mlperf_loadgen)
     status: str  # ok | not installed | unusable here | broken
     version: str | None = None
     devices: list[str] = field(default_factory=list)
@@ -51,43 +48,6 @@ def import_optional(module: str) -> Any | None:
         raise
 
 
-def _torch(torch) -> RuntimeRow:
-    devices = ["cpu"]
-    if torch.cuda.is_available():
-        devices += [f"cuda:{i} {torch.cuda.get_device_name(i)}" for i in range(torch.cuda.device_count())]
-    build = f"CUDA {torch.version.cuda} build" if torch.version.cuda else "CPU-only build"
-    return RuntimeRow("torch", OK, torch.__version__, devices,
-                      f"{build}; CUDA device visible: {'yes' if torch.cuda.is_available() else 'no'}")
-
-
-def _onnxruntime(ort) -> RuntimeRow:
-    providers = list(ort.get_available_providers())
-    detail = f"device {ort.get_device()}"
-    if "CPUExecutionProvider" not in providers:
-        return RuntimeRow("onnxruntime", UNUSABLE, ort.__version__, providers, f"{detail}; no CPUExecutionProvider")
-    return RuntimeRow("onnxruntime", OK, ort.__version__, providers, detail)
-
-
-def _openvino(ov) -> RuntimeRow:
-    core = ov.Core()
-    devices = []
-    for device in core.available_devices:
-        try:
-            devices.append(f"{device}: {core.get_property(device, 'FULL_DEVICE_NAME')}")
-        except RuntimeError as exc:  # a plugin that lists a device but cannot describe it
-            devices.append(f"{device}: (name unreadable: {str(exc).splitlines()[0]})")
-    status = OK if "CPU" in core.available_devices else UNUSABLE
-    return RuntimeRow("openvino", status, ov.get_version(), devices, "" if status == OK else "no CPU device")
-
-
-def _tensorrt(trt) -> RuntimeRow:
-    from export.tensorrt_engine import unavailable_reason
-
-    reason = unavailable_reason()
-    return RuntimeRow("tensorrt", UNUSABLE if reason else OK, trt.__version__, [] if reason else ["cuda"],
-                      reason or "engines build and run on this GPU")
-
-
 def _nncf(nncf) -> RuntimeRow:
     return RuntimeRow("nncf", OK, nncf.__version__, [], "post-training quantization for OpenVINO")
 
@@ -100,15 +60,34 @@ def _loadgen(lg) -> RuntimeRow:
     return RuntimeRow("mlperf_loadgen", OK, found, [], "MLPerf LoadGen: the latency-under-traffic scenarios")
 
 
-PROBES: dict[str, Callable[[Any], RuntimeRow]] = {
-    "torch": _torch, "onnxruntime": _onnxruntime, "openvino": _openvino, "tensorrt": _tensorrt, "nncf": _nncf,
-    "mlperf_loadgen": _loadgen,
-}
+PROBES: dict[str, Callable[[Any], RuntimeRow]] = {"nncf": _nncf, "mlperf_loadgen": _loadgen}
+
+
+def runtime_names() -> list[str]:
+    """Every runtime a pipeline can measure files on, in the registry's order (the harness's simulated one aside)."""
+    from serve_bench.runners import RUNNERS
+
+    return [name for name, runner in RUNNERS.items() if runner.formats]
+
+
+def _runtime(name: str) -> RuntimeRow:
+    """A runtime's row, from what its runner says of this machine."""
+    from serve_bench.runners import RUNNERS
+
+    runner = RUNNERS[name]
+    if import_optional(runner.library) is None:
+        return RuntimeRow(name, ABSENT, detail=f"not installed: {runner.install_hint}")
+    facts = runner.here()
+    return RuntimeRow(name, UNUSABLE if facts["unusable"] else OK, facts["version"], list(facts["devices"]),
+                      facts["detail"])
 
 
 def probe(name: str) -> RuntimeRow:
-    """The row of one runtime; whatever the library raises becomes the row, never the command's failure."""
+    """The row of one runtime or library; whatever the library raises becomes the row, never the command's
+    failure."""
     try:
+        if name not in PROBES:
+            return _runtime(name)
         module = import_optional(name)
         if module is None:
             return RuntimeRow(name, ABSENT, detail=f"not installed: {INSTALL[name]}")
@@ -119,7 +98,7 @@ def probe(name: str) -> RuntimeRow:
 
 
 def runtime_rows() -> list[RuntimeRow]:
-    return [probe(name) for name in PROBES]
+    return [probe(name) for name in [*runtime_names(), *PROBES]]
 
 
 def _first_line(exc: BaseException) -> str:

@@ -22,11 +22,8 @@ logger = logging.getLogger(__name__)
 
 SHAPE = (1, 3, 32, 32)
 SEED = 0
-# Largest |Δlogit| accepted, as a share of the largest |logit| (at least 1): fp32 runtimes agree to ~1e-6
-# on this model; TensorRT may use TF32 for an fp32 engine.
-TOLERANCE = {"torch": 1e-5, "onnxruntime": 1e-3, "openvino": 1e-3, "tensorrt": 1e-2}
-# OpenVINO's own default precision is bf16 on CPUs with native bf16: the smoke run compares fp32 with fp32.
-OPTIONS = {"openvino": {"inference_precision": "f32"}}
+# Each runtime's largest |Δlogit| accepted (as a share of the largest |logit|, at least 1) and the options that keep
+# it in fp32 are on its runner (``smoke_tolerance``, ``smoke_options``): fp32 runtimes agree to ~1e-6 on this model.
 PASS, FAIL, SKIP = "PASS", "FAIL", "SKIP"
 # Timed runs per runtime: up to ``iters``, but a runtime slowed by a busy machine stops after MAX_SECONDS
 # (and MIN_ITERS runs), so the whole smoke run stays within seconds.
@@ -93,28 +90,15 @@ class SmokeResult:
         return asdict(self)
 
 
-def _artifact(runtime: str, smoke: SmokeModel, folder: Path) -> tuple[Path, str]:
-    """The file this runtime loads and the device it runs on (TensorRT: an fp32 engine built here)."""
-    if runtime == "torch":
-        return smoke.model_dir, "cpu"
-    if runtime == "tensorrt":
-        from export.onnx_export import INPUT_NAME
-        from export.tensorrt_engine import BuildSettings, build_engine
-
-        engine_dir = folder / "engine"
-        build_engine(smoke.onnx_path, engine_dir, BuildSettings(precision="fp32", max_batch=1), INPUT_NAME, SHAPE[1:])
-        return engine_dir, "cuda"
-    return smoke.onnx_path, "cpu"
-
-
 def run_one(runtime: str, smoke: SmokeModel, folder: Path, threads: int, iters: int) -> SmokeResult:
     """Load ``runtime`` through the bench's runner, run up to ``iters`` times (at most ``MAX_SECONDS``), compare
     with torch; any error becomes this runtime's FAIL."""
     try:
-        from serve_bench.runners import make_runner
+        from serve_bench.runners import RUNNERS, make_runner
 
-        path, device = _artifact(runtime, smoke, folder)
-        options = OPTIONS.get(runtime, {})
+        runner_class = RUNNERS[runtime]
+        path, device = runner_class.smoke_file(smoke.model_dir, smoke.onnx_path, folder)
+        options = dict(runner_class.smoke_options)
         with make_runner(runtime, path, threads=threads, device=device, **options) as runner:
             for _ in range(3):  # warm-up: first-call allocations and kernel choices
                 out = runner.infer(smoke.sample)
@@ -128,7 +112,7 @@ def run_one(runtime: str, smoke: SmokeModel, folder: Path, threads: int, iters: 
         text = str(exc).strip()
         return SmokeResult(runtime, FAIL, detail=f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}")
     diff = float(np.max(np.abs(np.asarray(out, dtype=np.float32) - smoke.reference)))
-    limit = TOLERANCE.get(runtime, 1e-3) * max(1.0, float(np.max(np.abs(smoke.reference))))
+    limit = runner_class.smoke_tolerance * max(1.0, float(np.max(np.abs(smoke.reference))))
     p50 = float(np.median(times) * 1e3)
     detail = f"{len(times)} runs on {device}, {threads} threads" + "".join(f", {k} {v}" for k, v in options.items())
     if not np.isfinite(diff) or diff > limit:

@@ -26,9 +26,10 @@ from compress.pipeline.pipeline_data import load_section
 from compress.pipeline.pipeline_file import Pipeline, load_pipeline
 from compress.stages.base import InputArtifact
 from compress.stages.bench_stage import BenchConfig
-from compress.stages.measurement import (bench_settings, candidates_of, measure_and_judge, runtime_options,
+from compress.stages.measurement import (bench_settings, candidates_of, measure_and_judge,
                                          summary_table, test_set_of)
 from compress.stages.provenance import runs_independence
+from compress.stages.runtime_choice import runtime_settings
 from serve_bench import report_model
 from serve_bench.bench import BenchSettings, TestSet
 from serve_bench.runners import RUNNER_OF_KIND
@@ -163,9 +164,9 @@ def compare_runs(run_dirs: list[Path], out: Path, console: Console, artifact: st
                               "name another with --artifact")
         # the pick runs with the options its own bench stage was configured with (OpenVINO's hint and precision,
         # as set, not as resolved on the machine that measured it); threads follow the comparison's protocol
-        own = runtime_options(_settings(run, repeats)[1]).get(mine.backend) if run.report is not None else None
+        own = runtime_settings(_settings(run, repeats)[1]).get(mine.backend) if run.report is not None else None
         if own:
-            if own != (theirs := runtime_options(cfg).get(mine.backend)):
+            if own != (theirs := runtime_settings(cfg).get(mine.backend)):
                 console.print(f"{run.label}:{mine.name} runs with its own run's {mine.backend} options {own}, not the "
                               f"reference's {theirs}", style="yellow", highlight=False)
             mine.options = {**mine.options, **own}

@@ -2,26 +2,28 @@
 
 The CPU's model name alone does not explain a figure: two "AMD EPYC" machines here differ in
 AVX-512, VNNI and native bf16, which decide the training precision and INT8 speed. So the
-instruction-set facts and the runtimes' own view (torch's CPU capability, onnxruntime's
-providers) are recorded with them.
+instruction-set facts and the runtimes' own view (each runner's ``fingerprint``: its version,
+onnxruntime's providers) are recorded with them.
 """
 from __future__ import annotations
 
 import platform
 from importlib.metadata import PackageNotFoundError, version
 
+from serve_bench.runners import RUNNERS
 from train.hardware import cpu_model
 
-PACKAGES = ("compress", "torch", "torchvision", "torch-pruning", "onnx", "onnxruntime", "onnxruntime-gpu",
-            "torchao", "tensorrt", "openvino", "nncf", "numpy")
+# the libraries besides the runtimes' own (each runner names its distributions)
+LIBRARIES = ("compress", "torchvision", "torch-pruning", "onnx", "torchao", "nncf", "numpy")
 
 
-def _onnxruntime() -> dict | None:
-    try:
-        import onnxruntime
-    except ImportError:
-        return None
-    return {"version": onnxruntime.__version__, "providers": onnxruntime.get_available_providers()}
+def packages_recorded() -> tuple[str, ...]:
+    return tuple(dict.fromkeys([*LIBRARIES, *(p for runner in RUNNERS.values() for p in runner.packages)]))
+
+
+def runtime_facts() -> dict[str, dict | None]:
+    """Each runtime's fingerprint (None where it is not installed), from the runner registry."""
+    return {name: runner.fingerprint() for name, runner in RUNNERS.items() if runner.formats}
 
 
 def environment() -> dict:
@@ -32,7 +34,7 @@ def environment() -> dict:
     from train.hardware import isa_facts, isa_words
 
     packages = {}
-    for name in PACKAGES:
+    for name in packages_recorded():
         try:
             packages[name] = version(name)
         except PackageNotFoundError:
@@ -45,7 +47,7 @@ def environment() -> dict:
         "cpu_count": os.cpu_count(),
         "isa": (isa := isa_facts()),
         "isa_summary": isa_words(isa),
-        "onnxruntime": _onnxruntime(),
+        "runtimes": runtime_facts(),
         "torch_threads": torch.get_num_threads(),
         "packages": packages,
         "cuda": torch.version.cuda,
@@ -61,7 +63,7 @@ def environment() -> dict:
 # What a measurement or an engine build depends on: a change in any of these makes cached latencies
 # (and TensorRT's skip-or-build) describe another machine. The kernel string, thread defaults and
 # core counts of the OS are left out (the bench sets its own threads; cores are in the ISA facts).
-ENVIRONMENT_KEY = ("machine", "cpu", "isa", "onnxruntime", "packages", "cuda", "gpu", "python")
+ENVIRONMENT_KEY = ("machine", "cpu", "isa", "runtimes", "packages", "cuda", "gpu", "python")
 
 
 def environment_key(env: dict) -> dict:

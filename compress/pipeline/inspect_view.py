@@ -33,10 +33,12 @@ def environment_lines(manifest: Manifest) -> list[str]:
         if not env:
             where = "an unrecorded machine (written by an older version)"
         else:
-            packages = env.get("packages") or {}
             gpu = f", GPU {env['gpu']['name']}" if env.get("gpu") else ""
-            where = (f"{env.get('cpu')} ({env.get('isa_summary')}), torch {packages.get('torch')}, "
-                     f"onnxruntime {packages.get('onnxruntime')}{gpu}")
+            # each runtime's version; a manifest written before runtimes were recorded: its package versions
+            versions = {name: (facts or {}).get("version") for name, facts in (env.get("runtimes") or {}).items()} \
+                or env.get("packages") or {}
+            where = (f"{env.get('cpu')} ({env.get('isa_summary')}), "
+                     + ", ".join(f"{name} {v}" for name, v in versions.items() if v) + gpu)
         prefix = "ran on" if len(by_env) == 1 else f"{', '.join(names)} ran on"
         lines.append(f"{prefix}: {where}")
     return lines

@@ -24,19 +24,18 @@ from compress.release.measured import (EngineChoice, deciding_bench, engines_to_
                                        report_artifacts, require_measured)
 from compress.release.model_card import build_card, render_markdown
 from export.external_data import UnsafeModelError, check_external_data
-from export.tensorrt_engine import ENGINE_FILE
 from export.onnx_metadata import CLASSES_KEY, PREPROCESSING_KEY, input_description, read_deployment
 from serve_bench.gate import preferred
 from serve_bench.report.files import environment_line
 from serve_bench.report_model import Entry, Report
 from train.atomic_io import atomic_dir
 from train.file_digest import file_sha256
-from train.model_io import read_description
+from serve_bench.runners import RUNNER_OF_KIND, RUNNERS
+from train.model_io import DESCRIPTION_FILE, read_description
 
 logger = logging.getLogger(__name__)
 
 CARD_JSON, CARD_MD, GATE_FAILED_FILE, PIPELINE_FILE = "model_card.json", "MODEL_CARD.md", "GATE_FAILED.txt", "pipeline.yaml"
-FOLDERS = {"onnx": "model", "torch-model": "model", "trt-engine": "tensorrt"}
 
 
 class ReleaseRefused(CompressError):
@@ -170,7 +169,7 @@ def _input_of(source: Path, record: ArtifactRecord, manifest: Manifest) -> tuple
     if PREPROCESSING_KEY in props and CLASSES_KEY in props:
         return props[PREPROCESSING_KEY], props[CLASSES_KEY]
     preprocessing = record.meta.get("preprocessing")
-    if preprocessing is None and record.kind == "torch-model":
+    if preprocessing is None and (source / DESCRIPTION_FILE).is_file():  # a torch file of any runtime
         preprocessing = read_description(source).get("preprocessing")
     if preprocessing is None:
         raise ArtifactError(f"{record.name} records no input preprocessing; re-run the stage that made it")
@@ -179,17 +178,18 @@ def _input_of(source: Path, record: ArtifactRecord, manifest: Manifest) -> tuple
 
 def _assemble(work: Path, run_dir: Path, manifest: Manifest, record: ArtifactRecord, report: Report,
               report_path: Path, entry: Entry, anyway: bool, choice: EngineChoice) -> dict:
-    folder = FOLDERS.get(record.kind)
-    if folder is None:
-        raise ArtifactError(f"{record.name} is a {record.kind!r}; a release holds an onnx file, a torch model or a "
-                            "TensorRT engine")
+    home = RUNNERS.get(RUNNER_OF_KIND.get(record.kind, ""))
+    if home is None:
+        raise ArtifactError(f"{record.name} is a {record.kind!r}, which no runtime loads; a release holds a file "
+                            f"of one of these kinds: {', '.join(RUNNER_OF_KIND)}")
+    folder = home.bundle_folder
     files = _copy_artifact(manifest, run_dir, record, work / folder)
     source = manifest.resolve_path(run_dir, record)
     if record.kind == "onnx" and source.is_dir():  # the graph file, beside its external data files if any
         main = record.meta.get("file", "model.onnx")
         source, serving = source / main, work / folder / main
     else:  # a torch model is its folder (weights and description); an engine its one file
-        serving = work / folder / ENGINE_FILE if record.kind == "trt-engine" else work / folder
+        serving = work / folder / home.serving_file if home.serving_file else work / folder
     input_spec, classes = _input_of(source, record, manifest)
     released = {"artifact": record.name, "kind": record.kind, "file": serving.relative_to(work).as_posix(),
                 "files": [f"{folder}/{f}" for f in files], "backend": entry.backend, "candidate": entry.name,
@@ -197,9 +197,10 @@ def _assemble(work: Path, run_dir: Path, manifest: Manifest, record: ArtifactRec
                 "run_dir": str(run_dir)}
     engines = []
     for engine in choice.shipped:
-        copied = _copy_artifact(manifest, run_dir, engine, work / "tensorrt" / engine.name)
-        engines.append({"artifact": engine.name, "file": f"tensorrt/{engine.name}/{ENGINE_FILE}",
-                        "files": [f"tensorrt/{engine.name}/{c}" for c in copied], "sha256": engine.sha256,
+        runtime = RUNNERS[RUNNER_OF_KIND[engine.kind]]  # where the bundle keeps its runtime's files
+        copied = _copy_artifact(manifest, run_dir, engine, work / runtime.bundle_folder / engine.name)
+        engines.append({"artifact": engine.name, "file": f"{runtime.bundle_folder}/{engine.name}/{runtime.serving_file}",
+                        "files": [f"{runtime.bundle_folder}/{engine.name}/{c}" for c in copied], "sha256": engine.sha256,
                         **{k: engine.meta.get(k) for k in ("precision", "gpu_name", "compute_capability",
                                                            "tensorrt_version", "profile")}})
     withheld = [{"artifact": engine.name, "precision": engine.meta.get("precision"), "reason": reason}

@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Literal
 
+from serve_bench.runners import RUNNER_OF_KIND
+
 
 Role = Literal["baseline", "hand-set", "trial"]
 BASELINE, HAND_SET, TRIAL = "baseline", "hand-set", "trial"
@@ -38,7 +40,7 @@ class Contender:
     def name(self) -> str:
         """The bench entry's name, as people read it in the report (``@runtime`` past onnxruntime, as the bench
         names a file on another runtime)."""
-        on = f"@{self.runtime}" if self.runtime not in (None, "onnxruntime") else ""
+        on = f"@{self.runtime}" if self.runtime not in (None, RUNNER_OF_KIND["onnx"]) else ""
         return f"{self.label}:{self.artifact}{on}"
 
     def as_dict(self) -> dict:

@@ -25,6 +25,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from serve_bench.limits import Limits
+from serve_bench.runners import RUNNER_OF_KIND
 from compress.search.contenders import BASELINE
 from compress.search.final_gate import p99_ratio
 from serve_bench.gate import carried_load, evaluate
@@ -118,7 +119,7 @@ def candidate_name(outcome: dict) -> str:
     name, runtime = outcome.get("candidate"), outcome.get("runtime")
     if name is None:
         return "—"
-    return f"{name}@{runtime}" if runtime not in (None, "onnxruntime") else name
+    return f"{name}@{runtime}" if runtime not in (None, RUNNER_OF_KIND["onnx"]) else name
 
 
 def directions(sampler: str) -> list[str]:

@@ -3,18 +3,20 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from compress.config import StageConfig
 from compress.errors import ArtifactError, ConfigError
 from compress.stages.base import InputArtifact, Output, Stage, StageContext, StageResult
-from compress.stages.measurement import (bench_settings, candidates_of, export_alone, measure_and_judge, summary_table,
+from compress.stages.measurement import (bench_settings, candidates_of, compile_alone, export_alone, measure_and_judge, summary_table,
                                         test_set_of)
 from compress.stages.provenance import test_independence
 from compress.stages.training_run import is_detection
 from serve_bench.latency.harness import HarnessSettings
 from serve_bench.latency.traffic import TrafficSettings, wanted
 from serve_bench.report.files import write_report
+from serve_bench.runners import RUNNERS
+from serve_bench.runners.inductor import InductorSettings
 from serve_bench.runners.openvino_runner import OpenVinoSettings
 
 
@@ -30,13 +32,19 @@ class BenchConfig(StageConfig, HarnessSettings):
     batch_size: int | None = Field(None, ge=1, description="default: the pipeline's latency.batch_size")
     threads: int | None = Field(None, ge=1, description="intra-op threads; default: physical cores")
     inter_op_threads: int = Field(1, ge=1, description="onnxruntime inter-op threads")
-    runtimes: list[Literal["onnxruntime", "openvino"]] | None = Field(
-        None, min_length=1, description="the runtimes each ONNX file is measured on, each (file, runtime) its own "
-                                        "candidate (the first keeps the file's name, others are <file>@<runtime>); default: every one usable here (onnxruntime, and OpenVINO "
-                                        "where installed; on cuda onnxruntime alone)")
+    runtimes: list[str] | None = Field(
+        None, min_length=1, description="the runtimes each file is measured on, among those that load its kind, each "
+                                        "(file, runtime) its own candidate (the first keeps the file's name, others "
+                                        "are <file>@<runtime>); a torch model is always measured in torch eager too. "
+                                        "Default: every ONNX runtime usable here (onnxruntime, and OpenVINO where "
+                                        "installed; on cuda onnxruntime alone) and torch eager. inductor "
+                                        "(torch.compile) is measured where named")
     openvino: OpenVinoSettings = Field(default_factory=OpenVinoSettings,
                                        description="how OpenVINO compiles each file (performance hint, precision)")
-    torch_compile: bool = Field(False, description="torch.compile the torch artifacts before timing them")
+    inductor: InductorSettings = Field(default_factory=InductorSettings,
+                                       description="how torch.compile compiles each torch file (mode, freezing, bf16)")
+    torch_compile: bool = Field(False, description="deprecated: name inductor in runtimes instead (this adds it, "
+                                                   "with a note)")
     device: Literal["cpu", "cuda"] = Field("cpu", description="where the files are timed")
     device_only: bool = Field(False, description="time the computation only, input staged on the device and "
                                                  "output left there")
@@ -52,6 +60,15 @@ class BenchConfig(StageConfig, HarnessSettings):
     export_alone: bool = Field(True, description="also measure the baseline torch model exported to fp32 ONNX on "
                                "each runtime, as a reference no gate releases: what compression earned apart from "
                                "what the runtime gave (torch eager is often a slow path at small sizes)")
+
+    @field_validator("runtimes")
+    @classmethod
+    def _known_runtimes(cls, value: list[str] | None) -> list[str] | None:
+        known = [name for name, runner in RUNNERS.items() if runner.formats]
+        unknown = [name for name in value or [] if name not in known]
+        if unknown:
+            raise ValueError(f"unknown runtime {', '.join(map(repr, unknown))}; known: {', '.join(known)}")
+        return value
 
     @model_validator(mode="after")
     def _floor(self) -> "BenchConfig":
@@ -84,6 +101,9 @@ class BenchStage(Stage):
             raise ConfigError(f"stages.{ctx.name}.traffic: latency under traffic is not built for task: detection yet "
                               "(its serving copies would answer without NMS); use latency.scenario: single-stream "
                               "and drop the traffic settings")
+        if cfg.torch_compile:
+            ctx.log(f"stages.{ctx.name}.torch_compile is deprecated: name inductor in stages.{ctx.name}.runtimes; "
+                    "measured here as if it were named", style="yellow")
         unique = {a.name: a for a in inputs.values()}  # the baseline input is also one of the collected artifacts
         specs = [s for a in unique.values() for s in candidates_of(a, cfg)]
         if not specs:
@@ -95,7 +115,7 @@ class BenchStage(Stage):
         if baseline not in {s.name for s in specs}:
             raise ArtifactError(f"stage {ctx.name!r}: baseline {baseline!r} is not among the measured artifacts "
                                 f"({', '.join(s.name for s in specs)})")
-        specs += export_alone(ctx, cfg, specs, baseline)
+        specs = compile_alone(specs, baseline) + export_alone(ctx, cfg, specs, baseline)
         batch = cfg.batch_size or pipeline.latency.batch_size
         test = test_set_of(data)
         if len(test.labels) < batch:

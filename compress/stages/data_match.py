@@ -17,7 +17,7 @@ from compress.stages.base import InputArtifact
 from export.external_data import UnsafeModelError, check_external_data
 from export.onnx_metadata import read_data_identity
 from train.data import DataBundle
-from train.model_io import read_description
+from train.model_io import DESCRIPTION_FILE, read_description
 from train.models import ModelError
 
 _SHAPE = ("channels", "height", "width")
@@ -28,7 +28,7 @@ def recorded_identity(artifact: InputArtifact) -> dict | None:
     """The data identity an artifact records, or None where it records none."""
     path = Path(artifact.path)
     try:
-        if artifact.kind == "torch-model":
+        if artifact.kind == "torch-model" or (path / DESCRIPTION_FILE).is_file():  # a torch file of any runtime
             return read_description(path).get("data")
         if artifact.kind == "onnx":
             file = path / artifact.meta.get("file", "model.onnx") if path.is_dir() else path
@@ -57,7 +57,7 @@ def preprocessing_difference(recorded: dict, current: dict) -> list[str]:
 
 def check_same_data(artifact: InputArtifact, data: DataBundle, *, source: str, independent: bool) -> None:
     """Raise DataMismatchError when ``artifact`` was made on other data than ``data`` (see module doc)."""
-    if artifact.kind not in ("torch-model", "onnx", "trt-engine"):
+    if artifact.kind not in ("torch-model", "onnx", "trt-engine") and not (Path(artifact.path) / DESCRIPTION_FILE).is_file():
         return
     recorded = recorded_identity(artifact)
     current = data.identity()

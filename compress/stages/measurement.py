@@ -19,7 +19,7 @@ from compress.config import PipelineConfig
 from compress.errors import ArtifactError
 from compress.stages.base import InputArtifact
 from compress.stages.provenance import independence_flag
-from compress.stages.runtime_choice import onnx_runtimes
+from compress.stages.runtime_choice import bench_runtimes, onnx_runtimes, runtime_settings, runtimes_for_kind
 from compress.stages.training_run import is_detection
 from serve_bench.bench import ArtifactSpec, BenchResult, BenchSettings, TestSet, on_runtimes, run_benchmark
 from serve_bench.accuracy.detection import thin_classes
@@ -34,7 +34,7 @@ from serve_bench.report.profile import profile_failures, slower_than_unpruned_fl
 from serve_bench.report.files import test_set_facts
 from serve_bench.report.traffic import drift_flags
 from serve_bench.report.tables import main_table
-from serve_bench.runners import RUNNER_OF_KIND
+from serve_bench.runners import RUNNER_OF_KIND, RUNNERS, format_of_kind
 from serve_bench.accuracy.runtime_parity import runtime_choice_note
 from train.data import BatchStream, DataBundle
 
@@ -62,31 +62,26 @@ def bench_settings(cfg, pipeline: PipelineConfig, batch: int | None = None, repe
 
 def candidates_of(artifact: InputArtifact, cfg, runtime: str | None = None, on_test: bool = True
                   ) -> list[ArtifactSpec]:
-    """The candidates a bench measures for one artifact: an ONNX file once per runtime the bench stage's settings
-    give (``runtime``: that one only), anything else once. Each carries why the gate must refuse it on its runtime
-    (the quantize stage's red-line check), decided before measuring. ``on_test`` False (a search's validation
-    bench): a refusal that rests on the quantize stage's test-split drop is left out (that bench judges the drop
-    on validation itself, and must not see test), one for a runtime the check never covered is kept."""
-    runtimes = onnx_runtimes(cfg.runtimes, cfg.device, f"stages.{cfg.name}.runtimes")
+    """The candidates a bench measures for one artifact: once per runtime the bench stage's settings give that loads
+    its kind (``runtime``: that one only), and per way that runtime runs it (inductor's bf16). Each carries why the
+    gate must refuse it on its runtime (the quantize stage's red-line check), decided before measuring.
+    ``on_test`` False (a search's validation bench): a refusal that rests on the quantize stage's test-split drop
+    is left out (that bench judges the drop on validation itself, and must not see test), one for a runtime the
+    check never covered is kept."""
+    runtimes = runtimes_for_kind(artifact.kind, bench_runtimes(cfg))
     if artifact.meta.get("runtimes"):  # a file made for one runtime (the quantize stage's openvino file) runs there
         runtimes = [r for r in runtimes if r in artifact.meta["runtimes"]]
         if not runtimes and runtime is None:
             return []  # none of its runtimes is measured here
-    specs = on_runtimes(artifact_spec(artifact, cfg), runtimes, runtime_options(cfg))
+    specs = on_runtimes(artifact_spec(artifact, cfg), runtimes, runtime_settings(cfg))
     if runtime is not None:
-        specs = [s for s in specs if s.extra.get("runtime") == runtime]
+        specs = [s for s in specs if s.backend == runtime]
         if not specs:
             raise ArtifactError(f"{artifact.name} cannot be measured on {runtime}: the bench stage measures it on "
                                 f"{', '.join(runtimes) or 'none of the runtimes it is made for'} here")
     for spec in specs:
         spec.refused = _refusal(artifact.meta, spec.backend, on_test)
     return specs
-
-
-def runtime_options(cfg) -> dict[str, dict]:
-    """Runtime → the runner options a bench stage's settings give an ONNX file on it (as configured, not as a
-    runtime resolved them on some machine)."""
-    return {"openvino": cfg.openvino.runner_options()}
 
 
 def artifact_spec(artifact: InputArtifact, cfg) -> ArtifactSpec:
@@ -107,14 +102,23 @@ def artifact_spec(artifact: InputArtifact, cfg) -> ArtifactSpec:
         except EngineMismatch as exc:
             raise ArtifactError(f"{artifact.name}: {exc}") from exc
     return ArtifactSpec(name=artifact.name, stage=artifact.name.split(".", 1)[0], backend=backend, path=str(path),
-                        format={"torch": "torch", "onnxruntime": "onnx", "tensorrt": "engine"}[backend],
-                        precision=meta.get("precision", "fp32"), size_bytes=artifact.size_bytes,
-                        params=meta.get("params"), macs=meta.get("macs"),
+                        format=format_of_kind(kind), precision=meta.get("precision", "fp32"),
+                        size_bytes=artifact.size_bytes, params=meta.get("params"), macs=meta.get("macs"),
                         max_batch=(meta.get("profile") or {}).get("max"),
-                        options={"compile": cfg.torch_compile} if kind == "torch-model" else
-                        {"inter_op_threads": cfg.inter_op_threads} if kind == "onnx" else {},
+                        options={"inter_op_threads": cfg.inter_op_threads} if kind == "onnx" else {},
                         source_model=meta.get("source_model") or (artifact.name if kind == "torch-model" else None),
                         quantization=meta.get("quantization"))  # refused per runtime by candidates_of
+
+
+def compile_alone(specs: list[ArtifactSpec], baseline: str) -> list[ArtifactSpec]:
+    """``specs`` with the baseline torch model's candidates on an optional compiling runtime (torch.compile) marked
+    as references, never released: what a PyTorch user gets without compressing, which every candidate's latency is
+    then also divided by (``vs_compile_alone``)."""
+    for spec in specs:
+        if spec.artifact == baseline and spec.format == "torch" and spec.name != baseline \
+                and not RUNNERS[spec.backend].measured_by_default:
+            spec.extra = {**spec.extra, "role": "reference"}
+    return specs
 
 
 EXPORT_ALONE = "export-alone"
@@ -146,14 +150,14 @@ def export_alone(ctx, cfg, specs: list[ArtifactSpec], baseline: str) -> list[Art
         ctx.log(f"{EXPORT_ALONE}: {baseline} could not be exported to ONNX ({type(exc).__name__}: "
                 f"{str(exc).splitlines()[0][:200]}); measured without it", style="yellow")
         return []
-    spec = ArtifactSpec(name=f"{EXPORT_ALONE}:{baseline}", stage=ctx.name, backend="onnxruntime", path=str(path),
+    spec = ArtifactSpec(name=f"{EXPORT_ALONE}:{baseline}", stage=ctx.name, backend=RUNNER_OF_KIND["onnx"], path=str(path),
                         format="onnx", precision="fp32", size_bytes=path.stat().st_size, params=base.params,
                         macs=base.macs, options={"inter_op_threads": cfg.inter_op_threads}, source_model=baseline,
                         extra={"role": "reference"})
     runtimes = onnx_runtimes(cfg.runtimes, cfg.device, f"stages.{cfg.name}.runtimes")
     ctx.log(f"{spec.name}: {baseline} exported to fp32 ONNX as it is, measured on {', '.join(runtimes)} as a "
             "reference (never released): what compression earned apart from what the runtime gave")
-    return on_runtimes(spec, runtimes, runtime_options(cfg))
+    return on_runtimes(spec, runtimes, runtime_settings(cfg))
 
 
 def _refusal(meta: dict, backend: str, on_test: bool = True) -> str | None:

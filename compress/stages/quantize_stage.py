@@ -6,7 +6,7 @@ import shutil
 from typing import Literal
 
 import torch
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from compress.config import StageConfig, Strict
 from compress.distillation.loss import check_pair
@@ -20,6 +20,8 @@ from compress.stages.base import InputArtifact, Output, Stage, StageContext, Sta
 from compress.stages.int8_records import (input_onnx, onnx_meta, reference_accuracy, rung_records, split_arrays,
                                          split_scorer)
 from compress.stages.model_source import model_from_artifact, onnx_description
+from compress.stages.native_int8 import make_native_files, native_runtimes
+from compress.stages.native_int8 import output_name as native_output
 from compress.stages.onnx_labels import label_onnx
 from compress.stages.qat_rung import QATSettings, run_qat
 from compress.quantization.flavours import CPU, FLAVOURS, OPENVINO, ships_on
@@ -28,6 +30,7 @@ from compress.stages.training_run import is_detection, stop_if_collapsed
 from compress.quantization.detection_int8 import detection_output_error, tail_nodes
 from export.onnx_export import export_onnx
 from serve_bench.report.int8_flags import why_int8_not_faster
+from serve_bench.runners import ONNX_RUNTIMES
 from train.hardware import isa_facts
 
 
@@ -57,6 +60,9 @@ class LatencyFallbackConfig(Strict):
     min_iters: int = Field(300, ge=50, description="timed requests per file per round, interleaved, batch 1")
 
 
+OnnxRuntimeName = Literal[ONNX_RUNTIMES]  # the runtimes that run an ONNX file, from the registry
+
+
 class QuantizeConfig(StageConfig):
     kind: Literal["quantize"] = Field("quantize", description="INT8: post-training quantization, then layers kept "
                                                               "in float, then QAT, until within the red line")
@@ -76,10 +82,25 @@ class QuantizeConfig(StageConfig):
     cpu_weights: Literal["7bit", "8bit"] = Field(
         "7bit", description="weights of the CPU file: 7bit computes the same on x86 CPUs with and without VNNI "
                             "(8bit weights saturate onnxruntime's u8s8 kernels where VNNI is missing)")
-    runtimes: list[Literal["onnxruntime", "openvino"]] | None = Field(
+    native: list[str] = Field(
+        default_factory=list, description="runtimes that also make an INT8 file of their own from the torch model, "
+                                          "each an output native_<runtime> the bench measures (inductor: PyTorch's "
+                                          "PT2E with X86InductorQuantizer, run by torch.compile); post-training "
+                                          "quantization only, judged against the same red line")
+    runtimes: list[OnnxRuntimeName] | None = Field(  # type: ignore[valid-type]
         None, min_length=1, description="runtimes the CPU file's red line is checked on (each answers with its own "
                                         "kernels; OpenVINO only where no openvino file is made); default: every one "
                                         "usable here, as the bench measures it on")
+
+
+    @field_validator("native")
+    @classmethod
+    def _native_runtimes(cls, value: list[str]) -> list[str]:
+        unknown = [name for name in value if name not in native_runtimes()]
+        if unknown:
+            raise ValueError(f"{', '.join(map(repr, unknown))} makes no INT8 file of its own; runtimes that do: "
+                             f"{', '.join(native_runtimes()) or 'none'}")
+        return list(dict.fromkeys(value))
 
 
 def recipe(flavour: str, cfg: QuantizeConfig, meta: dict, nncf: dict | None = None) -> dict:
@@ -96,8 +117,8 @@ class QuantizeStage(Stage):
     Config = QuantizeConfig
     input_roles = ("model", "baseline", "teacher")
     required_inputs = ("model",)
-    produces = ("onnx_cpu", "onnx_trt", "onnx_openvino", "report")
-    deployable = ("onnx_cpu", "onnx_openvino")
+    produces = ("onnx_cpu", "onnx_trt", "onnx_openvino", *map(native_output, native_runtimes()), "report")
+    deployable = ("onnx_cpu", "onnx_openvino", *map(native_output, native_runtimes()))
     # it judges files on this machine's runtimes and times them (the latency fallback, the kernel census): another
     # machine or runtime version re-runs it
     keyed_on_environment = True
@@ -105,7 +126,8 @@ class QuantizeStage(Stage):
 
     @classmethod
     def produces_for(cls, config: QuantizeConfig) -> tuple[str, ...]:  # type: ignore[override]
-        return tuple(r for r in cls.produces if not r.startswith("onnx_") or r.removeprefix("onnx_") in config.flavours)
+        return tuple(r for r in cls.produces if (not r.startswith("onnx_") or r.removeprefix("onnx_") in config.flavours)
+                     and (r not in map(native_output, native_runtimes()) or r in map(native_output, config.native)))
 
     @classmethod
     def config_refs(cls, config: QuantizeConfig) -> dict[str, str]:  # type: ignore[override]
@@ -229,6 +251,14 @@ class QuantizeStage(Stage):
                            quantization=recipe(f, cfg, meta, chosen.details.get("nncf")))
             outputs.append(Output(f"onnx_{f}", "onnx", ctx.stage_dir / f"onnx_{f}", made_from=[inputs["model"].name],
                                   meta=meta))
+        if cfg.native:
+            if model is None:
+                raise ConfigError(f"{field}.native: a runtime's own INT8 file is made from the torch model, and "
+                                  f"{inputs['model'].name} is an ONNX file; give model.name and model.weights, or "
+                                  "drop native")
+            natives, summary["native"] = make_native_files(ctx, cfg.native, model, description, inputs["model"],
+                                                           calib, {"val": ref_val, "test": ref_test}, red, field)
+            outputs += natives
         with ctx.atomic_output_dir("report") as folder:
             (folder / "ladder.json").write_text(json.dumps(summary, indent=2))
         shutil.rmtree(work, ignore_errors=True)

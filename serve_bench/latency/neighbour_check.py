@@ -39,6 +39,7 @@ from scipy import stats
 from serve_bench.latency.harness import HarnessSettings, measure_interleaved
 from serve_bench.stats.latency_intervals import paired_ratio
 from serve_bench.latency.machine_load import load_summary
+from serve_bench.runners import RUNNER_OF_KIND
 from serve_bench.stats.summary import percentile
 from serve_bench.latency.worker import BenchWorker, all_ready
 from train.atomic_io import atomic_write_text
@@ -96,7 +97,7 @@ def measure_phases(reference: str, candidate: str, kinds: list[str], settings: H
     pool = input_pool(reference)
     phases = []
     with ExitStack() as stack:
-        workers = all_ready({name: stack.enter_context(BenchWorker(name, "onnxruntime", path, {"threads": threads}, pool,
+        workers = all_ready({name: stack.enter_context(BenchWorker(name, RUNNER_OF_KIND["onnx"], path, {"threads": threads}, pool,
                                                                    1, wait=False))
                              for name, path in (("reference", reference), ("candidate", candidate))})
         first_round = 0

@@ -24,6 +24,7 @@ from serve_bench.load.capacity import best_config, capacity, confirmed, next_rat
 from serve_bench.load.loadgen_scenarios import Scenario
 from serve_bench.load.rounds import RoundsRule
 from serve_bench.load.serving_loop import ServingSettings
+from serve_bench.runners import SimulatedRunner
 from serve_bench.latency.machine_load import LoadSampler, load_summary
 from serve_bench.latency.traffic_rounds import groups_of, measure_in_rounds, pair_runs
 from serve_bench.latency.worker import BenchWorker
@@ -291,7 +292,7 @@ def harness_overhead(pool: np.ndarray, scenario: Scenario, target_qps: float | N
                      settle_s: float) -> dict:
     """The same LoadGen tests of a model that answers at once: the harness's own latency per query."""
     serving = settings.serving.model_dump()
-    with BenchWorker("harness-overhead", "simulated", "-", {"service_ms": 0.0}, pool, 1) as null:
+    with BenchWorker("harness-overhead", SimulatedRunner.backend, "-", {"service_ms": 0.0}, pool, 1) as null:
         time.sleep(settle_s)
         out = {"single-stream": null.call("serve", serving, _scenario("single-stream", settings, None, None, 0.05))}
         if scenario == "server" and target_qps:

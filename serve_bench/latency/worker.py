@@ -139,6 +139,7 @@ def worker_main(conn, backend: str, path: str, options: dict, pool: np.ndarray, 
         model = make_runner(backend, path, **options).load()
         runner = WithNms(model, nms) if nms is not None else model
         batches = batches_of(pool, batch_size)
+        model.warm(batches[0])  # a compile, where the runtime has one, before anything is timed (info reports it)
         staged = [runner.prepare(b) for b in batches] if device_only else None
         copies = ServingCopies(model, backend, path, options)  # traffic copies serve the model alone
         conn.send(("ready", runner.info()))

@@ -29,6 +29,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from serve_bench.stats.latency_intervals import BlockedSamples, block_bootstrap_ci
+from serve_bench.load.percentiles import PERCENTILE_KEYS, percentiles_ms
 from serve_bench.load.serving_loop import ServedRecords, ServingLoop
 from serve_bench.load.steady_state import (MIN_QUERIES, Segment, SteadyP99, bounded, queries_wanted,
                                            steady_p99)
@@ -37,7 +38,6 @@ log = logging.getLogger(__name__)
 
 Scenario = Literal["single-stream", "server", "offline"]
 OF_CYCLES = "the complete busy periods"  # a server record's `percentiles_of` where its p99 is steady state's
-PERCENTILE_KEYS = {"p50": 50.0, "p90": 90.0, "p95": 95.0, "p99": 99.0, "p999": 99.9}
 
 
 class ScenarioSettings(BaseModel):
@@ -344,7 +344,7 @@ def scenario_result(settings: ScenarioSettings, tests: list[LoadGenTest], steady
         latencies = np.concatenate([t.latencies_ms for t in tests])
         out["p99_ci"] = closed_loop_ci(latencies)
     if len(latencies):
-        out["latency_ms"] = {k: round(float(np.percentile(latencies, q)), 6) for k, q in PERCENTILE_KEYS.items()}
+        out["latency_ms"] = percentiles_ms(latencies)
         out["latency_ms"]["mean"] = round(float(latencies.mean()), 6)
     else:
         out["latency_ms"], out["p99_ci"] = None, None

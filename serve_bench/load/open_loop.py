@@ -12,7 +12,7 @@ import time
 
 import numpy as np
 
-from serve_bench.load.loadgen_scenarios import PERCENTILE_KEYS
+from serve_bench.load.percentiles import percentiles_ms
 from serve_bench.load.serving_loop import ServingLoop
 
 
@@ -65,6 +65,6 @@ def run_open_loop(loop: ServingLoop, sample_count: int, qps: float, duration_s: 
         raise TimeoutError(f"the open-loop check at {qps:g}/s did not get every answer back within its timeout")
     latencies = (done_at - scheduled_ns) / 1e6
     return {"qps": qps, "queries": len(schedule),
-            "latency_ms": {k: round(float(np.percentile(latencies, q)), 6) for k, q in PERCENTILE_KEYS.items()},
+            "latency_ms": percentiles_ms(latencies),
             "mean_ms": round(float(latencies.mean()), 6), **served.summary(),
             **({"latencies_ms": latencies} if keep_raw else {})}

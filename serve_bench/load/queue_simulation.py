@@ -27,7 +27,7 @@ from typing import Callable
 
 import numpy as np
 
-from serve_bench.load.loadgen_scenarios import PERCENTILE_KEYS
+from serve_bench.load.percentiles import percentiles_ms
 from serve_bench.load.serving_loop import ServedRecords, ServingSettings
 from serve_bench.load.steady_state import bounded
 
@@ -72,7 +72,7 @@ class SimulatedRun:
         """The figures a LoadGen run reports (latency percentiles, the loop's split, whether the queue kept up)."""
         latency = self.latency_ms
         out = {"queries": int(len(latency)), **self.records().summary()}
-        out["latency_ms"] = {k: round(float(np.percentile(latency, q)), 6) for k, q in PERCENTILE_KEYS.items()}
+        out["latency_ms"] = percentiles_ms(latency)
         out["latency_ms"]["mean"] = round(float(latency.mean()), 6)
         out["sustainable"], out["sustainable_reason"] = self.keeps_up()
         span = float(self.completion_s.max() - self.arrival_s.min()) if len(latency) else 0.0

@@ -38,7 +38,7 @@ from serve_bench.load.queue_simulation import (closed_loop, fixed_service, poiss
                                                simulate)
 from serve_bench.load.serving_loop import ServingLoop, ServingSettings
 from serve_bench.load.steady_state import steady_p99
-from serve_bench.runners import make_runner
+from serve_bench.runners import SimulatedRunner, make_runner
 from train.atomic_io import atomic_write_text
 
 POOL = np.zeros((32, 1, 2, 2), dtype=np.float32)
@@ -50,7 +50,7 @@ QUANTILES = (50, 90, 99)
 
 def loop_of(serving: ServingSettings = ONE, **model) -> ServingLoop:
     """The simulated model (options ``model``) behind a serving loop, one copy per instance, in this process."""
-    copies = [make_runner("simulated", "-", **model).load() for _ in range(serving.instances)]
+    copies = [make_runner(SimulatedRunner.backend, "-", **model).load() for _ in range(serving.instances)]
     return ServingLoop([c.infer for c in copies], POOL, serving, done=lambda tags: None)
 
 

@@ -18,6 +18,7 @@ from serve_bench.report import plots
 from serve_bench import report_model
 from serve_bench.report import tables
 from serve_bench.report import traffic as traffic_report
+from serve_bench.runners import RUNNER_OF_KIND
 from serve_bench.stats.latency_intervals import BlockedSamples
 from serve_bench.stats.paired import smallest_certifiable_drop
 from serve_bench.accuracy.predictions import Predictions
@@ -75,15 +76,18 @@ def environment_line(env: report_model.Environment | dict) -> str:
     environment not read from a report, e.g. a run's fingerprint) is read as the model first."""
     if not isinstance(env, report_model.Environment):
         env = report_model.Environment.model_validate(env)
-    isa, ort = env.isa or {}, env.onnxruntime or {}
+    isa = env.isa or {}
     cores = (f"{isa['physical_cores']} physical cores" if isa.get("physical_cores") else
              f"{traffic_report.given(env, 'cpu_count', '?')} CPUs")
-    runtime = (f"onnxruntime {ort.get('version')} ({', '.join(ort.get('providers', []))})" if ort
-               else "onnxruntime not recorded")
+    recorded = env.runtimes if env.runtimes is not None else (  # a report written before runtimes were recorded
+        {RUNNER_OF_KIND["onnx"]: env.onnxruntime} if env.onnxruntime else {})
+    runtime = "; ".join(f"{name} {facts.get('version')}" + (f" ({', '.join(facts['providers'])})"
+                                                          if facts.get("providers") else "")
+                        for name, facts in recorded.items() if facts) or "runtimes not recorded"
     gpu = (env.gpu or {}).get("name", "none")
     return (f"{traffic_report.given(env, 'cpu', '?')}, {cores}; instruction set: {env.isa_summary or 'not recorded'}"
             + (f"; int8 dot product: {isa['int8_dot_product']}" if isa.get("int8_dot_product") else "")
-            + f"; torch {env.packages.get('torch', '?')}; {runtime}; GPU: {gpu}")
+            + f"; {runtime}; GPU: {gpu}")
 
 
 def _gate_line(gate: report_model.Gate, metric: str, baseline: str) -> str:

@@ -120,8 +120,13 @@ class Entry(_Open):
     contender: dict[str, Any] | None = Field(None, description="a search's split bench: the trial it stands for")
     role: str | None = Field(None, description="reference: measured to compare against, never judged or released "
                                                "(the unpruned model's fp32 ONNX, export alone)")
-    vs_export_alone: RatioPair | None = Field(None, description="latency over the unpruned model's fp32 ONNX on the "
-                                                                "same runtime: what compression earned there")
+    vs_export_alone: RatioPair | None = Field(None, description="latency over the unpruned model's fp32 file on the "
+                                                                "same runtime (exported alone; on torch.compile, "
+                                                                "compiled alone): what compression earned there")
+    vs_compile_alone: RatioPair | None = Field(None, description="latency over the unpruned torch model under "
+                                                                 "torch.compile (compile alone): what compression and "
+                                                                 "the runtime earned over what a PyTorch user "
+                                                                 "deploys without either")
     channel_widths: dict[str, Any] | None = Field(None, description="the file's convolution widths against the "
                                                                     "channel multiple its runtime wants on this CPU, "
                                                                     "beside the unpruned file's (file, unpruned)")
@@ -173,7 +178,10 @@ class Environment(_Open):
     cpu_count: int | None = None
     isa: dict[str, Any] | None = None
     isa_summary: str | None = None
-    onnxruntime: dict[str, Any] | None = None
+    runtimes: dict[str, dict[str, Any] | None] | None = Field(
+        None, description="each runtime's own view (its runner's fingerprint: version, and onnxruntime's providers)")
+    onnxruntime: dict[str, Any] | None = Field(None, description="deprecated: what reports before ``runtimes`` "
+                                                                 "recorded of onnxruntime alone; read, never written")
     torch_threads: int | None = None
     packages: dict[str, str] = Field(default_factory=dict)
     cuda: str | None = None

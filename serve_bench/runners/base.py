@@ -76,6 +76,20 @@ class Runner:
     # the channel multiple its convolutions want, by instruction-set class (serve_bench.runners.channel_widths);
     # none known: no rounding asked for
     channel_blocks: ClassVar[dict[str, int]] = {}
+    # the artifact kinds it loads → the format name reports give such a file ("torch", "onnx", "engine")
+    formats: ClassVar[dict[str, str]] = {}
+    measured_by_default: ClassVar[bool] = True  # False: a bench measures files on it only where its runtimes say so
+    install_hint: ClassVar[str] = ""  # the command that installs it, for every message that says it is missing
+    profile_note: ClassVar[str] = ""  # how to read its operator profile (what its times include)
+    bundle_folder: ClassVar[str] = "model"  # where a release bundle puts a file it is the home runtime of
+    serving_file: ClassVar[str | None] = None  # the file in an artifact's folder it loads (None: the folder itself)
+    native_int8_kind: ClassVar[str | None] = None  # the kind of INT8 file it makes from a torch model itself, if any
+    library: ClassVar[str] = ""  # the module it imports (the doctor says "not installed" where it is absent)
+    packages: ClassVar[tuple[str, ...]] = ()
+    # how a bench stage configures it (a pydantic class with ``runner_options()``), under a field named after it
+    settings: ClassVar[type | None] = None  # its distributions, whose versions a run's fingerprint records
+    smoke_tolerance: ClassVar[float] = 1e-3  # largest |Δlogit| from torch in the doctor's smoke run, as a share
+    smoke_options: ClassVar[dict] = {}  # runner options of the smoke run (fp32 arithmetic, to compare with torch)
 
     def __init__(self, path: str | Path, *, threads: int | None = None, device: str = "cpu", **options: Any) -> None:
         self.path, self.device = Path(path), device
@@ -115,6 +129,59 @@ class Runner:
     def use_threads(self, threads: int) -> None:
         """Size a thread pool the runtime shares across the process (torch's intra-op pool) for ``threads``; a
         runtime whose pool belongs to each session or compiled model has nothing to do."""
+
+    @classmethod
+    def unavailable(cls, device: str = "cpu") -> str | None:
+        """Why this runtime cannot run files on ``device`` here, or None where it can. A check imports the library
+        and asks it for the device, because an installed wheel is not a working runtime (onnxruntime-gpu without
+        CUDA libraries, OpenVINO without a CPU plugin)."""
+        return None
+
+    @classmethod
+    def version(cls) -> str | None:
+        """The installed version of its library (None where it does not import): what a cached check ran on."""
+        return None
+
+    @classmethod
+    def fingerprint(cls) -> dict | None:
+        """What a run's fingerprint records of it (and a cached measurement depends on): its version; None where
+        it is not installed."""
+        found = cls.version()
+        return {"version": found} if found else None
+
+    @classmethod
+    def variants(cls, file_format: str, options: dict) -> list[tuple[str, dict, str | None]]:
+        """The candidates one file of ``file_format`` makes on this runtime, as (name suffix, runner options,
+        precision; None keeps the file's own): one, unless the runtime runs a file several ways worth measuring
+        apart."""
+        return [("", options, None)]
+
+    @classmethod
+    def here(cls) -> dict:
+        """What the doctor lists of it on this machine: version, the devices it sees, a detail, and why it cannot
+        run files here (``unusable``, None where it can). Raises where its library is installed but broken."""
+        device = cls.fixed_device or "cpu"
+        reason = cls.unavailable(device)
+        return {"version": cls.version(), "devices": [] if reason else [device], "detail": reason or "",
+                "unusable": reason}
+
+    @classmethod
+    def smoke_file(cls, model_dir: Path, onnx_path: Path, folder: Path) -> tuple[Path, str]:
+        """The file the doctor's smoke run loads in this runtime, made from the tiny model (its artifact folder and
+        its ONNX export), and the device it runs on."""
+        if "onnx" in cls.formats:
+            return onnx_path, cls.fixed_device or "cpu"
+        if "torch-model" in cls.formats:
+            return model_dir, cls.fixed_device or "cpu"
+        raise RunnerError(f"the {cls.backend} runtime loads none of the smoke run's files")
+
+    @classmethod
+    def make_native_int8(cls, model: Any, description: dict, calibration: np.ndarray, folder: Path) -> dict:
+        """Write its own INT8 file of a torch ``model`` into ``folder`` from the calibration images; the recipe."""
+        raise RunnerError(f"the {cls.backend} runtime makes no INT8 file of its own")
+
+    def warm(self, x: np.ndarray) -> None:
+        """Pay a first call's one-off cost (a compile) before anything is timed; :meth:`info` then reports it."""
 
     @classmethod
     def options_from_info(cls, info: dict) -> dict:

@@ -8,12 +8,19 @@ precision it chose — is read back from the compiled model and reported, never 
 """
 from __future__ import annotations
 
+import logging
+import time
+from collections import defaultdict
 from typing import Any, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from serve_bench.runners.base import PerThread, Runner, RunnerError
+from serve_bench.runners.kernel_census import census
+from serve_bench.runners.profile_common import WARMUP_RUNS, profile_result, qdq_in_file, rounded
+
+logger = logging.getLogger(__name__)
 
 HINTS = ("LATENCY", "THROUGHPUT")
 PRECISIONS = ("auto", "f32", "bf16", "f16")
@@ -41,6 +48,15 @@ class OpenVinoRunner(Runner):
 
     backend = "openvino"
     title = "OpenVINO"
+    formats = {"onnx": "onnx"}
+    install_hint = "pip install 'compress[cpu]'"
+    library = "openvino"
+    packages = ("openvino",)
+    settings = OpenVinoSettings
+    smoke_options = {"inference_precision": "f32"}  # its default is bf16 on CPUs with native bf16
+    profile_note = ("OpenVINO per-layer CPU time (PERF_COUNT) of the compiled graph, after its fusions: a layer's "
+                    "kernel name says its precision (I8, f32, bf16); profiling adds overhead, so the totals exceed "
+                    "the un-profiled latency.")
     answers_depend_on_batch = True  # measured: logits of batches of 8 differ from batch 1 by up to 0.64 (2 threads)
     # Its oneDNN convolutions pad a width to the next block: 16 channels with AVX-512 (f32, and bf16 on AMX), 8 with
     # AVX2 (p50 rose with the width in steps of 8 under ONEDNN_MAX_CPU_ISA=AVX2); a dense 3×3 width off the block
@@ -51,7 +67,7 @@ class OpenVinoRunner(Runner):
         try:
             import openvino as ov
         except ImportError as exc:
-            raise RunnerError("OpenVINO is not installed: pip install 'compress[cpu]'") from exc
+            raise RunnerError(f"OpenVINO is not installed: {self.install_hint}") from exc
         if self.device != "cpu":
             raise RunnerError(f"the openvino runner runs on the CPU only; device {self.device!r} was asked for")
         hint = str(self.options.get("hint", "LATENCY")).upper()
@@ -104,6 +120,42 @@ class OpenVinoRunner(Runner):
         self.compiled = None
 
     @classmethod
+    def unavailable(cls, device: str = "cpu") -> str | None:
+        if device != "cpu":
+            return "the openvino runner runs on the CPU only"
+        try:
+            import openvino as ov
+        except ImportError:
+            return f"OpenVINO is not installed: {cls.install_hint}"
+        try:
+            devices = ov.Core().available_devices
+        except RuntimeError as exc:  # a plugin that fails to load
+            return f"OpenVINO cannot list its devices: {str(exc).splitlines()[0]}"
+        return None if "CPU" in devices else f"OpenVINO sees no CPU device (devices: {', '.join(devices) or 'none'})"
+
+    @classmethod
+    def version(cls) -> str | None:
+        try:
+            import openvino
+        except ImportError:
+            return None
+        return openvino.get_version()
+
+    @classmethod
+    def here(cls) -> dict:
+        import openvino as ov
+
+        core = ov.Core()
+        devices = []
+        for device in core.available_devices:
+            try:
+                devices.append(f"{device}: {core.get_property(device, 'FULL_DEVICE_NAME')}")
+            except RuntimeError as exc:  # a plugin that lists a device but cannot describe it
+                devices.append(f"{device}: (name unreadable: {str(exc).splitlines()[0]})")
+        reason = None if "CPU" in core.available_devices else "no CPU device"
+        return {"version": ov.get_version(), "devices": devices, "unusable": reason, "detail": reason or ""}
+
+    @classmethod
     def options_from_info(cls, info: dict) -> dict:
         """Its hint, inference precision and the threads it used: the same arithmetic as when it was measured."""
         options = {k: info[k] for k in ("hint", "inference_precision") if info.get(k)}
@@ -111,12 +163,53 @@ class OpenVinoRunner(Runner):
 
     @classmethod
     def profile(cls, path: str, batch: np.ndarray, *, threads: int, iters: int, options: dict, top: int) -> dict:
-        from serve_bench.runners.profiles import profile_openvino
-
-        return profile_openvino(path, batch, threads=threads, iters=iters, options=options, top=top)
+        return _profile(cls, path, batch, threads=threads, iters=iters, options=options, top=top)
 
 
 def _type_name(value: Any) -> str:
     """OpenVINO's element type as it spells it (``f32``, ``bf16``), whatever object the property came back as."""
     name = getattr(value, "get_type_name", None)
     return name() if callable(name) else str(value)
+
+
+def _profile(cls, path: str, batch: np.ndarray, *, threads: int, iters: int, options: dict | None = None,
+             top: int = 15) -> dict:
+    """OpenVINO's per-layer counters, summed over ``iters`` runs after a warm-up.
+
+    Layers OpenVINO fused away or never ran are left out. Q/DQ pairs become FakeQuantize layers there:
+    one still executed converts in float on every run (not folded into an integer kernel), except the one
+    quantizing the graph's input, which a float interface always needs.
+    """
+    settings = {k: v for k, v in (options or {}).items() if k in ("hint", "inference_precision")}
+    with cls(path, threads=threads, perf_count=True, **settings) as runner:
+        for _ in range(WARMUP_RUNS):
+            runner.infer(batch)
+        per_op: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
+        per_node: dict[str, list] = {}
+        run_total = 0.0
+        for _ in range(iters):
+            start = time.perf_counter()
+            runner.infer(batch)
+            run_total += time.perf_counter() - start
+            for layer in runner.requests()[0].get_profiling_info():
+                if str(layer.status).rsplit(".", 1)[-1] != "EXECUTED":
+                    continue
+                ms = layer.real_time.total_seconds() * 1e3
+                per_op[layer.node_type][0] += ms
+                per_op[layer.node_type][1] += 1
+                node = per_node.setdefault(layer.node_name, [layer.node_type, layer.exec_type, 0.0])
+                node[2] += ms
+    nodes = sorted(per_node.items(), key=lambda kv: (-kv[1][2], kv[0]))
+    top_nodes = [{"node": name, "op": op, "provider": kernel, "ms_per_run": rounded(ms / iters)}
+                 for name, (op, kernel, ms) in nodes[:top]]
+    named, quant_in, _ = qdq_in_file(path)
+    unfused, edge = [], []
+    for name, (op, _, ms) in nodes:
+        if op == "FakeQuantize":
+            (edge if name in quant_in else unfused).append({"node": name, "op": op, "ms_per_run": rounded(ms / iters),
+                                                            "in_file": name in named})
+    result = profile_result(cls.backend, cls.profile_note, batch, iters, threads, run_total * 1e3 / iters, per_op, top_nodes, unfused, edge,
+                     census("openvino", {k: tuple(v) for k, v in per_node.items()}, iters))
+    logger.info("profiled %s with OpenVINO: %d runs, %d layer types, %d unfused FakeQuantize", path, iters,
+                len(per_op), len(unfused))
+    return result

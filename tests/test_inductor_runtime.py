@@ -1,0 +1,124 @@
+"""torch.compile (Inductor) as a runtime, PyTorch's own INT8 file it runs, and how a bench makes their candidates.
+
+A tiny model keeps each compile to seconds; the real-size measurement is the resnet18 pipeline's bench."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from serve_bench.bench import ArtifactSpec, on_runtimes
+from serve_bench.bench.references import compile_alone_of, reference_on_runtime
+from serve_bench.runners import RUNNER_OF_KIND, InductorRunner, RunnerError, TorchRunner, runtimes_of_kind
+from serve_bench.runners.inductor import native_int8
+from train.model_io import describe, save_model
+from train.models import build_model
+
+needs_inductor = pytest.mark.skipif(InductorRunner.unavailable() is not None,
+                                    reason=f"Inductor cannot compile here: {InductorRunner.unavailable()}")
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("inductor")
+    torch.manual_seed(0)
+    model = build_model("resnet20", 10, 1, {"width": 4}).eval()
+    description = describe("resnet20", 10, 1, {"width": 4}, {})
+    save_model(model, folder / "model", description)
+    images = np.random.default_rng(0).standard_normal((48, 1, 8, 8)).astype(np.float32)
+    return folder, model, description, images
+
+
+@needs_inductor
+def test_the_compiled_model_answers_as_eager_and_reports_its_compiles_apart(tiny):
+    folder, _, _, images = tiny
+    from torch._dynamo.utils import counters
+
+    with TorchRunner(folder / "model", threads=1) as eager, InductorRunner(folder / "model", threads=1) as compiled:
+        compiled.warm(images[:1])
+        compiles = dict(compiled.info()["compile_s"])
+        assert set(compiles) == {"batch 1", "batch 2", "batch 64"} and all(s > 0 for s in compiles.values())
+        graphs = counters["stats"]["unique_graphs"]
+        for size in (1, 5, 17, 3):  # batch 1's own graph, then the dynamic-batch ones: no compile per size
+            np.testing.assert_allclose(compiled.infer(images[:size]), eager.infer(images[:size]), rtol=1e-3, atol=1e-4)
+        assert counters["stats"]["unique_graphs"] == graphs  # guard hits, not more graphs
+        assert compiled.info()["compile_s"] == compiles  # and none reported as a compile
+        info = compiled.info()
+        assert (info["precision"], info["freezing"], info["mode"]) == ("fp32", True, "default")
+        assert InductorRunner.options_from_info(info) == {"precision": "fp32", "mode": "default", "freezing": True}
+
+
+@needs_inductor
+def test_the_native_int8_file_rebuilds_without_unpickling_and_refuses_a_changed_model(tiny, tmp_path):
+    folder, model, description, images = tiny
+    recipe = InductorRunner.make_native_int8(model, description, images[:32], tmp_path / "int8")
+    assert recipe["format"] == native_int8.FORMAT and recipe["calibration_images"] == 32
+    assert native_int8.is_native_int8(tmp_path / "int8") and not native_int8.is_native_int8(folder / "model")
+    with InductorRunner(tmp_path / "int8", threads=1) as runner:
+        quantized = runner.infer(images[32:48])
+    float_logits = model(torch.from_numpy(images[32:48])).detach().numpy()
+    cosine = (quantized * float_logits).sum(1) / np.linalg.norm(quantized, axis=1) / np.linalg.norm(float_logits, axis=1)
+    assert cosine.min() > 0.98  # INT8 arithmetic, close to the float model's answers
+    assert not np.array_equal(quantized, float_logits)  # and not the float model itself
+    # The state must fit the graph the quantizer annotates: another model's weights are refused, by name
+    other = build_model("resnet20", 10, 1, {"width": 8}).eval()
+    save_model(other, tmp_path / "int8", describe("resnet20", 10, 1, {"width": 8}, {}))
+    with pytest.raises(RunnerError, match="does not fit the model"):
+        InductorRunner(tmp_path / "int8", threads=1).load()
+
+
+def test_a_bench_makes_each_torch_file_one_candidate_per_runtime_and_way():
+    torch_model = ArtifactSpec(name="train.model", stage="train", backend="torch", path="t", format="torch",
+                               precision="fp32", size_bytes=1)
+    settings = {"inductor": {"mode": "default", "freezing": True, "bf16": "on"}}
+    specs = on_runtimes(torch_model, ["torch", "onnxruntime", "inductor"], settings)
+    assert [(s.name, s.backend, s.precision) for s in specs] == [
+        ("train.model", "torch", "fp32"), ("train.model@inductor", "inductor", "fp32"),
+        ("train.model@inductor-bf16", "inductor", "bf16")]
+    assert specs[2].options == {"mode": "default", "freezing": True, "precision": "bf16"}
+    off = on_runtimes(torch_model, ["torch", "inductor"], {"inductor": {"bf16": "off"}})
+    assert [s.name for s in off] == ["train.model", "train.model@inductor"]
+    # PyTorch's INT8 file runs on Inductor alone, and gets no bf16 candidate
+    assert RUNNER_OF_KIND[native_int8.KIND] == "inductor" and runtimes_of_kind("torch-model") == ["torch", "inductor"]
+    int8 = ArtifactSpec(name="quantize.native_inductor", stage="quantize", backend="inductor", path="q",
+                        format="pt2e", precision="int8", size_bytes=1, source_model="prune.model")
+    assert [s.name for s in on_runtimes(int8, ["inductor"], settings)] == ["quantize.native_inductor"]
+
+
+def test_compile_alone_is_a_reference_every_other_runtime_is_divided_by():
+    from compress.stages.measurement import compile_alone
+    from compress.stages.runtime_choice import runtimes_for_kind
+
+    def spec(name, backend, fmt, precision="fp32", artifact=None):
+        return ArtifactSpec(name=name, stage=name.split(".")[0], backend=backend, path=name, format=fmt,
+                            precision=precision, size_bytes=1, artifact=artifact)
+
+    specs = compile_alone([spec("train.model", "torch", "torch"),
+                           spec("train.model@inductor", "inductor", "torch", artifact="train.model"),
+                           spec("train.model@inductor-bf16", "inductor", "torch", "bf16", artifact="train.model"),
+                           spec("prune.model@inductor", "inductor", "torch", artifact="prune.model"),
+                           spec("quantize.onnx_cpu", "onnxruntime", "onnx", "int8")], "train.model")
+    roles = {s.name: s.extra.get("role") for s in specs}
+    assert roles == {"train.model": None, "train.model@inductor": "reference",
+                     "train.model@inductor-bf16": "reference", "prune.model@inductor": None, "quantize.onnx_cpu": None}
+    by_name = {s.name: s for s in specs}
+    assert compile_alone_of(by_name["quantize.onnx_cpu"], specs).name == "train.model@inductor"
+    assert compile_alone_of(by_name["train.model"], specs).name == "train.model@inductor"  # eager over compiled
+    assert compile_alone_of(by_name["prune.model@inductor"], specs) is None  # same runtime: export alone's job
+    assert reference_on_runtime(by_name["prune.model@inductor"], specs).name == "train.model@inductor"
+    # torch eager stays measured when only the optional runtime is named; an ONNX file keeps to the ONNX ones
+    assert runtimes_for_kind("torch-model", ["onnxruntime", "inductor"]) == ["torch", "inductor"]
+    assert runtimes_for_kind("onnx", ["onnxruntime", "openvino", "inductor"]) == ["onnxruntime", "openvino"]
+    assert runtimes_for_kind(native_int8.KIND, ["onnxruntime"]) == ["inductor"]
+
+
+def test_a_bench_names_runtimes_by_the_registry_and_the_old_switch_is_said_deprecated():
+    from compress.stages.bench_stage import BenchConfig
+    from compress.stages.runtime_choice import bench_runtimes
+
+    with pytest.raises(ValueError, match=r"unknown runtime 'torch-compile'; known: torch, onnxruntime"):
+        BenchConfig(name="bench", runtimes=["onnxruntime", "torch-compile"])
+    cfg = BenchConfig(name="bench", runtimes=["onnxruntime", "inductor"])
+    assert bench_runtimes(cfg) == (["onnxruntime", "inductor"] if InductorRunner.unavailable() is None else None)
+    old = BenchConfig(name="bench", runtimes=["onnxruntime"], torch_compile=True)
+    assert bench_runtimes(old)[-1] == "inductor"
