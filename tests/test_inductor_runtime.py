@@ -76,6 +76,7 @@ def test_a_bench_makes_each_torch_file_one_candidate_per_runtime_and_way():
         ("train.model", "torch", "fp32"), ("train.model@inductor", "inductor", "fp32"),
         ("train.model@inductor-bf16", "inductor", "bf16")]
     assert specs[2].options == {"mode": "default", "freezing": True, "precision": "bf16"}
+    assert specs[2].extra["variant"] == "-bf16" and "variant" not in specs[1].extra
     off = on_runtimes(torch_model, ["torch", "inductor"], {"inductor": {"bf16": "off"}})
     assert [s.name for s in off] == ["train.model", "train.model@inductor"]
     # PyTorch's INT8 file runs on Inductor alone, and gets no bf16 candidate
@@ -110,6 +111,8 @@ def test_compile_alone_is_a_reference_every_other_runtime_is_divided_by():
     assert runtimes_for_kind("torch-model", ["onnxruntime", "inductor"]) == ["torch", "inductor"]
     assert runtimes_for_kind("onnx", ["onnxruntime", "openvino", "inductor"]) == ["onnxruntime", "openvino"]
     assert runtimes_for_kind(native_int8.KIND, ["onnxruntime"]) == ["inductor"]
+    # named in any order, torch eager keeps the model's own name: the baseline is never the compiled model
+    assert runtimes_for_kind("torch-model", ["inductor", "torch"]) == ["torch", "inductor"]
 
 
 def test_a_bench_names_runtimes_by_the_registry_and_the_old_switch_is_said_deprecated():

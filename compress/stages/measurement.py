@@ -75,7 +75,7 @@ def candidates_of(artifact: InputArtifact, cfg, runtime: str | None = None, on_t
             return []  # none of its runtimes is measured here
     specs = on_runtimes(artifact_spec(artifact, cfg), runtimes, runtime_settings(cfg))
     if runtime is not None:
-        specs = [s for s in specs if s.backend == runtime]
+        specs = [s for s in specs if s.backend == runtime and not s.extra.get("variant")]  # its own way of running
         if not specs:
             raise ArtifactError(f"{artifact.name} cannot be measured on {runtime}: the bench stage measures it on "
                                 f"{', '.join(runtimes) or 'none of the runtimes it is made for'} here")

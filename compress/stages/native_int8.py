@@ -41,7 +41,9 @@ def make_native_files(ctx, runtimes: list[str], model, description: dict, source
         with ctx.atomic_output_dir(name) as folder:
             try:
                 recipe = runner.make_native_int8(model, description, calib, folder)
-                scores = {split: split_scorer(ctx.data, split)(folder, 64, runtime=runtime) for split in ("val", "test")}
+                batch = ctx.pipeline.latency.batch_size if runner.answers_depend_on_batch else 64  # as the bench does
+                scores = {split: split_scorer(ctx.data, split)(folder, batch, runtime=runtime)
+                          for split in ("val", "test")}
             except RunnerError as exc:
                 raise StageError(f"stage {ctx.name!r}: {title} could not make or run its INT8 file: {exc}") from exc
         metric = red.metric

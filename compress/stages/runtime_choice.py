@@ -38,11 +38,12 @@ def bench_runtimes(cfg) -> list[str]:
 
 def runtimes_for_kind(kind: str, chosen: list[str]) -> list[str]:
     """The runtimes among ``chosen`` that load this kind of file; where none of them is measured by default (a
-    torch model with only inductor named), the kind's home runtime comes first, so torch eager stays measured."""
+    torch model with only inductor named) it is added, and wherever it is measured it comes first, so torch eager
+    keeps the model's own name (the baseline's) whatever order the runtimes are named in."""
     on = [r for r in chosen if kind in RUNNERS[r].formats]
     home = RUNNER_OF_KIND.get(kind)
-    if home and not any(RUNNERS[r].measured_by_default for r in on):
-        on = [home] + [r for r in on if r != home]
+    if home and (home in on or not any(RUNNERS[r].measured_by_default for r in on)):
+        on = [home] + [r for r in on if r != home]  # the home runtime first: it keeps the file's name (the baseline)
     return on
 
 

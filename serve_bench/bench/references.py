@@ -21,7 +21,9 @@ def reference_on_runtime(spec: ArtifactSpec, specs: list[ArtifactSpec]) -> Artif
     runtime: its latency ratio to it is what compression earned there."""
     if spec.extra.get("role") == "reference":
         return None
-    return next((r for r in specs if r.extra.get("role") == "reference" and r.backend == spec.backend), None)
+    same = [r for r in specs if r.extra.get("role") == "reference" and r.backend == spec.backend]
+    # the one run the same way where there are several (torch.compile's fp32 and bf16 compile alone)
+    return next((r for r in same if r.extra.get("variant") == spec.extra.get("variant")), same[0] if same else None)
 
 
 def traffic_pairs(specs: list[ArtifactSpec]) -> dict[str, dict[str, str]]:

@@ -53,7 +53,8 @@ def on_runtimes(spec: ArtifactSpec, runtimes: list[str], options: dict[str, dict
         for suffix, variant, precision in RUNNERS[runtime].variants(spec.format, opts):
             name = spec.name if i == 0 and not suffix else f"{spec.name}@{runtime}{suffix}"
             out.append(replace(spec, name=name, backend=runtime, options=variant, precision=precision or spec.precision,
-                               extra={**spec.extra, "runtime": runtime}, artifact=spec.artifact))
+                               extra={**spec.extra, "runtime": runtime, **({"variant": suffix} if suffix else {})},
+                               artifact=spec.artifact))
     return out
 
 

@@ -14,6 +14,7 @@ import contextlib
 import logging
 import threading
 import time
+import warnings
 
 import numpy as np
 
@@ -23,6 +24,10 @@ from serve_bench.runners.inductor.settings import InductorSettings
 from serve_bench.runners.torch_runner import torch_op_profile
 
 logger = logging.getLogger(__name__)
+# Inductor's INT8 convolution lowering copies a tensor the way torch itself warns against (torch 2.14): a notice
+# about torch's code, not the user's run, printed into the run's console at every compile
+warnings.filterwarnings("ignore", message="To copy construct from a tensor", category=UserWarning,
+                        module=r"torch\._inductor\.mkldnn_lowerings")
 
 WARM_BATCHES = (1, 2, 64)
 
@@ -49,6 +54,9 @@ class InductorRunner(Runner):
     settings = InductorSettings
     library, smoke_tolerance = "torch", 1e-4  # Inductor's fused kernels reorder float sums
     packages = ("torch",)
+    # its graphs differ by batch size (batch 1's own, dynamic ones, an INT8 file's per size), and bf16 kernels round
+    # by their blocking: accuracy is measured at the batch it serves, as OpenVINO's is
+    answers_depend_on_batch = True
     measured_by_default = False  # compiling costs seconds to minutes per file: a bench names it to measure it
     install_hint = "pip install compress (torch is a core dependency; Inductor also needs a C++ compiler: g++)"
     profile_note = ("self CPU time of each op of the compiled module (Inductor's generated kernels appear as "
@@ -68,9 +76,17 @@ class InductorRunner(Runner):
         if self.precision not in ("fp32", "bf16"):
             raise RunnerError(f"inductor runner: precision must be fp32 or bf16, got {self.precision!r}")
         torch.set_num_threads(self.threads)
-        # Inductor reads freezing when it compiles, which happens on the first call at a shape: set for the process
-        # (one candidate per worker process)
+        # Inductor reads these when it compiles, which happens on the first call at a shape: set for the process (one
+        # candidate per worker process). dynamic_threads: the kernels follow torch's thread count at each call, so a
+        # serving copy on fewer threads runs on them (otherwise the count compiled in stays, whatever is set later).
+        # Each runner adds graphs (freezing guards on its weights), and past the recompile limit torch would run the
+        # module eagerly with a log line only: the limit is raised, and reaching it is an error, never eager numbers.
+        import torch._dynamo.config as dynamo_config
+
         inductor_config.freezing = bool(self.options.get("freezing", True))
+        inductor_config.cpp.dynamic_threads = True
+        dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, 64)
+        dynamo_config.fail_on_recompile_limit_hit = True
         if native_int8.is_native_int8(self.path):
             model, self.kind = native_int8.load(self.path), native_int8.KIND
         else:
@@ -80,11 +96,7 @@ class InductorRunner(Runner):
         self._torch = torch
         # An INT8 file compiles one graph per batch size: with a dynamic batch, Inductor's quantized-convolution
         # lowering asserts on its output strides (torch 2.14, a channels-last fake kernel against an NCHW result)
-        static = self._static = self.kind == native_int8.KIND
-        if static:  # a batcher's sizes and the accuracy batches each compile once; past the limit torch would
-            import torch._dynamo.config as dynamo_config  # fall back to eager without a word
-
-            dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, 64)
+        static = self._static = self.kind == native_int8.KIND  # a batcher's sizes each compile once
         self.model = torch.compile(model, mode=str(self.options.get("mode", "default")), dynamic=False if static else None)
         self._autocast = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if self.precision == "bf16" \
             else contextlib.nullcontext
