@@ -52,9 +52,12 @@ def on_runtimes(spec: ArtifactSpec, runtimes: list[str], options: dict[str, dict
         opts = spec.options if runtime == spec.backend else dict((options or {}).get(runtime, {}))
         for suffix, variant, precision in RUNNERS[runtime].variants(spec.format, opts):
             name = spec.name if i == 0 and not suffix else f"{spec.name}@{runtime}{suffix}"
+            # the runtime is recorded where the name may need it: an ONNX file's (several runtimes load ONNX alike),
+            # any file away from its own runtime; a torch model in torch eager stays as reports have always named it
+            plain = spec.format != "onnx" and runtime == spec.backend and not suffix
+            extra = {**spec.extra, **({} if plain else {"runtime": runtime}), **({"variant": suffix} if suffix else {})}
             out.append(replace(spec, name=name, backend=runtime, options=variant, precision=precision or spec.precision,
-                               extra={**spec.extra, "runtime": runtime, **({"variant": suffix} if suffix else {})},
-                               artifact=spec.artifact))
+                               extra=extra, artifact=spec.artifact))
     return out
 
 
