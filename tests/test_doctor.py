@@ -47,20 +47,29 @@ def reuse_export(monkeypatch, prepared):
 
     monkeypatch.setattr(smoke_module, "prepare", lambda folder: prepared)
     monkeypatch.setattr(smoke_module, "MAX_SECONDS", 0.3)  # these runs check the verdict, not the speed
-    # their verdicts concern other runtimes: torch.compile's smoke run (a compile, seconds) is doctor_run's test
+    # their verdicts concern other runtimes: torch.compile's smoke run (a compile, seconds) is its own slow test
     monkeypatch.setattr(checkup, "runtime_names", lambda: [n for n in runtimes.runtime_names() if n != "inductor"])
 
 
-@pytest.fixture(scope="module")
-def doctor_run(tmp_path_factory, prepared):
-    """One full ``compress doctor --json`` on this machine: (exit code, console output, the JSON, its folder)."""
-    folder = tmp_path_factory.mktemp("doctor")
+def _doctor(folder, prepared):
+    """``compress doctor --json`` run in ``folder``: (exit code, console output, the JSON, its folder)."""
     out = io.StringIO()
     with pytest.MonkeyPatch.context() as mp, contextlib.redirect_stdout(out):
         mp.setattr(smoke_module, "prepare", lambda _: prepared)
         mp.setattr(smoke_module, "MAX_SECONDS", 0.5)
         code = main(["doctor", "--json", str(folder / "doctor.json")])
     return code, out.getvalue(), json.loads((folder / "doctor.json").read_text()), folder
+
+
+@pytest.fixture(scope="module")
+def doctor_run(tmp_path_factory, prepared):
+    """One full ``compress doctor --json`` on this machine, torch.compile's smoke run (a compile) left out: (exit
+    code, console output, the JSON, its folder)."""
+    from compress.doctor import checkup, runtimes
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(checkup, "runtime_names", lambda: [n for n in runtimes.runtime_names() if n != "inductor"])
+        return _doctor(tmp_path_factory.mktemp("doctor"), prepared)
 
 
 def _row(report: dict, name: str) -> dict:
@@ -102,12 +111,13 @@ def test_onnxruntime_answers_like_torch(doctor_run):
     assert ort["status"] == "PASS" and ort["max_abs_diff"] < 1e-3 and ort["p50_ms"] > 0
 
 
-def test_every_runtime_of_the_registry_has_a_row_and_a_smoke_run_inductor_included(doctor_run):
+@pytest.mark.slow  # the smoke run compiles
+def test_every_runtime_of_the_registry_has_a_row_and_a_smoke_run_inductor_included(tmp_path, prepared):
     """The doctor asks the runner registry which runtimes exist: torch.compile is listed, and its smoke run compiles
     the tiny model and answers as torch does, within its runner's tolerance."""
     from serve_bench.runners import RUNNERS, InductorRunner
 
-    _, out, report, _ = doctor_run
+    _, out, report, _ = _doctor(tmp_path, prepared)
     assert {r["runtime"] for r in report["smoke"]["results"]} == {n for n, r in RUNNERS.items() if r.formats}
     row, run = _row(report, "inductor"), _smoke(report, "inductor")
     if InductorRunner.unavailable() is not None:

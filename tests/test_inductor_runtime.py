@@ -1,6 +1,8 @@
 """torch.compile (Inductor) as a runtime, PyTorch's own INT8 file it runs, and how a bench makes their candidates.
 
-A tiny model keeps each compile to seconds; the real-size measurement is the resnet18 pipeline's bench."""
+A tiny model keeps each compile to seconds, and the tests that compile are in the slow tier (a compile is seconds
+even there); the default suite keeps the candidates' making and naming. The real-size measurement is the resnet18
+pipeline's bench."""
 from __future__ import annotations
 
 import numpy as np
@@ -29,6 +31,7 @@ def tiny(tmp_path_factory):
     return folder, model, description, images
 
 
+@pytest.mark.slow
 @needs_inductor
 def test_the_compiled_model_answers_as_eager_and_reports_its_compiles_apart(tiny):
     folder, _, _, images = tiny
@@ -48,6 +51,7 @@ def test_the_compiled_model_answers_as_eager_and_reports_its_compiles_apart(tiny
         assert InductorRunner.options_from_info(info) == {"precision": "fp32", "mode": "default", "freezing": True}
 
 
+@pytest.mark.slow
 @needs_inductor
 def test_the_native_int8_file_rebuilds_without_unpickling_and_refuses_a_changed_model(tiny, tmp_path):
     folder, model, description, images = tiny

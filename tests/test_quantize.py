@@ -59,20 +59,25 @@ def calibration_seen():
 @pytest.fixture(scope="module")
 def ptq_run(tmp_path_factory, calibration_seen, trained_digits_run):
     folder = tmp_path_factory.mktemp("ptq")
-    path = _pipeline(folder, {"calibration": {"method": "minmax", "samples": 64}, "native": ["inductor"]},
-                     max_drop=100.0)
+    path = _pipeline(folder, {"calibration": {"method": "minmax", "samples": 64}}, max_drop=100.0)
     run_dir = start_from(trained_digits_run, folder / "run")
     assert main(["run", path, "--run-dir", str(run_dir)]) == 0
     return run_dir
 
 
-def test_pytorchs_own_int8_file_is_made_beside_the_ladder_and_judged_through_the_compiled_module(ptq_run):
+@pytest.mark.slow  # PT2E's convert and two compiles
+def test_pytorchs_own_int8_file_is_made_beside_the_ladder_and_judged_through_the_compiled_module(
+        tmp_path, trained_digits_run):
     """``native: [inductor]``: PT2E with X86InductorQuantizer from the same torch model and calibration images, an
     output of its own that runs on torch.compile alone, with its red-line check made through that runtime and the
     data it was made on recorded (its folder holds the model description)."""
     from serve_bench.runners.inductor import native_int8
     from train.model_io import read_description
 
+    path = _pipeline(tmp_path, {"calibration": {"method": "minmax", "samples": 64}, "native": ["inductor"]},
+                     max_drop=100.0)
+    ptq_run = start_from(trained_digits_run, tmp_path / "run")
+    assert main(["run", path, "--run-dir", str(ptq_run)]) == 0
     manifest = json.loads((ptq_run / "manifest.json").read_text())
     record = manifest["artifacts"]["quantize.native_inductor"]
     meta, native = record["meta"], manifest["stages"]["quantize"]["metrics"]["native"]["native_inductor"]
