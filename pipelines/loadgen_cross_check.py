@@ -85,12 +85,12 @@ def main(argv: list[str] | None = None) -> None:
     data = yaml.safe_load((args.run_dir / "pipeline.resolved.yaml").read_text())["data"]
     size, channels = data["image_size"], data.get("channels", 3)
     pool = np.random.default_rng(0).standard_normal((64, channels, size, size)).astype(np.float32)
-    runner = make_runner(entry["backend"], path, threads=serving.get("threads") or serving_threads()).load()
+    runner = make_runner(entry["runtime"], path, threads=serving.get("threads") or serving_threads()).load()
     for _ in range(200):  # warm: first calls at a new shape are slow
         runner.infer(pool[:1])
     budget = report["gate"]["limits"].get("p99_budget_ms") or 1000.0
     measured = serve(runner, pool, run["offered_qps"], args.queries, budget, args.seed)
-    print(f"{name} ({entry['backend']}) at {run['offered_qps']:g}/s")
+    print(f"{name} ({entry['runtime']}) at {run['offered_qps']:g}/s")
     print(f"  the bench's at-target p99: {run['latency_ms']['p99']:.3f} ms, 99% interval {_interval(run)} "
           f"({run['queries']:,} queries in {run['steady_state'].get('rounds', 1)} rounds)")
     print(f"  LoadGen alone, one thread FIFO: p99 {measured['p99_ms']:.3f} ms, p50 {measured['p50_ms']:.3f} ms "

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from serve_bench.report_model import Entry, Report, model_of
 
-_UNRELATED = {"backend": "onnxruntime", "precision": "fp32", "format": "onnx", "path": "model.onnx", "size_bytes": 1,
+_UNRELATED = {"runtime": "onnxruntime", "precision": "fp32", "format": "onnx", "path": "model.onnx", "size_bytes": 1,
               "accuracy": {}, "accuracy_drop": None}
 
 

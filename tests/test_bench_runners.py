@@ -35,7 +35,7 @@ def test_torch_and_onnxruntime_runners_agree(artifacts):
         torch_runner.infer(images[:1])
 
 
-def test_runner_refuses_bad_input_and_unknown_backends(artifacts):
+def test_runner_refuses_bad_input_and_unknown_runtimes(artifacts):
     folder, images = artifacts
     with OnnxRuntimeRunner(folder / "model.onnx") as runner:
         with pytest.raises(RunnerError, match=r"expects N×C×H×W images, got shape \(1, 8, 8\)"):
@@ -94,16 +94,16 @@ def test_harness_check_reports_both_loops(artifacts, capsys):
     assert result["p50_ratio"] > 0 and "overhead_pct_of_median" in result
 
 
-@pytest.mark.parametrize("backend", ["torch", "onnxruntime"])
-def test_device_only_timing_starts_from_a_staged_input_and_leaves_the_output_on_the_device(artifacts, backend):
+@pytest.mark.parametrize("runtime", ["torch", "onnxruntime"])
+def test_device_only_timing_starts_from_a_staged_input_and_leaves_the_output_on_the_device(artifacts, runtime):
     """What device-only times, alike for every runner: the input is on the device before the clock
     starts and the result stays there (torch: a tensor; onnxruntime: an I/O binding; TensorRT, on a
     GPU machine, a CUDA tensor), so no runner's figure includes a copy the others leave out."""
     folder, images = artifacts
-    path = folder / ("model" if backend == "torch" else "model.onnx")
-    with make_runner(backend, path, threads=1) as runner:
+    path = folder / ("model" if runtime == "torch" else "model.onnx")
+    with make_runner(runtime, path, threads=1) as runner:
         staged = runner.prepare(images[:4])
-        if backend == "torch":
+        if runtime == "torch":
             assert isinstance(staged, torch.Tensor) and staged.device.type == runner.device
         else:
             assert staged.value.device_name() == runner.device  # an OrtValue, copied once

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import copy
 import json
+import logging
 import shutil
 
 import pytest
@@ -49,18 +50,19 @@ def test_report_json_has_the_documented_keys(bench_run):
     names = [a["name"] for a in report["artifacts"]]
     assert names == ["train.model", "export.onnx", *on_openvino()]  # the ONNX file once per runtime usable here
     for art in report["artifacts"]:
-        assert {"name", "stage", "backend", "precision", "format", "path", "size_bytes", "params", "macs", "accuracy",
+        assert {"name", "stage", "runtime", "precision", "format", "path", "size_bytes", "params", "macs", "accuracy",
                 "accuracy_drop", "latency_ms", "throughput", "speedup_p99"} <= set(art)
         assert {"p50", "p90", "p95", "p99", "p99_ci", "mean", "n"} <= set(art["latency_ms"])
         assert art["latency_ms"]["n"] >= 200 and art["latency_ms"]["p99_ci"][0] <= art["latency_ms"]["p99"]
         assert {"top1", "top5"} <= set(art["accuracy"]) and art["accuracy"]["n"] == 359
     torch_entry, onnx_entry = report["artifacts"][:2]
-    assert (torch_entry["backend"], onnx_entry["backend"]) == ("torch", "onnxruntime")
+    assert (torch_entry["runtime"], onnx_entry["runtime"]) == ("torch", "onnxruntime")
     assert torch_entry["speedup_p99"] == 1.0 and torch_entry["accuracy_drop"] == 0.0
     assert abs(onnx_entry["accuracy_drop"]) < 0.5  # the same weights: ONNX accuracy equals torch's
     assert torch_entry["macs"] > 0 and onnx_entry["params"] == torch_entry["params"]
     for entry in report["artifacts"][2:]:  # the same file on OpenVINO: its own candidate, paired with onnxruntime's
-        assert (entry["backend"], entry["artifact"], entry["runtime"]) == ("openvino", "export.onnx", "openvino")
+        assert (entry["runtime"], entry["artifact"], entry["runner"]["runtime"]) == ("openvino", "export.onnx",
+                                                                                   "openvino")
         parity = entry["runtime_parity"]
         assert parity["reference"] == "export.onnx" and parity["n"] == 359
         assert entry["runner"]["inference_precision"] == "f32" and entry["runner"]["version"]  # pinned, any CPU
@@ -207,7 +209,7 @@ def test_compare_measures_the_candidates_the_bench_does_and_takes_a_file_release
     assert [r["candidate"] for r in report["comparison"]["runs"]] == [released, theirs]
     if released.endswith("@openvino"):  # the pick runs with the hint and precision its own run configured
         assert report["comparison"]["runs"][0]["options"] == {"hint": "LATENCY", "inference_precision": "f32"}
-    assert {a["backend"] for a in report["artifacts"][:len(own)]} == {a["backend"] for a in bench["artifacts"]
+    assert {a["runtime"] for a in report["artifacts"][:len(own)]} == {a["runtime"] for a in bench["artifacts"]
                                                                       if a["artifact"] == "export.onnx"}
     assert report["gate"]["limits"] == bench["gate"]["limits"]  # judged by the pipeline's limits, by one name
     independence = [f for f in bench["flags"] if f.startswith("†")]
@@ -401,10 +403,11 @@ def test_leave_out_takes_a_name_from_the_default_set_and_refuses_one_no_stage_ma
     assert main(["validate", str(path)]) == 2  # a list and a leave-out together: one of them is not what was meant
 
 
-def test_the_report_is_typed_versioned_and_an_older_one_is_read_a_newer_one_refused(bench_run, tmp_path, capsys):
+def test_the_report_is_typed_versioned_and_an_older_one_is_read_a_newer_one_refused(bench_run, tmp_path, capsys,
+                                                                                   caplog):
     """report.json fits its model (checked when written, schema beside it); a version-1 report (limits under their
-    old names) is read in today's names; a newer version, or a report missing what readers rely on, is refused
-    with the version or the field named."""
+    old names) and a version-3 one (an entry's runtime called backend) are read in today's names, with a warning; a
+    newer version, or a report missing what readers rely on, is refused with the version or the field named."""
     from serve_bench.report_model import REPORT_VERSION, SCHEMA_FILE, Report, ReportVersionError, checked
 
     _, _, run_dir = bench_run
@@ -425,6 +428,21 @@ def test_the_report_is_typed_versioned_and_an_older_one_is_read_a_newer_one_refu
     read, _ = load_report(tmp_path / "v1.json")
     assert read.gate.limits.model_dump() == limits and read.upgraded_from == 1
     assert "red line" not in capsys.readouterr().err  # read, not refused
+
+    # version 3 named an entry's runtime "backend" (and a variant repeated it as "runtime"): read as one runtime, said
+    v3 = copy.deepcopy(report)
+    v3["report_version"] = 3
+    for entry in v3["artifacts"]:
+        entry["backend"] = entry.pop("runtime")
+        entry["runner"]["backend"] = entry["runner"].pop("runtime")
+    v3["artifacts"][0]["runtime"] = v3["artifacts"][0]["backend"]
+    (tmp_path / "v3.json").write_text(json.dumps(v3))
+    with caplog.at_level(logging.WARNING, logger="serve_bench.report_model"):
+        read, _ = load_report(tmp_path / "v3.json")
+    assert [(e.runtime, e.runner["runtime"]) for e in read.artifacts] == [
+        (e["runtime"], e["runner"]["runtime"]) for e in report["artifacts"]]
+    assert read.upgraded_from == 3 and "backend" not in read.document()["artifacts"][0]
+    assert "a report of version 3, read in today's names" in caplog.text
 
     newer = {**report, "report_version": REPORT_VERSION + 1}
     (tmp_path / "v9.json").write_text(json.dumps(newer))
@@ -474,7 +492,7 @@ def test_the_unpruned_model_exported_alone_is_measured_as_a_reference_never_rele
     assert points_outside_intervals(report) == []
     if compiled:
         alone = entries["train.model@inductor"]
-        assert (alone["role"], alone["backend"], alone["artifact"]) == ("reference", "inductor", "train.model")
+        assert (alone["role"], alone["runtime"], alone["artifact"]) == ("reference", "inductor", "train.model")
         assert set(alone["runner"]["compile_s"]) >= {"batch 1"} and gate["release"] != alone["name"]
         assert alone["runtime_parity"]["reference"] == "train.model"  # the same file, eager and compiled
         for name in ("export.onnx", "train.model"):

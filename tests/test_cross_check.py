@@ -18,7 +18,7 @@ def _script():
 
 
 def _report(path: str, serving: dict) -> dict:
-    entry = {"name": "quantize.onnx_cpu", "backend": "onnxruntime", "path": path,
+    entry = {"name": "quantize.onnx_cpu", "runtime": "onnxruntime", "path": path,
              "traffic": {"at_target": {"offered_qps": 300.0, "serving": serving}}}
     return {"gate": {"release": "quantize.onnx_cpu"}, "artifacts": [entry]}
 

@@ -83,7 +83,7 @@ def test_identical_detectors_drop_nothing_and_a_worse_one_is_not_shown_within():
 
 
 def _entry(name, drop, ci, **paired):
-    return {"name": name, "backend": "onnxruntime", "precision": "int8", "accuracy": {"map": 80 - drop},
+    return {"name": name, "runtime": "onnxruntime", "precision": "int8", "accuracy": {"map": 80 - drop},
             "accuracy_drop": drop, "latency_ms": {"p50": 1.0, "p99": 2.0, "p99_ci_blocks": [1.5, 2.5]},
             "accuracy_paired": {"n": 300, "drop": drop, "drop_ci": ci, "method": "paired-bootstrap", "sd": 0.4,
                                 **paired}}

@@ -156,9 +156,9 @@ def test_a_failing_runtime_gives_exit_3_and_its_error(monkeypatch, reuse_export,
 
     real = runners.make_runner
 
-    def failing_onnxruntime(backend, path, **kwargs):
-        runner = real(backend, path, **kwargs)
-        if backend == "onnxruntime":
+    def failing_onnxruntime(runtime, path, **kwargs):
+        runner = real(runtime, path, **kwargs)
+        if runtime == "onnxruntime":
             def infer(x):
                 raise RuntimeError("simulated kernel failure: no Conv kernel for this CPU")
             runner.infer = infer

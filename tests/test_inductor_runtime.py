@@ -72,11 +72,11 @@ def test_the_native_int8_file_rebuilds_without_unpickling_and_refuses_a_changed_
 
 
 def test_a_bench_makes_each_torch_file_one_candidate_per_runtime_and_way():
-    torch_model = ArtifactSpec(name="train.model", stage="train", backend="torch", path="t", format="torch",
+    torch_model = ArtifactSpec(name="train.model", stage="train", runtime="torch", path="t", format="torch",
                                precision="fp32", size_bytes=1)
     settings = {"inductor": {"mode": "default", "freezing": True, "bf16": "on"}}
     specs = on_runtimes(torch_model, ["torch", "onnxruntime", "inductor"], settings)
-    assert [(s.name, s.backend, s.precision) for s in specs] == [
+    assert [(s.name, s.runtime, s.precision) for s in specs] == [
         ("train.model", "torch", "fp32"), ("train.model@inductor", "inductor", "fp32"),
         ("train.model@inductor-bf16", "inductor", "bf16")]
     assert specs[2].options == {"mode": "default", "freezing": True, "precision": "bf16"}
@@ -85,7 +85,7 @@ def test_a_bench_makes_each_torch_file_one_candidate_per_runtime_and_way():
     assert [s.name for s in off] == ["train.model", "train.model@inductor"]
     # PyTorch's INT8 file runs on Inductor alone, and gets no bf16 candidate
     assert RUNNER_OF_KIND[native_int8.KIND] == "inductor" and runtimes_of_kind("torch-model") == ["torch", "inductor"]
-    int8 = ArtifactSpec(name="quantize.native_inductor", stage="quantize", backend="inductor", path="q",
+    int8 = ArtifactSpec(name="quantize.native_inductor", stage="quantize", runtime="inductor", path="q",
                         format="pt2e", precision="int8", size_bytes=1, source_model="prune.model")
     assert [s.name for s in on_runtimes(int8, ["inductor"], settings)] == ["quantize.native_inductor"]
 
@@ -94,8 +94,8 @@ def test_compile_alone_is_a_reference_every_other_runtime_is_divided_by():
     from compress.stages.measurement import compile_alone
     from compress.stages.runtime_choice import runtimes_for_kind
 
-    def spec(name, backend, fmt, precision="fp32", artifact=None):
-        return ArtifactSpec(name=name, stage=name.split(".")[0], backend=backend, path=name, format=fmt,
+    def spec(name, runtime, fmt, precision="fp32", artifact=None):
+        return ArtifactSpec(name=name, stage=name.split(".")[0], runtime=runtime, path=name, format=fmt,
                             precision=precision, size_bytes=1, artifact=artifact)
 
     specs = compile_alone([spec("train.model", "torch", "torch"),

@@ -56,7 +56,7 @@ def test_openvino_runs_the_float_file_as_onnxruntime_does_and_says_what_it_ran_w
         got = runner.infer(x)
         info = runner.info()
     assert np.abs(got - expected).max() < 1e-4 * max(1.0, float(np.abs(expected).max()))
-    assert info["backend"] == "openvino" and info["hint"] == "LATENCY" and info["inference_precision"] == "f32"
+    assert info["runtime"] == "openvino" and info["hint"] == "LATENCY" and info["inference_precision"] == "f32"
     assert info["threads_used"] == 1 and info["version"].startswith("20")
 
 
@@ -71,7 +71,7 @@ def test_openvino_runs_the_qdq_int8_file_and_its_profile_names_int8_kernels(file
         got = np.concatenate([runner.infer(files["images"][i:i + 1]) for i in range(len(files["images"]))])
     assert (got.argmax(1) == expected.argmax(1)).mean() >= 0.9  # INT8 in two runtimes: the same answers, mostly
     profile = profile_artifact("openvino", str(files["int8"]), x, threads=1, iters=3)
-    assert profile["backend"] == "openvino" and abs(sum(op["share"] for op in profile["ops"]) - 1) < 1e-6
+    assert profile["runtime"] == "openvino" and abs(sum(op["share"] for op in profile["ops"]) - 1) < 1e-6
     assert any("I8" in node["provider"] for node in profile["top_nodes"])  # convolutions ran as INT8 kernels
     assert [q["node"] for q in profile["edge_qdq"]] and all(q["op"] == "FakeQuantize" for q in profile["edge_qdq"])
 
@@ -91,16 +91,16 @@ def test_openvino_settings_are_checked_and_its_absence_is_a_clear_error(files, m
 
 
 def test_each_onnx_file_is_one_candidate_per_runtime_and_keeps_its_name_on_the_first():
-    onnx = ArtifactSpec(name="quantize.onnx_cpu", stage="quantize", backend="onnxruntime", path="q/model.onnx",
+    onnx = ArtifactSpec(name="quantize.onnx_cpu", stage="quantize", runtime="onnxruntime", path="q/model.onnx",
                         format="onnx", precision="int8", size_bytes=1, options={"inter_op_threads": 1})
-    torch_model = ArtifactSpec(name="train.model", stage="train", backend="torch", path="t", format="torch",
+    torch_model = ArtifactSpec(name="train.model", stage="train", runtime="torch", path="t", format="torch",
                                precision="fp32", size_bytes=1)
     specs = [torch_model, *on_runtimes(torch_model, ["onnxruntime", "openvino"]),
              *on_runtimes(onnx, ["onnxruntime", "openvino"], {"openvino": {"hint": "LATENCY"}})]
     assert [s.name for s in specs] == ["train.model", "train.model", "quantize.onnx_cpu", "quantize.onnx_cpu@openvino"]
     ov = specs[-1]
-    assert (ov.backend, ov.artifact, ov.options, ov.extra["runtime"]) == ("openvino", "quantize.onnx_cpu",
-                                                                           {"hint": "LATENCY"}, "openvino")
+    assert (ov.runtime, ov.artifact, ov.options, ov.runtime_in_name) == ("openvino", "quantize.onnx_cpu",
+                                                                         {"hint": "LATENCY"}, True)
     assert specs[2].options == {"inter_op_threads": 1} and specs[2].artifact == "quantize.onnx_cpu"
     assert same_file_pairs(specs[1:]) == {"quantize.onnx_cpu@openvino": "quantize.onnx_cpu"}
     settings = BenchSettings(harness=HarnessSettings(), batch_size=4, eval_batch=64)
@@ -108,9 +108,9 @@ def test_each_onnx_file_is_one_candidate_per_runtime_and_keeps_its_name_on_the_f
 
 
 def test_an_openvino_file_served_in_batches_states_its_accuracy_at_the_batch_the_card_recommends():
-    ov = ArtifactSpec(name="q@openvino", stage="quantize", backend="openvino", path="q.onnx", format="onnx",
+    ov = ArtifactSpec(name="q@openvino", stage="quantize", runtime="openvino", path="q.onnx", format="onnx",
                       precision="int8", size_bytes=1)
-    ort = ArtifactSpec(name="q", stage="quantize", backend="onnxruntime", path="q.onnx", format="onnx",
+    ort = ArtifactSpec(name="q", stage="quantize", runtime="onnxruntime", path="q.onnx", format="onnx",
                        precision="int8", size_bytes=1)
     swept = {"sweep": {"best": {"label": "batch <= 8", "serving": {"max_batch": 8, "instances": 1}}}}
     assert served_batch(ov, swept, 1) == 8  # the batch the serving section recommends, larger than measured
@@ -180,16 +180,16 @@ def test_a_file_is_refused_on_a_runtime_its_red_line_was_not_checked_on():
 def test_the_same_file_twice_on_one_runtime_is_not_a_runtime_pair_and_a_tie_is_noted():
     from serve_bench.accuracy.runtime_parity import runtime_choice_note
 
-    def spec(name, backend, path="a.onnx"):
-        return ArtifactSpec(name=name, stage="s", backend=backend, path=path, format="onnx", precision="int8",
+    def spec(name, runtime, path="a.onnx"):
+        return ArtifactSpec(name=name, stage="s", runtime=runtime, path=path, format="onnx", precision="int8",
                             size_bytes=1)
 
     assert same_file_pairs([spec("a", "onnxruntime"), spec("b", "onnxruntime")]) == {}
     assert same_file_pairs([spec("a", "onnxruntime"), spec("a@openvino", "openvino")]) == {"a@openvino": "a"}
-    ort = {"name": "q", "artifact": "q", "backend": "onnxruntime"}
+    ort = {"name": "q", "artifact": "q", "runtime": "onnxruntime"}
 
     def ov(ci):
-        return {"name": "q@openvino", "artifact": "q", "backend": "openvino",
+        return {"name": "q@openvino", "artifact": "q", "runtime": "openvino",
                 "runtime_parity": {"reference": "q", "latency_ratio": {"p99": {"ratio": 1.05, "ci": ci}}}}
 
     assert "not told apart" in runtime_choice_note([ort, ov([0.8, 1.3])], "q")

@@ -237,15 +237,15 @@ def test_tensorrt_layers_of_a_built_engine(onnx_files, tmp_path):
     build_engine(folder / "fp32.onnx", tmp_path / "engine", BuildSettings(precision="fp32", max_batch=4), name,
                  (3, 16, 16))
     profile = profile_artifact("tensorrt", str(tmp_path / "engine" / "model.engine"), batch, threads=1, iters=10)
-    assert profile["backend"] == "tensorrt" and profile["top_nodes"] and profile["run_ms"] > 0
+    assert profile["runtime"] == "tensorrt" and profile["top_nodes"] and profile["run_ms"] > 0
     assert abs(sum(o["share"] for o in profile["ops"]) - 1) < 1e-6 and profile["ops_ms"] > 0
     # Layer types depend on the tactics TensorRT picks (a Myelin region can hold the whole net): check sums only.
     layer_ms = [n["ms_per_run"] for n in profile["top_nodes"]]
     assert layer_ms == sorted(layer_ms, reverse=True) and sum(layer_ms) <= profile["ops_ms"] + 1e-5
 
 
-def test_an_unknown_backend_is_refused():
-    with pytest.raises(RunnerError, match="unknown backend 'tflite'"):
+def test_an_unknown_runtime_is_refused():
+    with pytest.raises(RunnerError, match="unknown runtime 'tflite'"):
         profile_artifact("tflite", "model.tflite", np.zeros((1, 3, 8, 8), np.float32), threads=1)
 
 
@@ -256,7 +256,7 @@ def test_a_file_onnxruntime_cannot_load_is_a_runner_error_naming_it(tmp_path):
 
 
 def test_the_table_lists_the_top_ops_in_order_and_sums_the_rest(profiles):
-    synthetic = {"backend": "onnxruntime", "ops": [
+    synthetic = {"runtime": "onnxruntime", "ops": [
         {"op": "Conv", "ms_per_run": 0.6, "calls_per_run": 3.0, "share": 0.6},
         {"op": "Gemm", "ms_per_run": 0.25, "calls_per_run": 1.0, "share": 0.25},
         {"op": "Relu", "ms_per_run": 0.1, "calls_per_run": 3.0, "share": 0.1},
@@ -272,9 +272,9 @@ def test_the_table_lists_the_top_ops_in_order_and_sums_the_rest(profiles):
 
 def test_the_unfused_line_names_the_first_nodes_and_counts_the_rest():
     nodes = [{"node": f"dq_{i}", "op": "DequantizeLinear", "ms_per_run": 0.01} for i in range(5)]
-    line = unfused_qdq_line("resnet-int8", {"backend": "onnxruntime", "unfused_qdq": nodes})
+    line = unfused_qdq_line("resnet-int8", {"runtime": "onnxruntime", "unfused_qdq": nodes})
     assert line.startswith("resnet-int8: onnxruntime ran 5 Q/DQ nodes unfused (dq_0, dq_1, dq_2 and 2 more), 0.050 ms")
-    one = unfused_qdq_line("m", {"backend": "onnxruntime", "unfused_qdq": nodes[:1]})
+    one = unfused_qdq_line("m", {"runtime": "onnxruntime", "unfused_qdq": nodes[:1]})
     assert "ran 1 Q/DQ node unfused (dq_0)" in one
 
 

@@ -9,9 +9,9 @@ from serve_bench.latency.profile_comparison import family_times, int8_loss_reaso
 from tests.report_entries import as_entries
 
 
-def _profile(backend: str, ops: dict[str, float], kernels: tuple[str, ...] = (), run_ms: float | None = None,
+def _profile(runtime: str, ops: dict[str, float], kernels: tuple[str, ...] = (), run_ms: float | None = None,
              kernel_op: str = "Convolution") -> dict:
-    return {"backend": backend, "run_ms": run_ms, "ops": [{"op": op, "ms_per_run": ms} for op, ms in ops.items()],
+    return {"runtime": runtime, "run_ms": run_ms, "ops": [{"op": op, "ms_per_run": ms} for op, ms in ops.items()],
             "top_nodes": [{"node": f"n{i}", "op": kernel_op, "provider": k} for i, k in enumerate(kernels)]}
 
 
@@ -75,7 +75,7 @@ def test_no_answer_without_two_profiles_of_one_runtime():
 
 
 def test_the_int8_flag_carries_the_profiles_answer():
-    fp32 = {"name": "export.onnx", "precision": "fp32", "format": "onnx", "backend": "openvino",
+    fp32 = {"name": "export.onnx", "precision": "fp32", "format": "onnx", "runtime": "openvino",
             "source_model": "prune.model", "latency_ms": {"p50": 1.0, "p99": 2.0}, "runner": {"device": "cpu"},
             "operator_profile": _profile("openvino", {"Convolution": 1.0}, ("brgconv_avx512_amx_bf16",))}
     int8 = {**fp32, "name": "quantize.onnx_cpu", "precision": "int8", "latency_ms": {"p50": 1.1, "p99": 2.2},

@@ -387,7 +387,7 @@ def test_the_loop_wraps_every_validation_pass_in_the_evaluation_hook():
 
 
 def _entry(name, precision, p50, p99, source="prune.model", fmt="onnx", **extra):
-    return {"name": name, "precision": precision, "format": fmt, "backend": "onnxruntime", "source_model": source,
+    return {"name": name, "precision": precision, "format": fmt, "runtime": "onnxruntime", "source_model": source,
             "accuracy_drop": 0.1, "latency_ms": {"p50": p50, "p99": p99}, **extra}
 
 
@@ -639,7 +639,7 @@ def test_a_file_made_for_openvino_is_measured_and_judged_there_only(tmp_path):
                           torch_compile=False, inter_op_threads=1)
     artifact = InputArtifact("quantize.onnx_openvino", "onnx", folder, meta)
     specs = candidates_of(artifact, cfg)
-    assert [(s.name, s.backend, s.refused) for s in specs] == [("quantize.onnx_openvino", "openvino", None)]
+    assert [(s.name, s.runtime, s.refused) for s in specs] == [("quantize.onnx_openvino", "openvino", None)]
     assert candidates_of(artifact, SimpleNamespace(**{**vars(cfg), "runtimes": ["onnxruntime"]})) == []
     assert _refusal(meta, "openvino") is None and "checked its red line on openvino only" in _refusal(meta, "onnxruntime")
 

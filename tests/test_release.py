@@ -331,7 +331,7 @@ def _add_engine(manifest, report: dict, run, name: str, made_from: str, precisio
     bench.input_digests[f"artifact:{name}"] = sha
     bench.key_material["input_names"][f"artifact:{name}"] = name
     fp32 = next(a for a in report["artifacts"] if a["name"] == "export.onnx")
-    report["artifacts"].append({**fp32, "name": name, "backend": "tensorrt", "format": "engine",
+    report["artifacts"].append({**fp32, "name": name, "runtime": "tensorrt", "format": "engine",
                                 "precision": precision, **entry})
 
 
@@ -435,7 +435,7 @@ def test_a_release_on_openvino_names_its_runtime_verifies_in_it_and_serves_with_
     names = [a["name"] for a in report["artifacts"]]
     assert "quantize.onnx_cpu@openvino" not in names and "quantize.onnx_openvino@onnxruntime" not in names
     candidate = next(a for a in report["artifacts"] if a["name"] == "quantize.onnx_openvino")
-    assert candidate["artifact"] == "quantize.onnx_openvino" and candidate["backend"] == "openvino"
+    assert candidate["artifact"] == "quantize.onnx_openvino" and candidate["runtime"] == "openvino"
     assert not candidate.get("refused") and candidate["runner"]["inference_precision"] == "f32"
     kernels = json.loads((run / "manifest.json").read_text())["stages"]["quantize"]["metrics"]["kernels"]
     assert kernels["openvino@openvino"]["integer"] > 0  # NNCF's layout runs in int8 there

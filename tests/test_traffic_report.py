@@ -58,7 +58,7 @@ def _sweep() -> dict:
 
 
 def _artifact(name: str, traffic: dict | None = None) -> dict:
-    art = {"name": name, "backend": "onnxruntime", "precision": name, "accuracy": {"top1": 91.0},
+    art = {"name": name, "runtime": "onnxruntime", "precision": name, "accuracy": {"top1": 91.0},
            "latency_ms": {"p50": 0.4, "p99": 0.9, "p99_ci": [0.8, 1.0]}, "speedup_p99": 1.0, "throughput": 2500.0,
            "size_bytes": 2**20}
     if traffic is not None:

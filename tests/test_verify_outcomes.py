@@ -61,7 +61,7 @@ def folder_of(monkeypatch):
 
 def test_a_tensorrt_release_that_cannot_load_here_is_not_verified_and_says_what_was_not_checked(
         tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(verify, "make_runner", lambda backend, path, **kw: _NoTensorRT())
+    monkeypatch.setattr(verify, "make_runner", lambda runtime, path, **kw: _NoTensorRT())
     bundle = _bundle(tmp_path / "bundle", "trt-engine", "tensorrt/export.engine/model.engine")
     (tmp_path / "images").mkdir()
     assert main(["verify", str(bundle), str(tmp_path / "images")]) == 1
@@ -77,7 +77,7 @@ def test_a_tensorrt_release_that_cannot_load_here_is_not_verified_and_says_what_
 
 def test_other_images_that_agree_with_the_card_within_both_samples_errors_verify(tmp_path, monkeypatch, folder_of,
                                                                                 capsys):
-    monkeypatch.setattr(verify, "make_runner", lambda backend, path, **kw: _ClassZero())
+    monkeypatch.setattr(verify, "make_runner", lambda runtime, path, **kw: _ClassZero())
     bundle = _bundle(tmp_path / "bundle", "torch-model", "model/model.safetensors", top1=98.0, test_images=1000)
     # 97.2% on 2,000 images: their own 95% interval [96.4, 97.8] misses the card's 98.0, yet the card's figure
     # is itself ±0.9 point: the difference −0.8 [−2.2, +0.9] (99%) contains 0
@@ -88,8 +88,30 @@ def test_other_images_that_agree_with_the_card_within_both_samples_errors_verify
     assert "they agree with the card" in out and out.rstrip().endswith(": verified")
 
 
+def test_a_card_made_before_the_runtime_had_one_name_is_read_on_the_runtime_it_names(tmp_path, monkeypatch,
+                                                                                     caplog, capsys):
+    """A bundle of card format 2 names its runtime ``backend``: verify loads the file on that runtime (not the one its
+    kind would give) with the options it was measured with, and says in the log that it read an old name."""
+    asked = []
+    monkeypatch.setattr(verify, "make_runner", lambda runtime, path, **kw: asked.append((runtime, kw)) or _ClassZero())
+    bundle = _bundle(tmp_path / "bundle", "onnx", "model/model.onnx")
+    card = json.loads((bundle / "model_card.json").read_text())
+    card["format"] = "compress-model-card/2"
+    card["released"]["backend"] = "openvino"
+    card["latency"] = {"runner": {"backend": "openvino", "hint": "LATENCY", "inference_precision": "f32",
+                                  "threads_used": 2}}
+    (bundle / "model_card.json").write_text(json.dumps(card))
+    write_sums(bundle)
+    monkeypatch.setattr(verify, "_onnx_loads", lambda path, card, result: True)
+    with caplog.at_level("WARNING", logger="compress.release.verify"):
+        assert main(["verify", str(bundle)]) == 0
+    assert [runtime for runtime, _ in asked] == ["openvino"] and asked[0][1]["hint"] == "LATENCY"
+    assert "loads in openvino" in capsys.readouterr().out
+    assert caplog.text.count("names its runtime 'backend'") == 2  # the released record and its runner, each said
+
+
 def test_other_images_that_show_the_card_wrong_fail(tmp_path, monkeypatch, folder_of, capsys):
-    monkeypatch.setattr(verify, "make_runner", lambda backend, path, **kw: _ClassZero())
+    monkeypatch.setattr(verify, "make_runner", lambda runtime, path, **kw: _ClassZero())
     bundle = _bundle(tmp_path / "bundle", "torch-model", "model/model.safetensors", top1=98.0, test_images=1000)
     folder_of(9500, 10_000)  # the file reaches 95%, its card says 98%
     assert main(["verify", str(bundle), str(tmp_path)]) == 1
@@ -100,7 +122,7 @@ def test_other_images_that_show_the_card_wrong_fail(tmp_path, monkeypatch, folde
 
 def test_a_card_without_its_test_set_size_cannot_be_compared_with_other_images(tmp_path, monkeypatch, folder_of,
                                                                                 capsys):
-    monkeypatch.setattr(verify, "make_runner", lambda backend, path, **kw: _ClassZero())
+    monkeypatch.setattr(verify, "make_runner", lambda runtime, path, **kw: _ClassZero())
     bundle = _bundle(tmp_path / "bundle", "torch-model", "model/model.safetensors", test_images=None)
     folder_of(98, 100)
     assert main(["verify", str(bundle), str(tmp_path)]) == 1

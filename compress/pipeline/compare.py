@@ -93,7 +93,7 @@ def _runtime_of(run: "ComparedRun") -> str:
     else the runtime that loads its kind of artifact first."""
     entry = _pick_entry(run)
     if entry is not None:
-        return entry.backend
+        return entry.runtime
     if "@" in run.candidate:
         return run.candidate.rsplit("@", 1)[1]
     return RUNNER_OF_KIND.get(run.artifact.kind, "")
@@ -156,18 +156,18 @@ def compare_runs(run_dirs: list[Path], out: Path, console: Console, artifact: st
     specs, own_tests, picked, configured = [], {}, [], []
     for run in runs:  # every run's file on every runtime the reference's bench measures on, as its bench does
         candidates = candidates_of(run.artifact, cfg)
-        backend = _runtime_of(run)
-        mine = next((c for c in candidates if c.backend == backend), None)
+        runtime = _runtime_of(run)
+        mine = next((c for c in candidates if c.runtime == runtime), None)
         if mine is None:
-            raise ConfigError(f"{run.run_dir}: {run.candidate} ran on {backend}, which this comparison does not "
-                              f"measure {run.artifact.name} on (here: {', '.join(c.backend for c in candidates)}); "
+            raise ConfigError(f"{run.run_dir}: {run.candidate} ran on {runtime}, which this comparison does not "
+                              f"measure {run.artifact.name} on (here: {', '.join(c.runtime for c in candidates)}); "
                               "name another with --artifact")
         # the pick runs with the options its own bench stage was configured with (OpenVINO's hint and precision,
         # as set, not as resolved on the machine that measured it); threads follow the comparison's protocol
-        own = runtime_settings(_settings(run, repeats)[1]).get(mine.backend) if run.report is not None else None
+        own = runtime_settings(_settings(run, repeats)[1]).get(mine.runtime) if run.report is not None else None
         if own:
-            if own != (theirs := runtime_settings(cfg).get(mine.backend)):
-                console.print(f"{run.label}:{mine.name} runs with its own run's {mine.backend} options {own}, not the "
+            if own != (theirs := runtime_settings(cfg).get(mine.runtime)):
+                console.print(f"{run.label}:{mine.name} runs with its own run's {mine.runtime} options {own}, not the "
                               f"reference's {theirs}", style="yellow", highlight=False)
             mine.options = {**mine.options, **own}
         configured.append({k: v for k, v in mine.options.items() if k != "threads"})

@@ -23,8 +23,8 @@ class Flavour:
 # cpu: uint8 activations, the only layout onnxruntime's x86 convolutions fuse. trt: symmetric int8, TensorRT's
 # explicit quantization. The OpenVINO file: NNCF places the quantizers where OpenVINO's transformations fuse them.
 CPU = Flavour("cpu", ONNX_RUNTIME, ONNX_RUNTIME, "quantize_static", ships=True)
-TRT = Flavour("trt", TensorRTRunner.backend, ONNX_RUNTIME, "quantize_static", ships=False)
-OPENVINO = Flavour(OpenVinoRunner.backend, OpenVinoRunner.backend, OpenVinoRunner.backend, "nncf", ships=True)
+TRT = Flavour("trt", TensorRTRunner.runtime, ONNX_RUNTIME, "quantize_static", ships=False)
+OPENVINO = Flavour(OpenVinoRunner.runtime, OpenVinoRunner.runtime, OpenVinoRunner.runtime, "nncf", ships=True)
 FLAVOURS: dict[str, Flavour] = {f.name: f for f in (CPU, TRT, OPENVINO)}
 
 

@@ -192,7 +192,7 @@ def _assemble(work: Path, run_dir: Path, manifest: Manifest, record: ArtifactRec
         serving = work / folder / home.serving_file if home.serving_file else work / folder
     input_spec, classes = _input_of(source, record, manifest)
     released = {"artifact": record.name, "kind": record.kind, "file": serving.relative_to(work).as_posix(),
-                "files": [f"{folder}/{f}" for f in files], "backend": entry.backend, "candidate": entry.name,
+                "files": [f"{folder}/{f}" for f in files], "runtime": entry.runtime, "candidate": entry.name,
                 "precision": entry.precision, "sha256": record.sha256, "size_bytes": record.size_bytes,
                 "run_dir": str(run_dir)}
     engines = []

@@ -10,8 +10,10 @@ import json
 
 from serve_bench.report_model import Entry, Environment, Interval, Report, ServerRun
 
-CARD_FORMAT = "compress-model-card/2"  # 2: the gate's limits under the pipeline file's names
-READABLE_CARD_FORMATS = ("compress-model-card/1", CARD_FORMAT)  # verify reads both: it reads no limit
+CARD_FORMAT = "compress-model-card/3"  # 2: the gate's limits under the pipeline file's names; 3: a record names its
+# runtime ``runtime`` (``backend`` before)
+READABLE_CARD_FORMATS = ("compress-model-card/1", "compress-model-card/2", CARD_FORMAT)  # verify reads them all:
+# it reads no limit, and a runtime under its old name with a warning
 LATENCY_KEYS = ("p50", "p90", "p95", "p99", "p99.9", "mean", "max")
 LATENCY_INTERVALS = ("p50_ci", "p99_ci", "p50_ci_blocks", "p99_ci_blocks")
 
@@ -69,14 +71,14 @@ def runtime_of(entry: Entry, environment: Environment) -> dict:
     """The runtime the gate released the file on, with its version: the same bytes run faster or slower, and can
     answer differently, in another runtime, so the card's figures hold for this one."""
     runner = entry.runner
-    backend = entry.backend or runner.get("backend")
-    described = getattr(environment, backend, None) if backend else None  # a runtime the environment describes apart
-    version = (runner.get("version") or environment.packages.get(backend)
+    runtime = entry.runtime or runner.get("runtime")
+    described = getattr(environment, runtime, None) if runtime else None  # a runtime the environment describes apart
+    version = (runner.get("version") or environment.packages.get(runtime)
                or (described.get("version") if isinstance(described, dict) else None))
     settings = {k: runner[k] for k in ("device", "threads", "providers", "hint", "inference_precision") if runner.get(k)}
     if runner.get("threads_used"):  # what OpenVINO actually ran with, which its hint may lower
         settings["threads"] = runner["threads_used"]
-    return {"name": backend, "version": version, **settings}
+    return {"name": runtime, "version": version, **settings}
 
 
 def serving_of(entry: Entry) -> dict | None:

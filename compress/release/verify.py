@@ -15,6 +15,7 @@ TensorRT or its GPU, and then its accuracy) is said as such and leaves the bundl
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -30,6 +31,7 @@ from serve_bench.accuracy.image_folder import ImageFolderError, read_labelled_fo
 from serve_bench.accuracy.predictions import digest_of_test_split
 from serve_bench.runners import RUNNER_OF_KIND, RUNNERS, RunnerError, make_runner, predict
 
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -71,14 +73,14 @@ def verify_bundle(folder: Path, images: Path | None = None, threads: int | None 
     if released["kind"] == "onnx" and not _onnx_loads(path, card, result):
         result.unchecked += [accuracy_not_run] if images is not None else []
         return result
-    backend = released.get("backend") or RUNNER_OF_KIND[released["kind"]]  # the runtime the gate released it on
+    runtime = runtime_named(released, "released") or RUNNER_OF_KIND[released["kind"]]  # the one the gate released it on
     try:
         options = runner_options(card)
         measured_threads = options.pop("threads", None)
-        runner = make_runner(backend, path, threads=threads or measured_threads, **options).load()
+        runner = make_runner(runtime, path, threads=threads or measured_threads, **options).load()
     except (RunnerError, RuntimeError, OSError, ValueError) as exc:  # the runtimes' load errors
-        if RUNNERS[backend].fixed_device is None:
-            result.problems.append(f"{released['file']} does not load in {backend}: {exc}")
+        if RUNNERS[runtime].fixed_device is None:
+            result.problems.append(f"{released['file']} does not load in {runtime}: {exc}")
         else:  # an engine runs only with TensorRT on the GPU it was built for: elsewhere it cannot be checked
             where = ("run compress verify where TensorRT and the engine's GPU are; `sha256sum -c SHA256SUMS` "
                      "checks the digests alone")
@@ -86,7 +88,7 @@ def verify_bundle(folder: Path, images: Path | None = None, threads: int | None 
         result.unchecked += [accuracy_not_run] if images is not None else []
         return result
     try:
-        result.checks.append(f"{released['file']} loads in {backend}")
+        result.checks.append(f"{released['file']} loads in {runtime}")
         if images is not None:
             _reproduce(runner, Path(images), card, result)
     finally:
@@ -98,7 +100,18 @@ def runner_options(card: dict) -> dict:
     """What the runtime ran the file with when the card's figures were measured (OpenVINO: its performance hint,
     the inference precision and the threads it used, so the accuracy is reproduced in the same arithmetic)."""
     runner = (card.get("latency") or {}).get("runner") or {}
-    return RUNNERS[runner["backend"]].options_from_info(runner) if runner.get("backend") in RUNNERS else {}
+    runtime = runtime_named(runner, "latency.runner")
+    return RUNNERS[runtime].options_from_info(runner) if runtime in RUNNERS else {}
+
+
+def runtime_named(record: dict, where: str) -> str | None:
+    """The runtime a card's record names: ``runtime``, or ``backend`` in a bundle made before the one name (read,
+    and said in the log)."""
+    if "runtime" not in record and "backend" in record:
+        logger.warning("the bundle's card names its runtime 'backend' in %s (a bundle made before report version 4): "
+                       "read as its runtime; re-run compress release to write today's names", where)
+        return record["backend"]
+    return record.get("runtime")
 
 
 def _onnx_loads(path: Path, card: dict, result: Verification) -> bool:

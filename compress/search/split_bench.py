@@ -168,7 +168,7 @@ def measure_split(contenders: list[Contender], pipeline: Pipeline, limits: Limit
         # another runtime would stand as every trial's candidate.
         found = candidates_of(artifact, cfg, contender.runtime, on_test=split == "test")
         for spec in found[:1] if contender.role == BASELINE else found:
-            who = replace(contender, runtime=spec.extra.get("runtime"))
+            who = replace(contender, runtime=spec.runtime if spec.runtime_in_name else None)
             spec.name = who.name
             spec.extra = {**spec.extra, "contender": who.as_dict(), "run": contender.run_dir,
                           "run_artifact": contender.artifact}

@@ -75,18 +75,18 @@ def candidates_of(artifact: InputArtifact, cfg, runtime: str | None = None, on_t
             return []  # none of its runtimes is measured here
     specs = on_runtimes(artifact_spec(artifact, cfg), runtimes, runtime_settings(cfg))
     if runtime is not None:
-        specs = [s for s in specs if s.backend == runtime and not s.extra.get("variant")]  # its own way of running
+        specs = [s for s in specs if s.runtime == runtime and not s.extra.get("variant")]  # its own way of running
         if not specs:
             raise ArtifactError(f"{artifact.name} cannot be measured on {runtime}: the bench stage measures it on "
                                 f"{', '.join(runtimes) or 'none of the runtimes it is made for'} here")
     for spec in specs:
-        spec.refused = _refusal(artifact.meta, spec.backend, on_test)
+        spec.refused = _refusal(artifact.meta, spec.runtime, on_test)
     return specs
 
 
 def artifact_spec(artifact: InputArtifact, cfg) -> ArtifactSpec:
-    backend = RUNNER_OF_KIND.get(artifact.kind)
-    if backend is None:
+    runtime = RUNNER_OF_KIND.get(artifact.kind)
+    if runtime is None:
         raise ArtifactError(f"{artifact.name} is a {artifact.kind!r}, which no benchmark runner can load "
                             f"(kinds: {', '.join(RUNNER_OF_KIND)})")
     meta, kind = artifact.meta, artifact.kind
@@ -101,7 +101,7 @@ def artifact_spec(artifact: InputArtifact, cfg) -> ArtifactSpec:
             check_compatible(meta, current_platform())
         except EngineMismatch as exc:
             raise ArtifactError(f"{artifact.name}: {exc}") from exc
-    return ArtifactSpec(name=artifact.name, stage=artifact.name.split(".", 1)[0], backend=backend, path=str(path),
+    return ArtifactSpec(name=artifact.name, stage=artifact.name.split(".", 1)[0], runtime=runtime, path=str(path),
                         format=format_of_kind(kind), precision=meta.get("precision", "fp32"),
                         size_bytes=artifact.size_bytes, params=meta.get("params"), macs=meta.get("macs"),
                         max_batch=(meta.get("profile") or {}).get("max"),
@@ -116,7 +116,7 @@ def compile_alone(specs: list[ArtifactSpec], baseline: str) -> list[ArtifactSpec
     then also divided by (``vs_compile_alone``)."""
     for spec in specs:
         if spec.artifact == baseline and spec.format == "torch" and spec.name != baseline \
-                and not RUNNERS[spec.backend].measured_by_default:
+                and not RUNNERS[spec.runtime].measured_by_default:
             spec.extra = {**spec.extra, "role": "reference"}
     return specs
 
@@ -150,7 +150,7 @@ def export_alone(ctx, cfg, specs: list[ArtifactSpec], baseline: str) -> list[Art
         ctx.log(f"{EXPORT_ALONE}: {baseline} could not be exported to ONNX ({type(exc).__name__}: "
                 f"{str(exc).splitlines()[0][:200]}); measured without it", style="yellow")
         return []
-    spec = ArtifactSpec(name=f"{EXPORT_ALONE}:{baseline}", stage=ctx.name, backend=RUNNER_OF_KIND["onnx"], path=str(path),
+    spec = ArtifactSpec(name=f"{EXPORT_ALONE}:{baseline}", stage=ctx.name, runtime=RUNNER_OF_KIND["onnx"], path=str(path),
                         format="onnx", precision="fp32", size_bytes=path.stat().st_size, params=base.params,
                         macs=base.macs, options={"inter_op_threads": cfg.inter_op_threads}, source_model=baseline,
                         extra={"role": "reference"})
@@ -160,8 +160,8 @@ def export_alone(ctx, cfg, specs: list[ArtifactSpec], baseline: str) -> list[Art
     return on_runtimes(spec, runtimes, runtime_settings(cfg))
 
 
-def _refusal(meta: dict, backend: str, on_test: bool = True) -> str | None:
-    """Why the gate must not release this file on ``backend``, from the quantize stage's red-line check."""
+def _refusal(meta: dict, runtime: str, on_test: bool = True) -> str | None:
+    """Why the gate must not release this file on ``runtime``, from the quantize stage's red-line check."""
     red = meta.get("red_line")
     if not red:
         return None
@@ -170,9 +170,9 @@ def _refusal(meta: dict, backend: str, on_test: bool = True) -> str | None:
     if red.get("within") is False and on_test:
         return ("the quantize stage found no rung within the red line on every runtime it checked (test drop "
                 + ", ".join(f"{r} {d}" for r, d in drops.items()) + " points); refused")
-    if backend not in drops:  # a runtime the check left out: a file quantized before the check, or without it
-        return (f"the quantize stage checked its red line on {', '.join(drops)} only, not on {backend} (its runtimes "
-                f"setting); refused here: re-run the quantize stage with {backend} among its runtimes")
+    if runtime not in drops:  # a runtime the check left out: a file quantized before the check, or without it
+        return (f"the quantize stage checked its red line on {', '.join(drops)} only, not on {runtime} (its runtimes "
+                f"setting); refused here: re-run the quantize stage with {runtime} among its runtimes")
     return None
 
 
@@ -273,7 +273,7 @@ def summary_table(report: dict | report_model.Report) -> Table:
     table = Table(title=f"benchmark — gate {'passed' if gate.passed else 'FAILED'} "
                         f"({gate.decision}), release {gate.release}")
     for i in keep:
-        table.add_column(head[i], justify="left" if head[i] in ("artifact", "backend") else "right")
+        table.add_column(head[i], justify="left" if head[i] in ("artifact", "runtime") else "right")
     for row in rows:
         table.add_row(*(row[i] for i in keep), style="bold green" if row[0] == gate.release else None)
     return table

@@ -31,8 +31,8 @@ def bench_runtimes(cfg) -> list[str]:
     names (each checked usable here), and inductor where the deprecated ``torch_compile`` asks for it."""
     field = f"stages.{cfg.name}.runtimes"
     others = [r for r in cfg.runtimes or [] if r not in ONNX_RUNTIMES]
-    if getattr(cfg, "torch_compile", False) and InductorRunner.backend not in others:  # the old switch, deprecated
-        others.append(InductorRunner.backend)
+    if getattr(cfg, "torch_compile", False) and InductorRunner.runtime not in others:  # the old switch, deprecated
+        others.append(InductorRunner.runtime)
     return onnx_runtimes(cfg.runtimes, cfg.device, field) + _usable(others, cfg.device, field)
 
 

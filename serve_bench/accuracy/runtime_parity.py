@@ -40,7 +40,7 @@ def same_file_pairs(specs: list) -> dict[str, str]:
     pairs = {}
     for spec in specs:
         seen = first.setdefault(spec.path, spec)
-        if seen.name != spec.name and seen.backend != spec.backend:
+        if seen.name != spec.name and seen.runtime != spec.runtime:
             pairs[spec.name] = seen.name
     return pairs
 
@@ -52,12 +52,12 @@ def runtime_choice_note(entries: list[dict], release: str | None) -> str | None:
     if chosen is None:
         return None
     for other in entries:
-        if other is chosen or other.get("artifact") != chosen.get("artifact") or other["backend"] == chosen["backend"]:
+        if other is chosen or other.get("artifact") != chosen.get("artifact") or other["runtime"] == chosen["runtime"]:
             continue
         pair = chosen if (chosen.get("runtime_parity") or {}).get("reference") == other["name"] else other
         ratio = ((pair.get("runtime_parity") or {}).get("latency_ratio") or {}).get("p99")
         if ratio and ratio["ci"][0] <= 1.0 <= ratio["ci"][1] and not other.get("refused"):
-            return (f"{release} was released on {chosen['backend']}, but the same file on {other['backend']} "
+            return (f"{release} was released on {chosen['runtime']}, but the same file on {other['runtime']} "
                     f"({other['name']}) is not told apart from it at p99 (ratio {ratio['ratio']:.3f} "
                     f"[{ratio['ci'][0]:.3f}, {ratio['ci'][1]:.3f}]): either runtime serves it as fast")
     return None

@@ -15,7 +15,7 @@ def eval_batch_of(spec: ArtifactSpec, settings: BenchSettings) -> int:
     measured here on an INT8 file: logits of batches of 8 differ from batch 1 by up to 0.64, while batch 1 matched
     across thread counts), so its accuracy is measured at the batch it serves, the latency batch; the other
     runtimes answer alike at any batch and use ``eval_batch``, capped by what the file accepts."""
-    if RUNNERS[spec.backend].answers_depend_on_batch:
+    if RUNNERS[spec.runtime].answers_depend_on_batch:
         return settings.batch_size
     return min(settings.eval_batch, spec.max_batch or settings.eval_batch)
 
@@ -24,7 +24,7 @@ def served_batch(spec: ArtifactSpec, traffic: dict | None, measured_at: int) -> 
     """The largest batch the sweep's recommended serving configuration forms for an OpenVINO file, where it is
     larger than the batch its accuracy was measured at (None otherwise). OpenVINO answers differently at another
     batch (see :func:`eval_batch_of`), so the card that recommends batching must state the accuracy at it."""
-    if not RUNNERS[spec.backend].answers_depend_on_batch or not traffic:
+    if not RUNNERS[spec.runtime].answers_depend_on_batch or not traffic:
         return None
     best = (traffic.get("sweep") or {}).get("best") or {}
     served = [best.get("serving"), (traffic.get("at_target") or {}).get("serving")]  # recommended, and gated

@@ -11,7 +11,7 @@ def fp32_reference(spec: ArtifactSpec, specs: list[ArtifactSpec]) -> ArtifactSpe
     INT8 file, the torch model compiled)."""
     if spec.precision != "int8" or not spec.source_model:
         return None
-    return next((r for r in specs if r.precision == "fp32" and r.backend == spec.backend
+    return next((r for r in specs if r.precision == "fp32" and r.runtime == spec.runtime
                  and r.source_model == spec.source_model and r.extra.get("role") != "reference"
                  and r.extra.get("run") == spec.extra.get("run")), None)  # compare: the same run's
 
@@ -21,7 +21,7 @@ def reference_on_runtime(spec: ArtifactSpec, specs: list[ArtifactSpec]) -> Artif
     runtime: its latency ratio to it is what compression earned there."""
     if spec.extra.get("role") == "reference":
         return None
-    same = [r for r in specs if r.extra.get("role") == "reference" and r.backend == spec.backend]
+    same = [r for r in specs if r.extra.get("role") == "reference" and r.runtime == spec.runtime]
     # the one run the same way where there are several (torch.compile's fp32 and bf16 compile alone)
     return next((r for r in same if r.extra.get("variant") == spec.extra.get("variant")), same[0] if same else None)
 
@@ -38,5 +38,5 @@ def compile_alone_of(spec: ArtifactSpec, specs: list[ArtifactSpec]) -> ArtifactS
     if spec.extra.get("role") == "reference":
         return None
     return next((r for r in specs if r.extra.get("role") == "reference" and r.format == "torch"
-                 and r.precision == "fp32" and r.backend != spec.backend
-                 and not RUNNERS[r.backend].measured_by_default), None)
+                 and r.precision == "fp32" and r.runtime != spec.runtime
+                 and not RUNNERS[r.runtime].measured_by_default), None)

@@ -86,10 +86,10 @@ def _answers(specs: list[ArtifactSpec], tests: dict[str, TestSet], test: TestSet
     with contextlib.ExitStack() as stack:
         workers = {}
         for spec in specs:
-            options = {"threads": settings.threads, "device": RUNNERS[spec.backend].fixed_device or settings.device,
+            options = {"threads": settings.threads, "device": RUNNERS[spec.runtime].fixed_device or settings.device,
                        **spec.options, **({"postprocess": settings.nms} if settings.nms is not None else {})}
             workers[spec.name] = stack.enter_context(BenchWorker(
-                spec.name, spec.backend, spec.path, options, pool_of(tests[spec.name], settings.batch_size),
+                spec.name, spec.runtime, spec.path, options, pool_of(tests[spec.name], settings.batch_size),
                 settings.batch_size, settings.device_only, wait=False))
         all_ready(workers)
         measured, per_repeat = measure_rounds(workers, settings, progress)
@@ -154,7 +154,7 @@ def _entry(spec: ArtifactSpec, specs: list[ArtifactSpec], baseline: str, tests: 
     blocked = answers.measured["blocked"]
     profile = answers.profiles.get(spec.name)
     entry = {
-        "name": spec.name, "artifact": spec.artifact, "stage": spec.stage, "backend": spec.backend,
+        "name": spec.name, "artifact": spec.artifact, "stage": spec.stage, "runtime": spec.runtime,
         "precision": spec.precision, "format": spec.format, "path": spec.path, "size_bytes": spec.size_bytes,
         "params": spec.params, "macs": spec.macs, "accuracy": acc,
         "accuracy_ci": accuracy_intervals(acc) if detection is None else detection[spec.name]["accuracy_ci"],
@@ -211,7 +211,7 @@ def _comparisons(spec: ArtifactSpec, specs: list[ArtifactSpec], tests: dict[str,
     alone = reference_on_runtime(spec, specs)
     if alone is not None:
         out["vs_export_alone"] = _ratio_pair(blocked, spec.name, alone)
-        widths = widths_against(spec.path, alone.path, spec.backend) if alone.format == spec.format == "onnx" else None
+        widths = widths_against(spec.path, alone.path, spec.runtime) if alone.format == spec.format == "onnx" else None
         if widths:
             out["channel_widths"] = widths
     compiled = compile_alone_of(spec, specs)

@@ -17,7 +17,7 @@ from serve_bench.stats.latency_intervals import BlockedSamples
 class ArtifactSpec:
     name: str
     stage: str
-    backend: str  # torch | onnxruntime | openvino | tensorrt
+    runtime: str  # torch | onnxruntime | openvino | tensorrt
     path: str
     format: str
     precision: str
@@ -31,6 +31,7 @@ class ArtifactSpec:
     quantization: dict | None = None  # how an INT8 artifact was made (ladder rungs)
     extra: dict = field(default_factory=dict)  # report keys a caller adds (e.g. the run a compared artifact is from)
     artifact: str | None = None  # the manifest's name of the file (a candidate "file on runtime" has its own name)
+    runtime_in_name: bool = False  # whether a name made from this candidate (a search's contender) says its runtime
 
     def __post_init__(self) -> None:
         self.artifact = self.artifact or self.name
@@ -49,15 +50,15 @@ def on_runtimes(spec: ArtifactSpec, runtimes: list[str], options: dict[str, dict
         return [spec]
     out = []
     for i, runtime in enumerate(runtimes):
-        opts = spec.options if runtime == spec.backend else dict((options or {}).get(runtime, {}))
+        opts = spec.options if runtime == spec.runtime else dict((options or {}).get(runtime, {}))
         for suffix, variant, precision in RUNNERS[runtime].variants(spec.format, opts):
             name = spec.name if i == 0 and not suffix else f"{spec.name}@{runtime}{suffix}"
-            # the runtime is recorded where the name may need it: an ONNX file's (several runtimes load ONNX alike),
-            # any file away from its own runtime; a torch model in torch eager stays as reports have always named it
-            plain = spec.format != "onnx" and runtime == spec.backend and not suffix
-            extra = {**spec.extra, **({} if plain else {"runtime": runtime}), **({"variant": suffix} if suffix else {})}
-            out.append(replace(spec, name=name, backend=runtime, options=variant, precision=precision or spec.precision,
-                               extra=extra, artifact=spec.artifact))
+            # a name that may need its runtime: an ONNX file's (several runtimes load ONNX alike), any file away from
+            # its own runtime; a torch model in torch eager stays as reports have always named it
+            plain = spec.format != "onnx" and runtime == spec.runtime and not suffix
+            extra = {**spec.extra, **({"variant": suffix} if suffix else {})}
+            out.append(replace(spec, name=name, runtime=runtime, options=variant, precision=precision or spec.precision,
+                               extra=extra, artifact=spec.artifact, runtime_in_name=not plain))
     return out
 
 

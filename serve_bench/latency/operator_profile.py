@@ -4,7 +4,7 @@ A latency number says how slow an artifact is, not why. When an INT8 file is no 
 float ONNX, or a pruned model barely moves, the answer is in the operators: which op types take
 the time, which single nodes or layers dominate, and which QuantizeLinear/DequantizeLinear nodes
 the runtime did not fold into integer kernels (each one a float conversion paid on every run).
-Each backend is profiled by its own profiler, on the artifact file itself, after a warm-up:
+Each runtime is profiled by its own profiler, on the artifact file itself, after a warm-up:
 onnxruntime's kernel times, torch's self time per op, TensorRT's per-layer times. Profiling adds
 overhead, so the totals here exceed the un-profiled latency; read them as shares, not as latency.
 """
@@ -15,11 +15,11 @@ import numpy as np
 from serve_bench.runners import RUNNERS, RunnerError
 
 
-def profile_artifact(backend: str, path: str, batch: np.ndarray, *, threads: int, iters: int = 50,
+def profile_artifact(runtime: str, path: str, batch: np.ndarray, *, threads: int, iters: int = 50,
                      options: dict | None = None, top: int = 15) -> dict:
     """Profile one artifact with its runtime's own profiler (its runner's ``profile``); see the module docstring."""
     if iters < 1:
         raise RunnerError(f"operator profile: iters must be at least 1, got {iters}")
-    if backend not in RUNNERS:
-        raise RunnerError(f"operator profile: unknown backend {backend!r}; known: {', '.join(RUNNERS)}")
-    return RUNNERS[backend].profile(path, batch, threads=threads, iters=iters, options=options or {}, top=top)
+    if runtime not in RUNNERS:
+        raise RunnerError(f"operator profile: unknown runtime {runtime!r}; known: {', '.join(RUNNERS)}")
+    return RUNNERS[runtime].profile(path, batch, threads=threads, iters=iters, options=options or {}, top=top)

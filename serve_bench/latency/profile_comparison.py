@@ -71,7 +71,7 @@ def int8_loss_reasons(int8: dict | None, int8_p50: float, fp32: dict | None, fp3
     share of the profile's operator time, times the operators' share of the profiled run, times the file's
     un-profiled p50; what the operators leave of the p50 is "time outside the operators". A profile the
     profiler slowed more than ``SLOWED`` times is said to give rough shares."""
-    if not _usable(int8) or not _usable(fp32) or int8.get("backend") != fp32.get("backend"):
+    if not _usable(int8) or not _usable(fp32) or int8.get("runtime") != fp32.get("runtime"):
         return None
     if not (int8_p50 > 0 and fp32_p50 > 0):
         return None

@@ -292,7 +292,7 @@ def harness_overhead(pool: np.ndarray, scenario: Scenario, target_qps: float | N
                      settle_s: float) -> dict:
     """The same LoadGen tests of a model that answers at once: the harness's own latency per query."""
     serving = settings.serving.model_dump()
-    with BenchWorker("harness-overhead", SimulatedRunner.backend, "-", {"service_ms": 0.0}, pool, 1) as null:
+    with BenchWorker("harness-overhead", SimulatedRunner.runtime, "-", {"service_ms": 0.0}, pool, 1) as null:
         time.sleep(settle_s)
         out = {"single-stream": null.call("serve", serving, _scenario("single-stream", settings, None, None, 0.05))}
         if scenario == "server" and target_qps:

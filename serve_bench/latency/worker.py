@@ -63,8 +63,8 @@ class ServingCopies:
     a one-instance configuration serves with the very session that was timed.
     """
 
-    def __init__(self, runner, backend: str, path: str, options: dict) -> None:
-        self.runner, self.backend, self.path, self.options = runner, backend, path, options
+    def __init__(self, runner, runtime: str, path: str, options: dict) -> None:
+        self.runner, self.runtime, self.path, self.options = runner, runtime, path, options
         self._key: tuple | None = None
         self._extra: list = []
 
@@ -76,7 +76,7 @@ class ServingCopies:
         reuse = threads == self.runner.threads  # the timed runner serves as the first copy
         if key != self._key:
             self.close()
-            self._extra = [make_runner(self.backend, self.path, **{**self.options, "threads": threads}).load()
+            self._extra = [make_runner(self.runtime, self.path, **{**self.options, "threads": threads}).load()
                            for _ in range(instances - 1 if reuse else instances)]
             self._key = key
         copies = ([self.runner] if reuse else []) + self._extra
@@ -129,19 +129,19 @@ def warm(infer: list, pool: np.ndarray, max_batch: int, rounds: int = 2) -> None
                 fn(pool[:size])
 
 
-def worker_main(conn, backend: str, path: str, options: dict, pool: np.ndarray, batch_size: int,
+def worker_main(conn, runtime: str, path: str, options: dict, pool: np.ndarray, batch_size: int,
                 device_only: bool) -> None:
     from serve_bench.runners import make_runner, predict
 
     try:
         options = dict(options)
         nms = options.pop("postprocess", None)
-        model = make_runner(backend, path, **options).load()
+        model = make_runner(runtime, path, **options).load()
         runner = WithNms(model, nms) if nms is not None else model
         batches = batches_of(pool, batch_size)
         model.warm(batches[0])  # a compile, where the runtime has one, before anything is timed (info reports it)
         staged = [runner.prepare(b) for b in batches] if device_only else None
-        copies = ServingCopies(model, backend, path, options)  # traffic copies serve the model alone
+        copies = ServingCopies(model, runtime, path, options)  # traffic copies serve the model alone
         conn.send(("ready", runner.info()))
     except Exception as exc:  # report any load failure to the parent instead of dying silently
         conn.send(("error", f"{type(exc).__name__}: {exc}"))
@@ -185,7 +185,7 @@ def worker_main(conn, backend: str, path: str, options: dict, pool: np.ndarray, 
                 from serve_bench.latency.operator_profile import profile_artifact
 
                 iters, threads = args
-                conn.send(("ok", profile_artifact(backend, path, batches[0], threads=threads or runner.threads,
+                conn.send(("ok", profile_artifact(runtime, path, batches[0], threads=threads or runner.threads,
                                                   iters=iters, options=options)))
             elif command == "close":
                 copies.close()
@@ -220,7 +220,7 @@ class WithNms:
 class BenchWorker:
     """Parent-side handle of a worker process; every call waits for its answer."""
 
-    def __init__(self, name: str, backend: str, path: str, options: dict, pool: np.ndarray, batch_size: int,
+    def __init__(self, name: str, runtime: str, path: str, options: dict, pool: np.ndarray, batch_size: int,
                  device_only: bool = False, timeout_s: float = 600.0, wait: bool = True) -> None:
         """``wait=False`` returns once the process is started; :meth:`ready` then waits for it to load its artifact,
         so several workers start side by side (each one's interpreter, runtime import and model load is seconds
@@ -229,7 +229,7 @@ class BenchWorker:
         self.name, self.timeout_s = name, timeout_s
         self._conn, child = ctx.Pipe()
         self.process = ctx.Process(target=worker_main, daemon=True,
-                                   args=(child, backend, str(path), options, pool, batch_size, device_only))
+                                   args=(child, runtime, str(path), options, pool, batch_size, device_only))
         self.process.start()
         self.info: Any = None
         if wait:

@@ -50,7 +50,7 @@ QUANTILES = (50, 90, 99)
 
 def loop_of(serving: ServingSettings = ONE, **model) -> ServingLoop:
     """The simulated model (options ``model``) behind a serving loop, one copy per instance, in this process."""
-    copies = [make_runner(SimulatedRunner.backend, "-", **model).load() for _ in range(serving.instances)]
+    copies = [make_runner(SimulatedRunner.runtime, "-", **model).load() for _ in range(serving.instances)]
     return ServingLoop([c.infer for c in copies], POOL, serving, done=lambda tags: None)
 
 

@@ -49,7 +49,7 @@ def quantized_not_faster(artifacts: list[Entry], isa: dict | None = None) -> lis
             continue
         for ref in artifacts:
             if (ref.format == "onnx" and ref.precision == "fp32" and ref.run == art.run  # one run's model names
-                    and ref.source_model == art.source_model and ref.backend == art.backend):
+                    and ref.source_model == art.source_model and ref.runtime == art.runtime):
                 a, r = art.latency_ms, ref.latency_ms
                 if a.p50 >= r.p50 or a.p99 >= r.p99:
                     flags.append(f"{art.name} (int8) is not faster than {ref.name} (fp32) of the same model: "
@@ -61,7 +61,7 @@ def quantized_not_faster(artifacts: list[Entry], isa: dict | None = None) -> lis
 def _profiled_where_timed(entry: Entry) -> bool:
     """A runtime's profiler times a file on one device (its runner's ``profiler_device``: the CPU for onnxruntime,
     OpenVINO and torch, the GPU for TensorRT): a profile explains the latency only where the file was timed there."""
-    runner = RUNNERS.get(entry.backend)
+    runner = RUNNERS.get(entry.runtime)
     return runner is not None and entry.runner.get("device") == runner.profiler_device
 
 

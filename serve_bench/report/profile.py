@@ -38,7 +38,7 @@ def unfused_qdq_line(name: str, profile: dict, shown: int = 3) -> str | None:
     more = f" and {len(nodes) - shown} more" if len(nodes) > shown else ""
     names = ", ".join(n["node"] for n in nodes[:shown]) + more
     ms = sum(n["ms_per_run"] for n in nodes)
-    return (f"{name}: {profile.get('backend', 'the runtime')} ran {len(nodes)} Q/DQ node"
+    return (f"{name}: {profile.get('runtime', 'the runtime')} ran {len(nodes)} Q/DQ node"
             f"{'s' if len(nodes) != 1 else ''} unfused ({names}), {ms:.3f} ms per run: float conversions "
             "left around operators that did not become integer kernels.")
 
@@ -54,7 +54,7 @@ def kernel_section(report: Report) -> list[tuple[str, Table]]:
             continue
         unfused = len(profile.get("unfused_qdq") or [])
         slowest = ", ".join(f"{n['node']} ({n['precision']})" for n in kernels["float_layers"][:2])
-        rows.append([art.name, profile.get("backend", "?"), art.precision or "?", str(kernels["integer"]),
+        rows.append([art.name, profile.get("runtime", "?"), art.precision or "?", str(kernels["integer"]),
                      str(kernels["float"]) + (f" ({'/'.join(kernels['float_precisions'])})" if kernels["float"] else ""),
                      str(unfused), fmt(kernels["float_ms"]), slowest or "—"])
     if not rows or not any(r[2] == "int8" for r in rows):
@@ -74,7 +74,7 @@ def profile_sections(report: Report) -> list[tuple[str, Table]]:
         run = f", {profile['run_ms']:.3f} ms per run under the profiler" if profile.get("run_ms") else ""
         if profile.get("kernels"):
             run += f"; {census_line(profile['kernels'], len(profile.get('unfused_qdq') or []))}"
-        out.append((f"Where the time goes: {art.name} ({profile['backend']}, batch {profile['batch_size']}"
+        out.append((f"Where the time goes: {art.name} ({profile['runtime']}, batch {profile['batch_size']}"
                     f"{run})", profile_table(profile)))
     return out
 
@@ -98,10 +98,10 @@ def slower_than_unpruned_flags(entries: list[Entry]) -> list[str]:
         widths = art.channel_widths or {}
         mine, theirs = widths.get("file") or {}, widths.get("unpruned") or {}
         if mine.get("off_multiple", 0) > theirs.get("off_multiple", 0):
-            causes.append(width_words(mine, runtime_title(art.backend)))
+            causes.append(width_words(mine, runtime_title(art.runtime)))
         unfused = len((art.operator_profile or {}).get("unfused_qdq") or [])
         if unfused:
-            causes.append(f"{runtime_title(art.backend)} ran {unfused} Q/DQ nodes unfused (float conversions around "
+            causes.append(f"{runtime_title(art.runtime)} ran {unfused} Q/DQ nodes unfused (float conversions around "
                           "operators that did not become integer kernels)")
         said = "; ".join(causes) if causes else ("neither its channel counts nor unfused Q/DQ explain it: compare the "
                                                  "two profiles in the report")

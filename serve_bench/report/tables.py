@@ -52,7 +52,7 @@ def _speedup(art: Entry) -> str:
 
 def main_table(report: Report) -> Table:
     metric = report.metric
-    head = ["artifact", "backend", "precision", f"{metric} % [95% CI]", "drop points [95% CI]",
+    head = ["artifact", "runtime", "precision", f"{metric} % [95% CI]", "drop points [95% CI]",
             "only baseline / only artifact right", "p50 ms", "p99 ms", "p99 CI per request", "p99 CI blocks",
             "speed-up p99 [CI]", "throughput /s", "size MB"]
     rows = []
@@ -63,7 +63,7 @@ def main_table(report: Report) -> Table:
         lat, acc_ci = a.latency_ms, a.accuracy_ci.get(metric)
         accuracy = fmt(a.accuracy.get(metric), 2) + (f" [{acc_ci[0]:.2f}, {acc_ci[1]:.2f}]" if acc_ci else "") + mark
         name = f"{a.name} (reference, not released)" if a.role == "reference" else a.name
-        rows.append([name, a.backend, a.precision, accuracy, _drop(a), _disagree(a), fmt(lat.p50),
+        rows.append([name, a.runtime, a.precision, accuracy, _drop(a), _disagree(a), fmt(lat.p50),
                      fmt(lat.p99), interval(lat.p99_ci), interval(lat.p99_ci_blocks), _speedup(a),
                      f"{a.throughput:,.0f}", f"{a.size_bytes / 2**20:.2f}"])
     return head, rows

@@ -8,8 +8,9 @@ attributes a type checker and a test can follow, and the JSON schema beside ever
 
 Every report carries ``report_version``. Version 1 is a report written before the version was (its
 gate's limits under the old names ``max_accuracy_drop`` and ``p99_budget_ms``): it is read, its
-limits moved to the names the pipeline file gives them. A report of a newer version than this code
-knows is refused with both versions named.
+limits moved to the names the pipeline file gives them. Before version 4 an entry named its runtime
+``backend``: it is read as ``runtime``, with a warning in the log. A report of a newer version than
+this code knows is refused with both versions named.
 
 The models type every field a reader of this project relies on and keep the rest as written (each
 section allows facts it does not name: a runtime's own settings, a profile's rows), so a runtime
@@ -21,6 +22,7 @@ sections of one entry's measurements are in ``sections``; the entry, the report 
 from __future__ import annotations
 
 import json
+import logging
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
@@ -29,13 +31,16 @@ from serve_bench.report_model.sections import (Capacity, Decision, EntryTraffic,
                                                LimitsModel, LoadGenVerdict, Paired, Ratio, RatioPair, RuntimeParity,
                                                ServerRun, Serving, SteadyState, Sweep, SweepConfig, _Open)
 
+logger = logging.getLogger(__name__)
+
 __all__ = ["Capacity", "Comparison", "ComparedRun", "DataFacts", "Entry", "EntryTraffic", "Environment", "Gate",
            "LatencyFigures", "LimitsModel", "LoadGenVerdict", "Paired", "Quantization", "Ratio", "RatioPair",
            "Repeats", "Report", "ReportVersionError", "Rung", "RuntimeParity", "ServerRun", "Serving", "Spread",
            "SteadyState", "Sweep", "SweepConfig", "Traffic", "REPORT_VERSION", "SCHEMA_FILE", "checked", "entries",
            "model_of", "read", "readable", "schema_text", "upgraded"]
 
-REPORT_VERSION = 3  # 3: an entry may be a reference (role), which no gate judges: an older reader must refuse it
+REPORT_VERSION = 4  # 3: an entry may be a reference (role), which no gate judges: an older reader must refuse it;
+# 4: an entry, its runner record and its profile name their runtime ``runtime`` (``backend`` before)
 SCHEMA_FILE = "report.schema.json"
 
 
@@ -80,8 +85,8 @@ class Entry(_Open):
     name: str
     artifact: str | None = None
     stage: str | None = None
-    backend: str
-    runtime: str | None = None
+    runtime: str = Field(description="the runtime it ran on (a registry name: torch, onnxruntime, openvino, "
+                                     "tensorrt, inductor); reports before version 4 called it backend")
     precision: str
     format: str
     path: str
@@ -111,7 +116,7 @@ class Entry(_Open):
     machine_load: dict[str, Any] | None = None
     operator_profile: dict[str, Any] | None = None
     runner: dict[str, Any] = Field(default_factory=dict, description=(
-        "what the runtime ran with, read back from it: backend, device, threads, and its own settings (OpenVINO's "
+        "what the runtime ran with, read back from it: runtime, device, threads, and its own settings (OpenVINO's "
         "inference_precision, the execution provider); the gate reads device (a profile explains latency only "
         "where the file was timed on the profiler's device) and inference_precision (a float file on bf16 kernels)"))
     postprocess_ms: dict[str, Any] | None = Field(None, description="a detector: its NMS per image (p50, p99 ms, n, "
@@ -306,8 +311,10 @@ def readable(data: dict, source: str) -> dict:
     if not isinstance(version, int) or version > REPORT_VERSION:
         raise ReportVersionError(f"{source}: report_version {version} was written by a newer compress; this one reads "
                                  f"versions 1 to {REPORT_VERSION}: upgrade compress or re-run the bench stage")
-    if version == 1:
-        data = upgraded(data)
+    if version < REPORT_VERSION:
+        data = upgraded(data, version)
+        logger.warning("%s: a report of version %d, read in today's names (an entry's backend is now its runtime); "
+                       "re-run the bench stage to write version %d", source, version, REPORT_VERSION)
     try:
         Report.model_validate(data)
         return data
@@ -316,15 +323,27 @@ def readable(data: dict, source: str) -> dict:
                                  "bench stage") from exc
 
 
-def upgraded(data: dict) -> dict:
-    """A version-1 report in version 2's names: the gate's limits under the pipeline file's names."""
+def upgraded(data: dict, version: int = 1) -> dict:
+    """An older report in today's names: version 1's gate limits under the pipeline file's names, and (before
+    version 4) each entry's ``backend`` as its ``runtime``, in its runner record and its profile too."""
+    data = {**data, "artifacts": [_runtime_named(a) for a in data.get("artifacts", [])]}
     gate = dict(data.get("gate") or {})
     if "limits" not in gate and "max_accuracy_drop" in gate:
         gate["limits"] = {"metric": data.get("metric", "top1"), "max_drop": gate.pop("max_accuracy_drop"),
                           "p99_budget_ms": gate.pop("p99_budget_ms", None),
                           "decision": gate.get("decision", "point")}
         gate.setdefault("decision", gate["limits"]["decision"])
-    return {**data, "gate": gate, "report_version": REPORT_VERSION, "upgraded_from": 1}
+    return {**data, "gate": gate, "report_version": REPORT_VERSION, "upgraded_from": version}
+
+
+def _runtime_named(entry: dict) -> dict:
+    """An entry written before version 4: ``backend`` (and the runtime a variant repeated) as one ``runtime``."""
+    out = {("runtime" if k == "backend" else k): v for k, v in entry.items()
+           if not (k == "runtime" and "backend" in entry)}
+    for section in ("runner", "operator_profile"):
+        if isinstance(out.get(section), dict) and "backend" in out[section]:
+            out[section] = {("runtime" if k == "backend" else k): v for k, v in out[section].items()}
+    return out
 
 
 def schema_text() -> str:

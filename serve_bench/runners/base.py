@@ -17,7 +17,7 @@ from serve_bench.errors import BenchError
 
 
 class RunnerError(BenchError):
-    """A backend is unavailable, fell back to another device, or was misused."""
+    """A runtime is unavailable, fell back to another device, or was misused."""
 
 
 def physical_cores() -> int:
@@ -66,11 +66,11 @@ class Runner:
     answers depend on the batch they come in, the device it always runs on, how its threads are set for a process,
     and how it profiles a file (``profile``)."""
 
-    backend: ClassVar[str]
+    runtime: ClassVar[str]
     # True where the same input answers differently in a batch of another size (OpenVINO on the CPU): its accuracy
     # is measured at the batch it serves
     answers_depend_on_batch: ClassVar[bool] = False
-    title: ClassVar[str] = ""  # how messages name the runtime, where it differs from ``backend`` (OpenVINO)
+    title: ClassVar[str] = ""  # how messages name the runtime, where it differs from ``runtime`` (OpenVINO)
     fixed_device: ClassVar[str | None] = None  # the device it runs on whatever the bench's (TensorRT: cuda)
     profiler_device: ClassVar[str] = "cpu"  # where its operator profiler times a file (TensorRT's: cuda)
     # the channel multiple its convolutions want, by instruction-set class (serve_bench.runners.channel_widths);
@@ -99,13 +99,13 @@ class Runner:
 
     def load(self) -> "Runner":
         if self.loaded:
-            raise RunnerError(f"{self.backend} runner for {self.path} is already loaded")
+            raise RunnerError(f"{self.runtime} runner for {self.path} is already loaded")
         self._load()
         self.loaded = True
         return self
 
     def prepare(self, x: np.ndarray) -> Any:
-        """Stage an input where the backend reads it (the device), for device-only timing."""
+        """Stage an input where the runtime reads it (the device), for device-only timing."""
         self._check(x)
         return self._prepare(x)
 
@@ -124,7 +124,7 @@ class Runner:
             self.loaded = False
 
     def info(self) -> dict:
-        return {"backend": self.backend, "device": self.device, "threads": self.threads}
+        return {"runtime": self.runtime, "device": self.device, "threads": self.threads}
 
     def use_threads(self, threads: int) -> None:
         """Size a thread pool the runtime shares across the process (torch's intra-op pool) for ``threads``; a
@@ -173,12 +173,12 @@ class Runner:
             return onnx_path, cls.fixed_device or "cpu"
         if "torch-model" in cls.formats:
             return model_dir, cls.fixed_device or "cpu"
-        raise RunnerError(f"the {cls.backend} runtime loads none of the smoke run's files")
+        raise RunnerError(f"the {cls.runtime} runtime loads none of the smoke run's files")
 
     @classmethod
     def make_native_int8(cls, model: Any, description: dict, calibration: np.ndarray, folder: Path) -> dict:
         """Write its own INT8 file of a torch ``model`` into ``folder`` from the calibration images; the recipe."""
-        raise RunnerError(f"the {cls.backend} runtime makes no INT8 file of its own")
+        raise RunnerError(f"the {cls.runtime} runtime makes no INT8 file of its own")
 
     def warm(self, x: np.ndarray) -> None:
         """Pay a first call's one-off cost (a compile) before anything is timed; :meth:`info` then reports it."""
@@ -192,7 +192,7 @@ class Runner:
     @classmethod
     def profile(cls, path: str, batch: np.ndarray, *, threads: int, iters: int, options: dict, top: int) -> dict:
         """Per-operator times of one file under this runtime's own profiler."""
-        raise RunnerError(f"the {cls.backend} runner has no operator profiler")
+        raise RunnerError(f"the {cls.runtime} runner has no operator profiler")
 
     def __enter__(self) -> "Runner":
         return self.load()
@@ -202,9 +202,9 @@ class Runner:
 
     def _check(self, x: np.ndarray) -> None:
         if not self.loaded:
-            raise RunnerError(f"{self.backend} runner for {self.path}: call load() (or use it as a context manager) first")
+            raise RunnerError(f"{self.runtime} runner for {self.path}: call load() (or use it as a context manager) first")
         if x.ndim != 4:
-            raise RunnerError(f"{self.backend} runner expects N×C×H×W images, got shape {x.shape}")
+            raise RunnerError(f"{self.runtime} runner expects N×C×H×W images, got shape {x.shape}")
 
     def _prepare(self, x: np.ndarray) -> Any:
         return x

@@ -28,17 +28,17 @@ def _openvino_precision(kernel: str) -> str:
     return {"i8": "int8", "u8": "int8", "bf16": "bf16", "f16": "fp16", "f32": "fp32"}.get(tail, tail or "?")
 
 
-def census(backend: str, nodes: dict[str, tuple[str, str, float]], runs: int) -> dict | None:
+def census(runtime: str, nodes: dict[str, tuple[str, str, float]], runs: int) -> dict | None:
     """Integer and float compute layers among ``nodes`` (name → (op type, kernel, ms summed over ``runs``)).
 
     None where the runtime's profile cannot tell (torch, TensorRT: their layers are not named by precision here).
     """
     integer, floating = [], []
     for name, (op, kernel, ms) in nodes.items():
-        if backend == "onnxruntime":
+        if runtime == "onnxruntime":
             side = integer if op in ORT_INTEGER else floating if op in ORT_FLOAT else None
             precision = "int8" if op in ORT_INTEGER else "fp32"
-        elif backend == "openvino":
+        elif runtime == "openvino":
             if op not in OV_COMPUTE:
                 continue
             precision = _openvino_precision(str(kernel))

@@ -18,7 +18,7 @@ logger = logging.getLogger(__name__)
 
 
 class OnnxRuntimeRunner(Runner):
-    backend = "onnxruntime"
+    runtime = "onnxruntime"
     formats = {"onnx": "onnx"}
     install_hint = "pip install 'compress[cpu]' (or 'compress[gpu]' on a GPU machine)"
     library = "onnxruntime"
@@ -65,7 +65,7 @@ class OnnxRuntimeRunner(Runner):
         """The input copied once onto the session's device (an OrtValue), for device-only timing.
 
         Like the torch and TensorRT runners' staged tensors, so device-only timing leaves out the
-        host↔device copies for every backend alike. Each run binds it afresh (I/O binding, the
+        host↔device copies for every runtime alike. Each run binds it afresh (I/O binding, the
         output left on the device): a binding shared by client threads would race.
         """
         self._check(x)
@@ -203,7 +203,7 @@ def _profile(cls, path: str, batch: np.ndarray, *, threads: int, iters: int, int
             at_edge = name in (quant_in if op == "QuantizeLinear" else dequant_out)
             (edge if at_edge else unfused).append({"node": name, "op": op, "ms_per_run": rounded(ms / n),
                                                    "in_file": name in named})
-    result = profile_result(cls.backend, cls.profile_note, batch, n, threads, run_ms, per_op, top_nodes, unfused, edge,
+    result = profile_result(cls.runtime, cls.profile_note, batch, n, threads, run_ms, per_op, top_nodes, unfused, edge,
                      census("onnxruntime", {k: tuple(v) for k, v in per_node.items()}, n))
     logger.info("profiled %s with onnxruntime: %d runs, %.3f ms per run, %d op types, %d unfused Q/DQ",
                 path, n, run_ms, len(per_op), len(unfused))

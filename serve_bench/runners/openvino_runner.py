@@ -46,7 +46,7 @@ class OpenVinoRunner(Runner):
     ``inference_precision`` (``auto``: OpenVINO's own choice, what a user gets by hand; ``f32`` keeps a
     float file in float on bf16-capable CPUs)."""
 
-    backend = "openvino"
+    runtime = "openvino"
     title = "OpenVINO"
     formats = {"onnx": "onnx"}
     install_hint = "pip install 'compress[cpu]'"
@@ -208,7 +208,7 @@ def _profile(cls, path: str, batch: np.ndarray, *, threads: int, iters: int, opt
         if op == "FakeQuantize":
             (edge if name in quant_in else unfused).append({"node": name, "op": op, "ms_per_run": rounded(ms / iters),
                                                             "in_file": name in named})
-    result = profile_result(cls.backend, cls.profile_note, batch, iters, threads, run_total * 1e3 / iters, per_op, top_nodes, unfused, edge,
+    result = profile_result(cls.runtime, cls.profile_note, batch, iters, threads, run_total * 1e3 / iters, per_op, top_nodes, unfused, edge,
                      census("openvino", {k: tuple(v) for k, v in per_node.items()}, iters))
     logger.info("profiled %s with OpenVINO: %d runs, %d layer types, %d unfused FakeQuantize", path, iters,
                 len(per_op), len(unfused))

@@ -28,7 +28,7 @@ def shares_of(times: list[float]) -> list[float]:
     return [u / 1_000_000 for u in units]
 
 
-def profile_result(backend: str, note: str, batch: np.ndarray, iters: int, threads: int | None, run_ms: float | None,
+def profile_result(runtime: str, note: str, batch: np.ndarray, iters: int, threads: int | None, run_ms: float | None,
             per_op: dict[str, list[float]], top_nodes: list[dict], unfused: list[dict] | None = None,
             edge: list[dict] | None = None, kernels: dict | None = None) -> dict:
     """The common shape; ``per_op`` maps op type → [summed ms over all runs, calls over all runs]; ``kernels``:
@@ -37,7 +37,7 @@ def profile_result(backend: str, note: str, batch: np.ndarray, iters: int, threa
     shares = shares_of([ms for _, (ms, _) in ordered])
     ops = [{"op": op, "ms_per_run": rounded(ms / iters), "calls_per_run": rounded(calls / iters), "share": share}
            for (op, (ms, calls)), share in zip(ordered, shares)]
-    return {"backend": backend, "runs": iters, "batch_size": int(batch.shape[0]), "threads": threads,
+    return {"runtime": runtime, "runs": iters, "batch_size": int(batch.shape[0]), "threads": threads,
             "run_ms": rounded(run_ms), "ops_ms": rounded(sum(ms for ms, _ in per_op.values()) / iters), "ops": ops,
             "top_nodes": top_nodes, "unfused_qdq": unfused or [], "edge_qdq": edge or [], "note": note,
             **({"kernels": kernels} if kernels is not None else {})}

@@ -17,7 +17,7 @@ from serve_bench.runners.torch_runner import TorchRunner
 logger = logging.getLogger(__name__)
 
 # in the order reports and the doctor list them; for a kind of file, the first that loads it is its home runtime
-RUNNERS: dict[str, type[Runner]] = {r.backend: r for r in (TorchRunner, OnnxRuntimeRunner, OpenVinoRunner,
+RUNNERS: dict[str, type[Runner]] = {r.runtime: r for r in (TorchRunner, OnnxRuntimeRunner, OpenVinoRunner,
                                                           TensorRTRunner, InductorRunner, SimulatedRunner)}
 RUNNER_OF_KIND: dict[str, str] = {}
 for _name, _runner in RUNNERS.items():
@@ -27,16 +27,16 @@ for _name, _runner in RUNNERS.items():
 ONNX_RUNTIMES = tuple(name for name, r in RUNNERS.items() if "onnx" in r.formats)
 
 
-def make_runner(backend: str, path: str | Path, **kwargs: Any) -> Runner:
-    if backend not in RUNNERS:
-        raise RunnerError(f"unknown runtime {backend!r}; known: {', '.join(RUNNERS)}")
-    return RUNNERS[backend](path, **kwargs)
+def make_runner(runtime: str, path: str | Path, **kwargs: Any) -> Runner:
+    if runtime not in RUNNERS:
+        raise RunnerError(f"unknown runtime {runtime!r}; known: {', '.join(RUNNERS)}")
+    return RUNNERS[runtime](path, **kwargs)
 
 
-def runtime_title(backend: str) -> str:
+def runtime_title(runtime: str) -> str:
     """The runtime's name as messages write it (its runner's ``title``, else its registry name)."""
-    runner = RUNNERS.get(backend)
-    return (runner.title if runner is not None else "") or backend
+    runner = RUNNERS.get(runtime)
+    return (runner.title if runner is not None else "") or runtime
 
 
 def runtimes_of_kind(kind: str) -> list[str]:

@@ -20,7 +20,7 @@ class SimulatedRunner(Runner):
     collector), ``classes`` (width of the zero logits it answers).
     """
 
-    backend = "simulated"
+    runtime = "simulated"
 
     def _load(self) -> None:
         self._service_s = float(self.options.get("service_ms", 0.0)) / 1e3

@@ -19,7 +19,7 @@ logger = logging.getLogger(__name__)
 class TensorRTRunner(Runner):
     """A serialized engine on the GPU; device buffers come from torch (pycuda is not needed)."""
 
-    backend = "tensorrt"
+    runtime = "tensorrt"
     title = "TensorRT"
     fixed_device = "cuda"
     formats = {"trt-engine": "engine"}
@@ -197,7 +197,7 @@ def _profile(cls, path: str, batch: np.ndarray, *, iters: int, top: int = 15) ->
     layers = sorted(profiler.ms.items(), key=lambda kv: (-kv[1][0], kv[0]))
     top_nodes = [{"node": layer, "op": types.get(layer, "unknown"), "ms_per_run": rounded(ms / iters)}
                  for layer, (ms, _) in layers[:top]]
-    result = profile_result(cls.backend, cls.profile_note, batch, iters, None, run_ms, per_op, top_nodes)
+    result = profile_result(cls.runtime, cls.profile_note, batch, iters, None, run_ms, per_op, top_nodes)
     logger.info("profiled %s with TensorRT: %d runs, %d layers", path, iters, len(profiler.ms))
     return result
 

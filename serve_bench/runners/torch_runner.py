@@ -16,7 +16,7 @@ logger = logging.getLogger(__name__)
 class TorchRunner(Runner):
     """Eager PyTorch: the baseline every artifact is compared with (compiled torch is the inductor runtime)."""
 
-    backend = "torch"
+    runtime = "torch"
     title = "torch eager"
     formats = {"torch-model": "torch"}
     install_hint = "pip install compress (torch is a core dependency)"
@@ -125,6 +125,6 @@ def torch_op_profile(cls, path: str, run, x, *, threads: int, iters: int) -> dic
             run_ms = event.cpu_time_total / 1000.0 / iters
         else:
             per_op[event.key] = [event.self_cpu_time_total / 1000.0, float(event.count)]
-    result = profile_result(cls.backend, cls.profile_note, x, iters, threads, run_ms, per_op, [])
-    logger.info("profiled %s with %s: %d runs, %d op types", path, cls.backend, iters, len(per_op))
+    result = profile_result(cls.runtime, cls.profile_note, x, iters, threads, run_ms, per_op, [])
+    logger.info("profiled %s with %s: %d runs, %d op types", path, cls.runtime, iters, len(per_op))
     return result

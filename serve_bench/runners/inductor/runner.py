@@ -47,7 +47,7 @@ class InductorRunner(Runner):
     bf16 autocast around the compiled module) and ``bf16`` (auto/on/off: whether :meth:`variants` adds a bf16
     candidate)."""
 
-    backend = "inductor"
+    runtime = "inductor"
     title = "torch.compile (Inductor)"
     formats = {"torch-model": "torch", native_int8.KIND: "pt2e"}
     native_int8_kind = native_int8.KIND
