@@ -3,12 +3,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from compress.quantization.flavours import Check
 from compress.quantization.ladder import Attempt, RungUnavailable, choose, climb
+
+CPU = Check.own("cpu")
 
 
 def _attempt(rung: str, drop: float, max_drop: float = 1.0) -> Attempt:
-    return Attempt(rung=rung, files={"cpu": Path(f"{rung}.onnx")}, val={"cpu": {"top1": 90.0 - drop}},
-                   drops={"cpu": drop}, within=drop <= max_drop)
+    return Attempt(rung=rung, files={"cpu": Path(f"{rung}.onnx")}, val={CPU: {"top1": 90.0 - drop}},
+                   drops={CPU: drop}, within=drop <= max_drop)
 
 
 def _ladder(drops: dict[str, float], unavailable: str | None = None):

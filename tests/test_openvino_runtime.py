@@ -164,17 +164,28 @@ def test_runtime_parity_counts_the_images_whose_answer_differs_with_a_known_answ
     assert same["top1_differs"] == 0 and same["max_abs_logit_diff"] == 0.0 and same["top1_differs_ci"][0] == 0.0
 
 
-def test_a_file_is_refused_on_a_runtime_its_red_line_was_not_checked_on():
-    from compress.stages.measurement import _refusal
+def test_a_file_is_refused_on_a_runtime_its_red_line_was_not_checked_on(caplog):
+    """The quantize stage's record, read by the bench as the same typed record: refused where the check failed or
+    never ran; a manifest of the older shape (the own runtime's drop alone, the others under test_drop_on) is read
+    the same, with a warning."""
+    from compress.stages.quantize_record import ShippedFile
 
-    checked_on_ort = {"red_line": {"within": True, "test_drop": 0.1}}  # quantized without the OpenVINO check
-    assert _refusal(checked_on_ort, "onnxruntime") is None
-    assert "not on openvino" in _refusal(checked_on_ort, "openvino")
-    both = {"red_line": {"within": True, "test_drop": 0.1, "test_drop_on": {"openvino": 0.2}}}
-    assert _refusal(both, "openvino") is None and _refusal(both, "onnxruntime") is None
-    over = {"red_line": {"within": False, "test_drop": 0.1, "test_drop_on": {"openvino": 2.5}}}
-    assert "onnxruntime 0.1, openvino 2.5" in _refusal(over, "onnxruntime")  # says which runtime missed it
-    assert _refusal({}, "openvino") is None  # a file no ladder judged (NNCF's, the fp32 export): the gate judges it
+    def refusal(meta: dict, runtime: str) -> str | None:
+        return ShippedFile.model_validate(meta).refusal(runtime)
+
+    checked_on_ort = {"red_line": {"within": True, "test_drop": {"onnxruntime": 0.1}}}  # without the OpenVINO check
+    assert refusal(checked_on_ort, "onnxruntime") is None
+    assert "not on openvino" in refusal(checked_on_ort, "openvino")
+    both = {"red_line": {"within": True, "test_drop": {"onnxruntime": 0.1, "openvino": 0.2}}}
+    assert refusal(both, "openvino") is None and refusal(both, "onnxruntime") is None
+    over = {"red_line": {"within": False, "test_drop": {"onnxruntime": 0.1, "openvino": 2.5}}}
+    assert "onnxruntime 0.1, openvino 2.5" in refusal(over, "onnxruntime")  # says which runtime missed it
+    assert refusal({}, "openvino") is None  # a file no ladder judged (NNCF's, the fp32 export): the gate judges it
+    with caplog.at_level("WARNING", logger="compress.stages.quantize_record"):
+        old = ShippedFile.model_validate({"runtimes": ["onnxruntime", "openvino"], "red_line": {
+            "within": False, "test_drop": 0.1, "test_drop_on": {"openvino": 2.5}}})
+    assert old.red_line == ShippedFile.model_validate(over).red_line and "older manifest's shape" in caplog.text
+    assert "not on inductor" in refusal({"red_line": {"within": True}}, "inductor")  # older still: no drop written
 
 
 def test_the_same_file_twice_on_one_runtime_is_not_a_runtime_pair_and_a_tie_is_noted():

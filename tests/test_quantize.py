@@ -19,7 +19,7 @@ from compress.pipeline.input_wiring import input_refs
 from compress.quantization import ladder as int8_ladder, measure as int8_measure, qat_pt2e
 from compress.quantization.qdq_lint import graph_constants, lint_qdq
 from compress.quantization.qdq_rewrite import WEIGHT_7BIT_MAX, int8_to_uint8_activations, weights_to_7bit
-from compress.stages.measurement import _refusal
+from compress.stages.quantize_record import ShippedFile
 from compress.stages.int8_records import split_arrays
 from serve_bench.limits import Limits
 from tests.report_entries import as_entries
@@ -82,7 +82,7 @@ def test_pytorchs_own_int8_file_is_made_beside_the_ladder_and_judged_through_the
     record = manifest["artifacts"]["quantize.native_inductor"]
     meta, native = record["meta"], manifest["stages"]["quantize"]["metrics"]["native"]["native_inductor"]
     assert record["kind"] == native_int8.KIND and meta["runtimes"] == ["inductor"] and meta["precision"] == "int8"
-    assert meta["red_line"] == {"within": native["within"], "test_drop": native["test_drop"]}
+    assert meta["red_line"] == {"within": native["within"], "test_drop": {"inductor": native["test_drop"]}}
     assert native["recipe"]["calibration_images"] == 64 and "X86InductorQuantizer" in native["recipe"]["quantizer"]
     assert abs(native["test_drop"]) < 5.0  # INT8 of a trained model, not a broken one (the drop is on 1,000 images)
     folder = ptq_run / record["path"]
@@ -413,10 +413,14 @@ def test_the_flag_says_whether_the_instruction_set_explains_a_slow_int8_file():
     assert "not recorded" in quantized_not_faster(as_entries(entries))[0]
 
 
+def _refusal(meta: dict, runtime: str) -> str | None:
+    return ShippedFile.model_validate(meta).refusal(runtime)
+
+
 def test_the_gate_refuses_an_int8_file_that_missed_the_red_line():
-    reason = _refusal({"red_line": {"within": False, "test_drop": 3.2}}, "onnxruntime")
+    reason = _refusal({"red_line": {"within": False, "test_drop": {"onnxruntime": 3.2}}}, "onnxruntime")
     assert reason and "no rung within the red line" in reason
-    assert _refusal({"red_line": {"within": True}}, "onnxruntime") is None
+    assert _refusal({"red_line": {"within": True, "test_drop": {"onnxruntime": 0.2}}}, "onnxruntime") is None
     entries = [_entry("train.model", "fp32", 5.0, 6.0, fmt="torch"), _entry("q", "int8", 0.5, 0.6, refused=reason)]
     gate = evaluate(as_entries(entries), Limits(max_drop=1.0, p99_budget_ms=None))
     assert gate["release"] == "train.model" and any(r.startswith("q: the quantize stage") for r in gate["reasons"])
@@ -634,7 +638,7 @@ def test_a_file_made_for_openvino_is_measured_and_judged_there_only(tmp_path):
     folder.mkdir()
     (folder / "model.onnx").write_bytes(b"")
     meta = {"file": "model.onnx", "precision": "int8", "runtimes": ["openvino"],
-            "red_line": {"within": True, "test_drop": 0.4}}
+            "red_line": {"within": True, "test_drop": {"openvino": 0.4}}}
     cfg = SimpleNamespace(runtimes=["onnxruntime", "openvino"], device="cpu", name="bench", openvino=OpenVinoSettings(),
                           torch_compile=False, inter_op_threads=1)
     artifact = InputArtifact("quantize.onnx_openvino", "onnx", folder, meta)

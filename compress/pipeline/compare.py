@@ -68,7 +68,10 @@ def _chosen(run_dir: Path, manifest: Manifest, report: report_model.Report | Non
             raise ConfigError(f"{run_dir}: its gate released nothing, so there is no default artifact to compare; "
                               f"name one with --artifact (e.g. --artifact {report.baseline})")
     candidate = name
-    if name not in manifest.artifacts and "@" in name:  # a file on another runtime than the first
+    entry = next((e for e in report.artifacts if e.name == name), None) if report is not None else None
+    if entry is not None and entry.artifact:  # the report says which file a candidate ("file on runtime") is
+        name = entry.artifact
+    elif name not in manifest.artifacts and "@" in name:  # a name typed as file@runtime, no report to ask
         name = name.rsplit("@", 1)[0]
     record = manifest.artifacts.get(name)
     if record is None:
@@ -184,7 +187,7 @@ def compare_runs(run_dirs: list[Path], out: Path, console: Console, artifact: st
     independence = runs_independence([run.pipeline.config for run in runs])
     judged = measure_and_judge(specs, reference, first.test, settings, data_name=first.pipeline.config.data.name,
                                meaningful=meaningful, environment=environment(), independence=independence,
-                               run_dir_of=lambda entry: Path(entry["run"]), own_tests=own_tests)
+                               run_dir_of=lambda entry: Path(entry.run), own_tests=own_tests)
     result = judged.result
     report = {"pipeline": "compare", **judged.report,
               "settings": {**cfg.model_dump(mode="json"), "batch_size": settings.batch_size},

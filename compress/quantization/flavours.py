@@ -6,6 +6,7 @@ runtime knows (serve_bench.runners). The ladder, the quantize stage and its reco
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from compress.quantization.measure import ONNX_RUNTIME
 from serve_bench.runners import OpenVinoRunner, TensorRTRunner
@@ -26,6 +27,22 @@ CPU = Flavour("cpu", ONNX_RUNTIME, ONNX_RUNTIME, "quantize_static", ships=True)
 TRT = Flavour("trt", TensorRTRunner.runtime, ONNX_RUNTIME, "quantize_static", ships=False)
 OPENVINO = Flavour(OpenVinoRunner.runtime, OpenVinoRunner.runtime, OpenVinoRunner.runtime, "nncf", ships=True)
 FLAVOURS: dict[str, Flavour] = {f.name: f for f in (CPU, TRT, OPENVINO)}
+
+
+class Check(NamedTuple):
+    """One red-line check: a flavour's file as one runtime answers it. The CPU file is checked on each runtime it may
+    ship on; every other file on the runtime that judges it (``own``). Kept as a pair through the ladder and the
+    quantize stage, so that no reader splits a joined name."""
+
+    flavour: str
+    runtime: str
+
+    @classmethod
+    def own(cls, flavour: str) -> "Check":
+        return cls(flavour, FLAVOURS[flavour].judged_on)
+
+    def __str__(self) -> str:  # how logs and records name it: the flavour alone where its own runtime judges it
+        return self.flavour if self == Check.own(self.flavour) else f"{self.flavour}@{self.runtime}"
 
 
 def ships_on(flavour: str, cpu_runtimes: list[str] | tuple[str, ...]) -> list[str]:

@@ -18,7 +18,7 @@ import numpy as np
 import onnx
 
 from compress.quantization import measure as int8_measure
-from compress.quantization.flavours import CPU, FLAVOURS, ONNX_RUNTIME, OPENVINO, TRT
+from compress.quantization.flavours import CPU, FLAVOURS, ONNX_RUNTIME, OPENVINO, TRT, Check
 from compress.quantization.latency_fallback import LatencyFallbackSettings, greedy, layer_groups
 from compress.quantization.nncf_ptq import NNCFQuantizationError, NNCFSettings, quantize_onnx as nncf_quantize
 from compress.quantization.ptq import Calibration, QuantizationError, compute_nodes, quantize
@@ -60,8 +60,8 @@ class LadderSettings:
 class Attempt:
     rung: str  # ptq | fallback | qat
     files: dict[str, Path]  # flavour → Q/DQ ONNX
-    val: dict[str, dict]  # flavour → accuracy on the validation split
-    drops: dict[str, float]  # flavour → points below the reference
+    val: dict[Check, dict]  # each check (a flavour's file on a runtime) → accuracy on the validation split
+    drops: dict[Check, float]  # each check → points below the reference
     within: bool
     details: dict = field(default_factory=dict)
     float_layers: list[str] = field(default_factory=list)
@@ -74,11 +74,12 @@ class Attempt:
         return f"{self.rung}: {', '.join(over)} points > red line {max_drop:g} on the validation split"
 
     def record(self, metric: str) -> dict:
-        on_runtimes = {k: {f"val_{metric}": v[metric], "drop": round(self.drops[k], 4)} for k, v in self.val.items()
-                       if k not in self.files}
+        on_runtimes = {str(k): {f"val_{metric}": v[metric], "drop": round(self.drops[k], 4)}
+                       for k, v in self.val.items() if k != Check.own(k.flavour)}
+        own = {f: Check.own(f) for f in self.files}
         return {"rung": self.rung, "within_red_line": self.within, "float_layers": self.float_layers,
-                "flavours": {f: {f"val_{metric}": self.val[f][metric], "drop": round(self.drops[f], 4),
-                                 "size_bytes": self.files[f].stat().st_size} for f in self.files},
+                "flavours": {f: {f"val_{metric}": self.val[c][metric], "drop": round(self.drops[c], 4),
+                                 "size_bytes": self.files[f].stat().st_size} for f, c in own.items()},
                 **({"runtimes": on_runtimes} if on_runtimes else {}), **self.details}
 
 
@@ -129,8 +130,8 @@ class Ladder:
         return score(path, batch, runtime=runtime, threads=s.runtime_threads, options=s.runtime_options.get(runtime))
 
     def cpu_elsewhere(self, path: Path, score: Callable[..., dict] | None = None) -> dict[str, dict]:
-        """The CPU file judged on each other runtime it may ship on (``cpu@<runtime>``): each one's answers checked."""
-        return {f"{CPU.name}@{r}": self.judge(path, r, score) for r in self.settings.cpu_runtimes}
+        """The CPU file judged on each other runtime it may ship on: each one's answers checked."""
+        return {Check(CPU.name, r): self.judge(path, r, score) for r in self.settings.cpu_runtimes}
 
     def measure(self, rung: str, files: dict[str, Path], details: dict | None = None,
                 float_layers: list[str] | None = None) -> Attempt:
@@ -142,7 +143,7 @@ class Ladder:
         for f, p in list(files.items()):
             made = FLAVOURS[f]
             try:
-                val[f] = self.judge(p, made.judged_on)
+                val[Check.own(f)] = self.judge(p, made.judged_on)
             except RunnerError as exc:  # e.g. no OpenVINO kernel for the layout NNCF chose
                 if made.made_by != "nncf":
                     raise
@@ -224,7 +225,7 @@ class Ladder:
         """Keep the fewest most sensitive layers in float until the drop is within the red line."""
         # rank on the flavour that missed by most (the CPU file's, when it missed on another runtime); NNCF's
         # file is ranked with onnxruntime's symmetric int8 (the trt layout), the scheme closest to its default
-        flavour = max(failed.drops, key=failed.drops.get).split("@")[0]
+        flavour = max(failed.drops, key=failed.drops.get).flavour
         flavour = TRT.name if FLAVOURS[flavour].made_by == "nncf" else flavour
         ranked = self.sensitivity(flavour)
         self.log(f"fallback: most sensitive layers ({flavour}): "
@@ -233,7 +234,7 @@ class Ladder:
         for k in range(1, min(self.settings.max_float_layers, len(ranked)) + 1):
             exclude = [r["node"] for r in ranked[:k]]
             attempt = self.measure("fallback", self._quantize_all(f"fallback-{k}", exclude), float_layers=exclude)
-            tries.append({"float_layers": k, "drops": {f: round(d, 4) for f, d in attempt.drops.items()}})
+            tries.append({"float_layers": k, "drops": {str(c): round(d, 4) for c, d in attempt.drops.items()}})
             if best is None or attempt.worst() < best.worst():
                 best = attempt
             if attempt.within:
@@ -266,7 +267,7 @@ def latency_fallback(ladder: Ladder, chosen: Attempt, settings: LatencyFallbackS
                         exclude=[*base, *nodes], reduce_range=ladder._reduce("cpu"))
 
     def scores(path: Path) -> dict[str, dict]:
-        return {CPU.name: ladder.judge(path, CPU.judged_on), **ladder.cpu_elsewhere(path)}
+        return {Check.own(CPU.name): ladder.judge(path, CPU.judged_on), **ladder.cpu_elsewhere(path)}
 
     judged: dict[Path, dict] = {}
 

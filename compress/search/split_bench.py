@@ -183,7 +183,7 @@ def measure_split(contenders: list[Contender], pipeline: Pipeline, limits: Limit
                                meaningful=data.meaningful_accuracy, environment=environment(),
                                independence=test_independence(pipeline.config.model, pipeline.config.data,
                                                               pipeline.config.stages),
-                               run_dir_of=lambda entry: Path(entry["run"]))
+                               run_dir_of=lambda entry: Path(entry.run))
     result = judged.result
     report = {"format": FORMAT, "key": key, "split": split, "pipeline": pipeline.config.name, **judged.report,
               "limits": limits.as_dict(), "contenders": [c.as_dict() for c in contenders],

@@ -14,6 +14,7 @@ from compress.quantization.flavours import OPENVINO
 from compress.quantization.ladder import Attempt
 from compress.stages.base import InputArtifact
 from compress.stages.model_source import model_from_artifact
+from compress.stages.quantize_record import RedLineCheck
 from compress.stages.training_run import is_detection
 from export.external_data import UnsafeModelError, check_external_data
 from train.data import BatchStream, DataBundle
@@ -95,9 +96,10 @@ def rung_records(attempts: list[Attempt], lints: dict, float_onnx: Path, val_x: 
 
 
 def onnx_meta(flavour: str, chosen: Attempt, source: InputArtifact, description: dict, summary: dict,
-              test: dict, runtimes: list[str]) -> dict:
-    """The manifest metadata of one shipped Q/DQ file: what it is, where it came from, how it was chosen, and the
-    runtimes it ships on (the bench measures it there only; none for the TensorRT file, which feeds an engine)."""
+              test: dict, runtimes: list[str], check: RedLineCheck) -> dict:
+    """The manifest metadata of one shipped Q/DQ file: what it is, where it came from, how it was chosen, the
+    runtimes it ships on (the bench measures it there only; none for the TensorRT file, which feeds an engine) and
+    its red-line check on each (``check``, which the bench reads back as the same record)."""
     graph = onnx.load(str(chosen.files[flavour]), load_external_data=False).graph
     nncf = chosen.details.get("nncf") or {}
     return {"file": "model.onnx", "files": ["model.onnx"], "precision": "int8", "flavour": flavour,
@@ -112,8 +114,5 @@ def onnx_meta(flavour: str, chosen: Attempt, source: InputArtifact, description:
             "quantization": {"rung": chosen.rung, "flavour": flavour, "float_layers": chosen.float_layers,
                              "climbed": summary["climbed"], "rungs": [_compact(r) for r in summary["rungs"]]},
             "test": test,
-            "red_line": {"within": summary["red_line"]["within_by_file"][flavour],
-                         "test_drop": summary["red_line"]["test_drop"][flavour],
-                         **({"test_drop_on": {k.split("@", 1)[1]: d for k, d in summary["red_line"]["test_drop"].items()
-                                              if k.startswith(f"{flavour}@")}} if flavour == "cpu" else {})},
+            "red_line": check.model_dump(),
             "flags": summary["flags"]}

@@ -19,6 +19,7 @@ from compress.config import PipelineConfig
 from compress.errors import ArtifactError
 from compress.stages.base import InputArtifact
 from compress.stages.provenance import independence_flag
+from compress.stages.quantize_record import ShippedFile
 from compress.stages.runtime_choice import bench_runtimes, onnx_runtimes, runtime_settings, runtimes_for_kind
 from compress.stages.training_run import is_detection
 from serve_bench.bench import ArtifactSpec, BenchResult, BenchSettings, TestSet, on_runtimes, run_benchmark
@@ -68,9 +69,10 @@ def candidates_of(artifact: InputArtifact, cfg, runtime: str | None = None, on_t
     ``on_test`` False (a search's validation bench): a refusal that rests on the quantize stage's test-split drop
     is left out (that bench judges the drop on validation itself, and must not see test), one for a runtime the
     check never covered is kept."""
+    made = ShippedFile.model_validate(artifact.meta)  # the quantize stage's record, read as it was written
     runtimes = runtimes_for_kind(artifact.kind, bench_runtimes(cfg))
-    if artifact.meta.get("runtimes"):  # a file made for one runtime (the quantize stage's openvino file) runs there
-        runtimes = [r for r in runtimes if r in artifact.meta["runtimes"]]
+    if made.runtimes:  # a file made for one runtime (the quantize stage's openvino file) runs there
+        runtimes = [r for r in runtimes if r in made.runtimes]
         if not runtimes and runtime is None:
             return []  # none of its runtimes is measured here
     specs = on_runtimes(artifact_spec(artifact, cfg), runtimes, runtime_settings(cfg))
@@ -80,7 +82,7 @@ def candidates_of(artifact: InputArtifact, cfg, runtime: str | None = None, on_t
             raise ArtifactError(f"{artifact.name} cannot be measured on {runtime}: the bench stage measures it on "
                                 f"{', '.join(runtimes) or 'none of the runtimes it is made for'} here")
     for spec in specs:
-        spec.refused = _refusal(artifact.meta, spec.runtime, on_test)
+        spec.refused = made.refusal(spec.runtime, on_test)
     return specs
 
 
@@ -160,22 +162,6 @@ def export_alone(ctx, cfg, specs: list[ArtifactSpec], baseline: str) -> list[Art
     return on_runtimes(spec, runtimes, runtime_settings(cfg))
 
 
-def _refusal(meta: dict, runtime: str, on_test: bool = True) -> str | None:
-    """Why the gate must not release this file on ``runtime``, from the quantize stage's red-line check."""
-    red = meta.get("red_line")
-    if not red:
-        return None
-    drops = {(meta.get("runtimes") or [RUNNER_OF_KIND["onnx"]])[0]: red.get("test_drop"),
-             **(red.get("test_drop_on") or {})}
-    if red.get("within") is False and on_test:
-        return ("the quantize stage found no rung within the red line on every runtime it checked (test drop "
-                + ", ".join(f"{r} {d}" for r, d in drops.items()) + " points); refused")
-    if runtime not in drops:  # a runtime the check left out: a file quantized before the check, or without it
-        return (f"the quantize stage checked its red line on {', '.join(drops)} only, not on {runtime} (its runtimes "
-                f"setting); refused here: re-run the quantize stage with {runtime} among its runtimes")
-    return None
-
-
 def test_set_of(data: DataBundle) -> TestSet:
     """The test split as the arrays every artifact is judged on, in a fixed order (so results pair)."""
     images, labels = next(BatchStream(data.test, data, len(data.test), shuffle=False, drop_last=False).epoch(0))
@@ -206,7 +192,7 @@ class Judged:
 
 def measure_and_judge(specs: list[ArtifactSpec], baseline: str, test: TestSet, settings: BenchSettings, *,
                       data_name: str, meaningful: bool, environment: dict, independence: dict | None,
-                      run_dir_of: Callable[[dict], Path], own_tests: dict[str, TestSet] | None = None,
+                      run_dir_of: Callable[[report_model.Entry], Path], own_tests: dict[str, TestSet] | None = None,
                       class_names: list[str] | None = None, say=None) -> Judged:
     """Measure ``specs`` interleaved, judge them by ``settings.limits`` and raise every flag, the same way
     wherever it is called. ``run_dir_of``: the run directory an entry's path is written relative to."""
@@ -214,12 +200,12 @@ def measure_and_judge(specs: list[ArtifactSpec], baseline: str, test: TestSet, s
         raise ValueError("a judged measurement needs the limits it is judged by (BenchSettings.limits)")
     result = run_benchmark(specs, baseline, test, settings, own_tests=own_tests, say=say)
     for entry in result.entries:
-        entry["path"] = run_relative(entry["path"], run_dir_of(entry))
-    entries = report_model.entries(result.entries)
-    gate = evaluate(entries, settings.limits, accuracy_meaningful=meaningful)
-    gate["notes"] += profile_failures(entries)
-    gate["notes"] += [n for n in (runtime_choice_note(result.entries, gate["release"]),) if n]
-    report = {"baseline": baseline, "metric": settings.limits.metric, "artifacts": result.entries, "gate": gate,
+        entry.path = run_relative(entry.path, run_dir_of(entry))
+    gate = evaluate(result.entries, settings.limits, accuracy_meaningful=meaningful)
+    gate["notes"] += profile_failures(result.entries)
+    written = [e.written() for e in result.entries]
+    gate["notes"] += [n for n in (runtime_choice_note(written, gate["release"]),) if n]
+    report = {"baseline": baseline, "metric": settings.limits.metric, "artifacts": written, "gate": gate,
               "flags": flags_of(result, environment, independence, test, class_names, settings.limits),
               "environment": environment, "traffic": result.traffic,
               "data": {**test_set_facts(data_name, test, meaningful), "test_independence": independence}}
@@ -229,8 +215,8 @@ def measure_and_judge(specs: list[ArtifactSpec], baseline: str, test: TestSet, s
 def flags_of(result: BenchResult, environment: dict, independence: dict | None, test: TestSet,
              class_names: list[str] | None = None, limits: Limits | None = None) -> list[str]:
     """Every flag a judged measurement can raise, in one list: what a reader must know before trusting a figure."""
-    entries = [e for e in result.entries if e.get("role") != "reference"]  # a reference ships nowhere: no flag on it
-    judged = report_model.entries(entries)
+    judged = [e for e in result.entries if e.role != "reference"]  # a reference ships nowhere: no flag on it
+    entries = [e.written() for e in judged]
     flags = [f"{name}: {why}" for name, why in result.unpaired.items()]
     flags += quantized_not_faster(judged, environment.get("isa"))
     flags += [f for f in (too_few_blocks(entries), short_of_floors_flag(entries), busy_machine_flag(entries),

@@ -14,6 +14,7 @@ import numpy as np
 from compress.errors import StageError
 from compress.stages.base import InputArtifact, Output
 from compress.stages.int8_records import split_scorer
+from compress.stages.quantize_record import RedLineCheck
 from serve_bench.runners import RUNNERS, RunnerError, runtime_title
 
 
@@ -59,7 +60,8 @@ def make_native_files(ctx, runtimes: list[str], model, description: dict, source
                 "preprocessing": description["preprocessing"], "num_classes": description["architecture"]["num_classes"],
                 "params": source.meta.get("params"), "macs": source.meta.get("macs"),
                 "quantization": {"rung": "ptq", "made_by": recipe.get("quantizer"), "runtime": runtime},
-                "test": scores["test"], "red_line": {"within": within, "test_drop": drops["test"]}}
+                "test": scores["test"],
+                "red_line": RedLineCheck(within=within, test_drop={runtime: drops["test"]}).model_dump()}
         outputs.append(Output(name, runner.native_int8_kind, ctx.stage_dir / name, made_from=[source.name], meta=meta))
         records[name] = record
     return outputs, records

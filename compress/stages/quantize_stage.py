@@ -24,7 +24,8 @@ from compress.stages.native_int8 import make_native_files, native_runtimes
 from compress.stages.native_int8 import output_name as native_output
 from compress.stages.onnx_labels import label_onnx
 from compress.stages.qat_rung import QATSettings, run_qat
-from compress.quantization.flavours import CPU, FLAVOURS, OPENVINO, ships_on
+from compress.stages.quantize_record import RedLineCheck
+from compress.quantization.flavours import CPU, FLAVOURS, OPENVINO, Check, ships_on
 from compress.stages.int8_flavours import OpenVinoFlavour, flavour_plan, kernel_census
 from compress.stages.training_run import is_detection, stop_if_collapsed
 from compress.quantization.detection_int8 import detection_output_error, tail_nodes
@@ -192,18 +193,18 @@ class QuantizeStage(Stage):
         if data.meaningful_accuracy:
             latency_fallback(ladder, chosen, LatencyFallbackSettings(**cfg.latency_fallback.model_dump()))
         if data.meaningful_accuracy:  # against the float model quantized, not the baseline earlier stages moved from
-            flavour = max(chosen.drops, key=chosen.drops.get)
+            worst = max(chosen.drops, key=chosen.drops.get)
             input_val = ref_val if ref_artifact.name == inputs["model"].name else reference_accuracy(
                 inputs["model"], data, "val", model)
-            stop_if_collapsed(ctx, red.metric, input_val[red.metric], ref_val[red.metric] - chosen.drops[flavour],
-                              f"the closest INT8 rung, {chosen.rung} ({flavour} file)",
+            stop_if_collapsed(ctx, red.metric, input_val[red.metric], ref_val[red.metric] - chosen.drops[worst],
+                              f"the closest INT8 rung, {chosen.rung} ({worst.flavour} file)",
                               "Check the calibration (calibration.method, samples) and give QAT more epochs "
                               "(qat.epochs); a model this far off is not a rounding error.")
         lints = {a.rung: lint_qdq(a.files["trt"], set(a.float_layers)).as_dict() for a in attempts if "trt" in a.files}
         cpu_runtimes = tuple(settings.cpu_runtimes)  # OpenVINO comes back where its own file could not be made
         left_out = {**check["left_out"], **ladder.left_out, **self._left_out(ctx, cfg, chosen, lints)}
         shipped = [f for f in cfg.flavours if f in chosen.files and f not in left_out]
-        test = {f: ladder.judge(chosen.files[f], FLAVOURS[f].judged_on, score_test) for f in shipped}
+        test = {Check.own(f): ladder.judge(chosen.files[f], FLAVOURS[f].judged_on, score_test) for f in shipped}
         if CPU.name in shipped:
             test.update(ladder.cpu_elsewhere(chosen.files[CPU.name], score_test))
         drops = {f: round(ref_test[red.metric] - t[red.metric], 4) for f, t in test.items()}
@@ -212,8 +213,7 @@ class QuantizeStage(Stage):
         within = (chosen.within and all(d <= red.max_drop for d in drops.values())) if data.meaningful_accuracy \
             else None
         # each file is released or refused on its own figures: validation and test, on every runtime it ships on
-        own = {f: [d for runs in (chosen.drops, drops) for k, d in runs.items() if k == f or k.startswith(f"{f}@")]
-               for f in shipped}
+        own = {f: [d for runs in (chosen.drops, drops) for c, d in runs.items() if c.flavour == f] for f in shipped}
         within_by_file = {f: all(d <= red.max_drop for d in own[f]) if data.meaningful_accuracy else None
                           for f in shipped}
         rungs = rung_records(attempts, lints, float_onnx, val_x, red.metric)
@@ -237,7 +237,8 @@ class QuantizeStage(Stage):
                    "reference": ref_artifact.name,
                    "reference_val": ref_val[red.metric], "reference_test": ref_test[red.metric],
                    "red_line": {"metric": red.metric, "max_drop": red.max_drop, "within": within,
-                                "within_by_file": within_by_file, "test_drop": drops, "test": {f: t[red.metric] for f, t in test.items()}},
+                                "within_by_file": within_by_file, "test_drop": {str(c): d for c, d in drops.items()},
+                                "test": {str(c): t[red.metric] for c, t in test.items()}},
                    "flags": flags, "rungs": rungs, "kernels": kernels}
         if left_out:
             summary["left_out"] = left_out
@@ -245,8 +246,10 @@ class QuantizeStage(Stage):
         for f in shipped:
             with ctx.atomic_output_dir(f"onnx_{f}") as folder:
                 shutil.copy2(chosen.files[f], folder / "model.onnx")
-                meta = onnx_meta(f, chosen, inputs["model"], description, summary, test[f],
-                                 ships_on(f, cpu_runtimes))
+                check = RedLineCheck(within=within_by_file[f], test_drop={
+                    c.runtime: d for c, d in drops.items() if c.flavour == f})
+                meta = onnx_meta(f, chosen, inputs["model"], description, summary, test[Check.own(f)],
+                                 ships_on(f, cpu_runtimes), check)
                 label_onnx(folder / "model.onnx", ctx, inputs["model"], description, data_identity=data.identity(),
                            quantization=recipe(f, cfg, meta, chosen.details.get("nncf")))
             outputs.append(Output(f"onnx_{f}", "onnx", ctx.stage_dir / f"onnx_{f}", made_from=[inputs["model"].name],

@@ -19,6 +19,7 @@ from serve_bench.bench.specs import ArtifactSpec, BenchResult, BenchSettings, Te
 from serve_bench.latency.machine_load import load_summary
 from serve_bench.latency.traffic import measure_traffic, wanted
 from serve_bench.latency.worker import BenchWorker, all_ready
+from serve_bench.report_model import Entry, entries
 from serve_bench.runners import RUNNERS
 from serve_bench.runners.channel_widths import widths_against
 from serve_bench.stats.latency_intervals import repeat_spread
@@ -147,8 +148,9 @@ def _accuracies(specs: list[ArtifactSpec], tests: dict[str, TestSet], baseline: 
 
 def _entry(spec: ArtifactSpec, specs: list[ArtifactSpec], baseline: str, tests: dict[str, TestSet],
            settings: BenchSettings, answers: _Answers, judged: _Judged, latency: dict, metric: str,
-           max_drop: float | None) -> dict:
-    """One candidate's report entry: what it is, its accuracy and latency, and its comparisons."""
+           max_drop: float | None) -> Entry:
+    """One candidate's report entry, as the report's typed ``Entry`` (refused here, the field named, where a
+    measurement does not fit it): what it is, its accuracy and latency, and its comparisons."""
     acc, detection = judged.accuracies[spec.name], judged.detection
     wall = answers.measured["walls"][spec.name]
     blocked = answers.measured["blocked"]
@@ -188,7 +190,7 @@ def _entry(spec: ArtifactSpec, specs: list[ArtifactSpec], baseline: str, tests: 
         entry["repeats"] = {"k": settings.repeats, "per_repeat": [{k: round(v, 6) for k, v in r.items()}
                                                                   for r in runs],
                             "spread": repeat_spread(runs)}
-    return entry
+    return entries([entry])[0]
 
 
 def _ratio_pair(blocked: dict, name: str, reference: ArtifactSpec) -> dict:

@@ -9,6 +9,7 @@ from serve_bench.accuracy.predictions import Predictions, digest_of_test_split
 from serve_bench.latency.harness import HarnessSettings
 from serve_bench.latency.traffic import TrafficSettings
 from serve_bench.limits import Limits
+from serve_bench.report_model import Entry
 from serve_bench.runners import RUNNERS
 from serve_bench.stats.latency_intervals import BlockedSamples
 
@@ -97,7 +98,7 @@ class BenchSettings:
 
 @dataclass
 class BenchResult:
-    entries: list[dict]
+    entries: list[Entry]  # the report's typed entries, built as such by the bench
     latencies: dict[str, BlockedSamples]
     predictions: Predictions  # on the baseline's test split
     infos: dict[str, dict]
