@@ -20,7 +20,11 @@ from export.errors import ExportLibraryError
 from export.onnx_metadata import read_metadata
 from train.atomic_io import atomic_write_bytes
 
-FORMAT = "compress-trt-engine/1"
+FORMAT = "compress-trt-engine/1"  # the engine metadata's format, kept: engines built before read as they were
+# The one name of TensorRT's engine as this project speaks of it: the manifest's kind of an engine folder, the
+# format reports give it, the export stage's output and format (the runtime that runs it is named the same).
+# "trt-engine" (kind), "engine" (format, output) and the quantize flavour "trt" before; read with a warning.
+ENGINE_KIND = "tensorrt"
 ENGINE_FILE, META_FILE, LOG_FILE = "model.engine", "engine.json", "build.log"
 _COMPUTE_LAYERS = ("conv", "gemm", "matrixmultiply", "fullyconnected", "deconv")
 

@@ -239,12 +239,12 @@ def test_gpu_steps_decide_the_exit_code(monkeypatch, capsys):
     codes = {}
     monkeypatch.setattr(gpu_check, "no_gpu_reason", lambda: None)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *_: "Pretend GPU")
-    monkeypatch.setattr(gpu_check, "engine_summary", lambda run_dir: (True, "export.engine: int8 engine"))
+    monkeypatch.setattr(gpu_check, "engine_summary", lambda run_dir: (True, "export.tensorrt: int8 engine"))
     monkeypatch.setattr(gpu_check.subprocess, "run", lambda argv, **_: subprocess.CompletedProcess(
         argv, codes["pytest" if "pytest" in argv else "run"]))
     codes.update(pytest=0, run=1)
     assert main(["doctor", "--gpu"]) == 0
-    assert "the release gate said no (exit 1); export.engine: int8 engine" in capsys.readouterr().out
+    assert "the release gate said no (exit 1); export.tensorrt: int8 engine" in capsys.readouterr().out
     codes.update(pytest=1, run=0)
     assert main(["doctor", "--gpu"]) == 3
     assert "doctor: FAILED: GPU tests (pytest -m gpu) (exit 3)" in capsys.readouterr().out
@@ -269,10 +269,10 @@ def test_the_quickstart_step_passes_only_with_an_int8_engine_in_the_manifest(tmp
 
     assert gpu_check.engine_summary(tmp_path) == (False, f"no manifest in {tmp_path}")
     manifest = Manifest(pipeline="quickstart")
-    record = {"kind": "trt-engine", "path": "export/engine", "sha256": "0" * 64, "size_bytes": 1, "stage": "export"}
-    manifest.artifacts["export.engine"] = ArtifactRecord(name="export.engine", meta={"precision": "fp16"}, **record)
+    record = {"kind": "tensorrt", "path": "export/tensorrt", "sha256": "0" * 64, "size_bytes": 1, "stage": "export"}
+    manifest.artifacts["export.tensorrt"] = ArtifactRecord(name="export.tensorrt", meta={"precision": "fp16"}, **record)
     manifest.save(tmp_path)
-    assert gpu_check.engine_summary(tmp_path) == (False, "export.engine: fp16 engine")
-    manifest.artifacts["export.engine"] = ArtifactRecord(name="export.engine", meta={"precision": "int8"}, **record)
+    assert gpu_check.engine_summary(tmp_path) == (False, "export.tensorrt: fp16 engine")
+    manifest.artifacts["export.tensorrt"] = ArtifactRecord(name="export.tensorrt", meta={"precision": "int8"}, **record)
     manifest.save(tmp_path)
-    assert gpu_check.engine_summary(tmp_path) == (True, "export.engine: int8 engine")
+    assert gpu_check.engine_summary(tmp_path) == (True, "export.tensorrt: int8 engine")

@@ -138,7 +138,7 @@ def test_export_stage_records_metadata_and_parity(tmp_path, tiny_config, write_p
     metrics = manifest["stages"]["export"]["metrics"]
     if "skipped" in metrics["tensorrt"]:
         assert "TensorRT is not installed" in metrics["tensorrt"]["skipped"] or "CUDA" in metrics["tensorrt"]["skipped"]
-        assert "export.engine" not in manifest["artifacts"]
+        assert "export.tensorrt" not in manifest["artifacts"]
     session = ort_session(run_dir / "export" / "onnx" / "model.onnx")
     assert session.run(None, {"input": np.zeros((3, 1, 8, 8), np.float32)})[0].shape == (3, 10)
 

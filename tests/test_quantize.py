@@ -98,8 +98,8 @@ def test_ptq_writes_both_flavours_and_records_the_rung(ptq_run):
     assert ptq["calibration"] == {"method": "minmax", "samples": 64, "split": "calib (a seeded subset of train)"}
     has_openvino = importlib.util.find_spec("openvino") is not None
     openvino = has_openvino and importlib.util.find_spec("nncf") is not None
-    assert set(ptq["flavours"]) == {"cpu", "trt", *(["openvino"] if openvino else [])}
-    assert "latency" in ptq and ptq["trt_lint"]["ok"]
+    assert set(ptq["flavours"]) == {"cpu", "tensorrt", *(["openvino"] if openvino else [])}
+    assert "latency" in ptq and ptq["tensorrt_lint"]["ok"]
     artifacts = manifest["artifacts"]
     assert artifacts["quantize.onnx_cpu"]["meta"]["flavour"] == "cpu"
     # each runtime's file runs there only: the CPU file on onnxruntime, NNCF's file on OpenVINO; without an
@@ -113,11 +113,11 @@ def test_ptq_writes_both_flavours_and_records_the_rung(ptq_run):
         assert meta["runtimes"] == ["openvino"] and meta["qdq"].startswith("NNCF auto preset (cnn)")
         assert ptq["nncf"]["preset"] == "auto" and ptq["nncf"]["model_type"] == "cnn"
         assert kernels["openvino@openvino"]["integer"] >= 20  # NNCF's file runs its convolutions in int8 there
-    assert artifacts["quantize.onnx_trt"]["meta"]["quantization"]["rung"] == "ptq"
+    assert artifacts["quantize.onnx_tensorrt"]["meta"]["quantization"]["rung"] == "ptq"
     from export.onnx_metadata import read_data_identity
 
     split = manifest["data"]["split_hash"]
-    for flavour in ("cpu", "trt"):  # each shipped file says which split calibrated and judged it
+    for flavour in ("cpu", "tensorrt"):  # each shipped file says which split calibrated and judged it
         identity = read_data_identity(ptq_run / "quantize" / f"onnx_{flavour}" / "model.onnx")
         assert identity["split_digest"] == split and identity["preprocessing"]["channels"] == 1
 
@@ -137,7 +137,7 @@ def test_the_cpu_flavour_becomes_qlinearconv_in_onnxruntime(ptq_run, tmp_path):
 
 
 def test_the_trt_flavour_is_symmetric_int8_and_runs(ptq_run):
-    path = ptq_run / "quantize" / "onnx_trt" / "model.onnx"
+    path = ptq_run / "quantize" / "onnx_tensorrt" / "model.onnx"
     model = onnx.load(str(path))
     assert lint_qdq(model).ok
     zero_points = [numpy for numpy in (onnx.numpy_helper.to_array(t) for t in model.graph.initializer)
@@ -158,14 +158,14 @@ def test_the_cpu_file_has_7bit_weights_and_the_trt_file_full_range(ptq_run):
     # 7 bits: |q| ≤ 64, so a uint8 × int8 pair sums to ≤ 32,640 and cannot saturate the
     # 16-bit pair sums of onnxruntime's u8s8 kernels on CPUs without VNNI.
     cpu = _weights(ptq_run / "quantize" / "onnx_cpu" / "model.onnx")
-    trt = _weights(ptq_run / "quantize" / "onnx_trt" / "model.onnx")
+    trt = _weights(ptq_run / "quantize" / "onnx_tensorrt" / "model.onnx")
     assert len(cpu) == len(trt) == 22 and all(w.dtype == np.int8 for w in cpu + trt)
     assert max(int(np.abs(w.astype(int)).max()) for w in cpu) <= WEIGHT_7BIT_MAX
     assert min(int(np.abs(w.astype(int)).max()) for w in trt) == 127  # TensorRT keeps every bit
 
 
 def test_qat_weights_move_to_7_bits_within_half_a_step(ptq_run, tmp_path):
-    source = ptq_run / "quantize" / "onnx_trt" / "model.onnx"  # full-range symmetric int8, as QAT writes
+    source = ptq_run / "quantize" / "onnx_tensorrt" / "model.onnx"  # full-range symmetric int8, as QAT writes
     full, _ = int8_to_uint8_activations(onnx.load(str(source)))
     seven, halved = weights_to_7bit(full)
     assert halved == 22
@@ -215,14 +215,14 @@ def test_the_ladder_climbs_past_ptq_and_fallback_and_qat_recovers(tmp_path, trai
     metrics = json.loads((tmp_path / "run" / "manifest.json").read_text())["stages"]["quantize"]["metrics"]
     assert [r["rung"] for r in metrics["rungs"]] == ["ptq", "fallback", "qat"]
     ptq, fallback, qat = metrics["rungs"]
-    drops = {rung["rung"]: [rung["flavours"][f]["drop"] for f in ("cpu", "trt")] for rung in metrics["rungs"]}
+    drops = {rung["rung"]: [rung["flavours"][f]["drop"] for f in ("cpu", "tensorrt")] for rung in metrics["rungs"]}
     assert min(drops["ptq"]) > 40 and min(drops["fallback"]) > 40  # missed by far: four times the red line
     assert max(drops["qat"]) < 5 and max(metrics["red_line"]["test_drop"].values()) < 5  # recovered by far
     assert not ptq["within_red_line"] and not fallback["within_red_line"] and qat["within_red_line"]
     assert len(fallback["float_layers"]) == 1 and fallback["sensitivity"][0]["error"] >= fallback["sensitivity"][-1]["error"]
     assert metrics["climbed"][0].startswith("ptq: ") and metrics["climbed"][1].startswith("fallback: ")
     assert metrics["rung"] == "qat" and metrics["red_line"]["within"]
-    assert qat["qat"]["engine"].startswith("torchao PT2E") and qat["trt_lint"]["ok"]
+    assert qat["qat"]["engine"].startswith("torchao PT2E") and qat["tensorrt_lint"]["ok"]
     assert qat["qat"]["cpu_flavour"].endswith(", 22 weight tensors to 7 bits")
     cpu_file = tmp_path / "run" / "quantize" / "onnx_cpu" / "model.onnx"
     assert _optimized_ops(cpu_file, tmp_path)["QLinearConv"] == 21  # QAT's CPU file runs every conv in integer
@@ -235,6 +235,33 @@ def test_more_calibration_samples_than_images_is_a_config_error(tmp_path, capsys
     assert "stages.quantize.calibration.samples" in capsys.readouterr().err
 
 
+def test_the_tensorrt_files_former_names_are_read_as_todays_and_said(tmp_path, caplog):
+    """One name for TensorRT's files: the quantize flavour ``trt``, its output ``onnx_trt``, the export stage's output
+    ``engine`` and the manifest kind ``trt-engine`` (all before) are read as ``tensorrt``, each with a warning."""
+    from compress.pipeline.manifest import ArtifactRecord
+
+    config = copy.deepcopy(TINY)
+    config["stages"] += [{"name": "quantize", "kind": "quantize", "flavours": ["cpu", "trt"]},
+                         {"name": "export", "kind": "export", "formats": ["tensorrt"], "tensorrt": {"precision": "int8"},
+                          "inputs": {"qdq": "quantize.onnx_trt"}},
+                         {"name": "bench", "kind": "bench", "artifacts": ["quantize.onnx_cpu", "export.engine"]}]
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml.safe_dump(config))
+    with caplog.at_level("WARNING"):
+        pipeline = load_pipeline(path)
+        refs = input_refs(pipeline)
+        record = ArtifactRecord(name="export.engine", kind="trt-engine", path="export/engine", sha256="0" * 64,
+                                size_bytes=1, stage="export")
+    assert pipeline.stage("quantize").flavours == ["cpu", "tensorrt"]
+    assert refs["export"]["qdq"] == "quantize.onnx_tensorrt" and "export.tensorrt" in refs["bench"].values()
+    assert record.kind == "tensorrt"
+    for said in ("quantize flavours: trt (deprecated names) read as cpu, tensorrt",
+                 "stages.export.inputs.qdq: quantize.onnx_trt is a former name of quantize.onnx_tensorrt",
+                 "stages.bench.artifacts: export.engine is a former name of export.tensorrt",
+                 "artifact kind 'trt-engine' is a former name of 'tensorrt'"):
+        assert said in caplog.text
+
+
 def test_an_int8_engine_reads_the_quantize_stage_trt_file_and_no_other_export_does(tmp_path):
     config = copy.deepcopy(TINY)
     config["stages"] += [{"name": "quantize", "kind": "quantize"},
@@ -242,7 +269,7 @@ def test_an_int8_engine_reads_the_quantize_stage_trt_file_and_no_other_export_do
     path = tmp_path / "p.yaml"
     path.write_text(yaml.safe_dump(config))
     refs = input_refs(load_pipeline(path))
-    assert refs["export"]["qdq"] == "quantize.onnx_trt" and refs["quantize"]["baseline"] == "train.model"
+    assert refs["export"]["qdq"] == "quantize.onnx_tensorrt" and refs["quantize"]["baseline"] == "train.model"
     for formats, precision in ((["onnx"], "int8"), (["onnx", "tensorrt"], "fp16")):  # made from the model alone
         config["stages"][-1].update(formats=formats, tensorrt={"precision": precision})
         path.write_text(yaml.safe_dump(config))
@@ -251,11 +278,11 @@ def test_an_int8_engine_reads_the_quantize_stage_trt_file_and_no_other_export_do
     config["stages"][-1].update(formats=["tensorrt"], tensorrt={"precision": "int8"})
     path.write_text(yaml.safe_dump(config))
     assert input_refs(load_pipeline(path))["export"] == {"model": "train.model"}
-    config["stages"][-2]["flavours"] = ["trt"]  # makes no CPU file: a bench does not ask for one
+    config["stages"][-2]["flavours"] = ["tensorrt"]  # makes no CPU file: a bench does not ask for one
     config["stages"].append({"name": "bench", "kind": "bench"})
     path.write_text(yaml.safe_dump(config))
     assert not any("onnx_cpu" in name for name in input_refs(load_pipeline(path))["bench"].values())
-    config["stages"][-3]["flavours"] = ["cpu", "trt"]
+    config["stages"][-3]["flavours"] = ["cpu", "tensorrt"]
     path.write_text(yaml.safe_dump(config))
     assert "quantize.onnx_cpu" in input_refs(load_pipeline(path))["bench"].values()
 
@@ -467,10 +494,10 @@ def test_a_trt_file_that_fails_the_lint_is_left_out_and_the_rest_of_the_run_goes
     code, manifest = _tiny_quantize_run(tmp_path, {}, 100.0, engine)
     assert code == 0  # no TensorRT here: the engine is skipped, not failed for want of the file left out
     quantize = manifest["stages"]["quantize"]["metrics"]
-    assert "quantize.onnx_cpu" in manifest["artifacts"] and "quantize.onnx_trt" not in manifest["artifacts"]
-    assert quantize["left_out"]["trt"].startswith("the TensorRT Q/DQ file of rung ptq fails the lint (1 violation: "
+    assert "quantize.onnx_cpu" in manifest["artifacts"] and "quantize.onnx_tensorrt" not in manifest["artifacts"]
+    assert quantize["left_out"]["tensorrt"].startswith("the TensorRT Q/DQ file of rung ptq fails the lint (1 violation: "
                                                   "Conv x: input not quantized)")
-    assert "skipped" in quantize["onnx_trt"] and "skipped" in manifest["stages"]["export"]["metrics"]["tensorrt"]
+    assert "skipped" in quantize["onnx_tensorrt"] and "skipped" in manifest["stages"]["export"]["metrics"]["tensorrt"]
 
 
 def test_an_int8_engine_from_a_trt_file_left_out_fails_naming_why(tmp_path, monkeypatch, capsys):
@@ -482,7 +509,7 @@ def test_an_int8_engine_from_a_trt_file_left_out_fails_naming_why(tmp_path, monk
     code, manifest = _tiny_quantize_run(tmp_path, {}, 100.0, {"name": "export", "kind": "export", "formats": ["tensorrt"],
                                                               "tensorrt": {"precision": "int8"}})
     assert code == 3 and manifest["stages"]["quantize"]["status"] == "completed"
-    assert "no INT8 engine: quantize left quantize.onnx_trt out: the TensorRT Q/DQ file" in capsys.readouterr().err
+    assert "no INT8 engine: quantize left quantize.onnx_tensorrt out: the TensorRT Q/DQ file" in capsys.readouterr().err
 
 
 def test_a_lint_violation_fails_the_stage_when_the_trt_file_is_all_it_ships(tmp_path, monkeypatch, capsys):
@@ -490,9 +517,9 @@ def test_a_lint_violation_fails_the_stage_when_the_trt_file_is_all_it_ships(tmp_
     from compress.stages import quantize_stage
 
     monkeypatch.setattr(quantize_stage, "lint_qdq", lambda *a, **k: LintResult(violations=["Conv x: input not quantized"]))
-    code, manifest = _tiny_quantize_run(tmp_path, {"flavours": ["trt"]}, 100.0)
+    code, manifest = _tiny_quantize_run(tmp_path, {"flavours": ["tensorrt"]}, 100.0)
     assert code == 3 and "fails the lint (1 violation: Conv x: input not quantized); add cpu" in capsys.readouterr().err
-    assert "quantize.onnx_trt" not in manifest["artifacts"]  # nothing registered from a failed stage
+    assert "quantize.onnx_tensorrt" not in manifest["artifacts"]  # nothing registered from a failed stage
 
 
 class _TimmShapedTail(torch.nn.Module):
@@ -567,7 +594,7 @@ def test_the_int8_engine_is_built_from_the_trt_flavour_file(tmp_path, monkeypatc
     code, _ = _tiny_quantize_run(tmp_path, {}, 100.0, {"name": "export", "kind": "export", "formats": ["tensorrt"],
                                                        "tensorrt": {"precision": "int8"}})
     assert code == 0 and built["precision"] == "int8"
-    assert built["onnx"] == tmp_path / "run" / "quantize" / "onnx_trt" / "model.onnx"
+    assert built["onnx"] == tmp_path / "run" / "quantize" / "onnx_tensorrt" / "model.onnx"
 
 
 def test_the_int8_flag_reads_the_block_paired_ratio_interval():
@@ -605,7 +632,7 @@ def test_depthwise_convolutions_get_one_weight_scale_per_channel_in_both_flavour
     float_file = tmp_path / "dw.onnx"
     export_onnx(model, torch.zeros(1, 3, 16, 16), float_file)
     images = np.random.default_rng(0).standard_normal((32, 3, 16, 16)).astype(np.float32)
-    for flavour in ("cpu", "trt"):
+    for flavour in ("cpu", "tensorrt"):
         out = quantize(float_file, tmp_path / f"dw_{flavour}.onnx", flavour, Calibration(method="minmax"), images,
                        tmp_path / f"cache_{flavour}")
         graph = onnx.load(str(out)).graph
@@ -654,8 +681,8 @@ def test_the_openvino_flavour_is_left_out_with_its_reason_unless_asked_for_by_na
 
     monkeypatch.setattr(int8_flavours, "cpu_check_plan", lambda *a: {"runtimes": [], "versions": {}, "serve_batch": 1,
                                                                      "threads": None, "options": {}})
-    plan = int8_flavours.flavour_plan(["cpu", "trt", "openvino"], False, None, [], 1, "stages.quantize")
-    assert plan["flavours"] == ["cpu", "trt"] and "not among the runtimes the bench measures" in plan["left_out"]["openvino"]
+    plan = int8_flavours.flavour_plan(["cpu", "tensorrt", "openvino"], False, None, [], 1, "stages.quantize")
+    assert plan["flavours"] == ["cpu", "tensorrt"] and "not among the runtimes the bench measures" in plan["left_out"]["openvino"]
     with pytest.raises(ConfigError, match=r"stages\.quantize\.flavours: openvino cannot be made here: OpenVINO is not"):
         int8_flavours.flavour_plan(["cpu", "openvino"], True, None, [], 1, "stages.quantize")
     monkeypatch.setattr(int8_flavours, "cpu_check_plan", lambda *a: {"runtimes": ["openvino"], "versions": {},

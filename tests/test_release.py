@@ -70,7 +70,7 @@ def test_every_onnx_written_states_its_input_classes_lineage_and_recipe_read_wit
     _, _, run_dir = finished
     manifest = _manifest(run_dir)
     data = manifest["data"]
-    for name in ("export.onnx", "quantize.onnx_cpu", "quantize.onnx_trt"):
+    for name in ("export.onnx", "quantize.onnx_cpu", "quantize.onnx_tensorrt"):
         record = manifest["artifacts"][name]
         model = onnx.load(str(run_dir / record["path"] / "model.onnx"), load_external_data=False)
         props = {p.key: p.value for p in model.metadata_props}
@@ -286,12 +286,12 @@ def test_the_tensorrt_sibling_is_the_engine_of_the_same_model():
     manifest = Manifest(pipeline="p")
     for r in (record("prune.model", "torch-model", []),
               record("quantize.onnx_cpu", "onnx", ["prune.model"], "prune.model"),
-              record("quantize.onnx_trt", "onnx", ["prune.model"], "prune.model"),
-              record("export.engine", "trt-engine", ["quantize.onnx_trt"]),  # INT8 engine of the same model
+              record("quantize.onnx_tensorrt", "onnx", ["prune.model"], "prune.model"),
+              record("export.tensorrt", "tensorrt", ["quantize.onnx_tensorrt"]),  # INT8 engine of the same model
               record("other.onnx", "onnx", ["train.model"], "train.model"),
-              record("other.engine", "trt-engine", ["other.onnx"])):
+              record("other.engine", "tensorrt", ["other.onnx"])):
         manifest.artifacts[r.name] = r
-    assert [e.name for e in _engines_of(manifest, manifest.artifacts["quantize.onnx_cpu"])] == ["export.engine"]
+    assert [e.name for e in _engines_of(manifest, manifest.artifacts["quantize.onnx_cpu"])] == ["export.tensorrt"]
     assert [e.name for e in _engines_of(manifest, manifest.artifacts["other.onnx"])] == ["other.engine"]
 
 
@@ -324,14 +324,14 @@ def _add_engine(manifest, report: dict, run, name: str, made_from: str, precisio
     folder.mkdir(parents=True)
     (folder / "model.engine").write_bytes(f"engine {name}".encode())
     sha, size = digest_path(folder)
-    manifest.artifacts[name] = ArtifactRecord(name=name, kind="trt-engine", path=f"export/{name}", sha256=sha,
+    manifest.artifacts[name] = ArtifactRecord(name=name, kind="tensorrt", path=f"export/{name}", sha256=sha,
                                               size_bytes=size, stage="export", made_from=[made_from],
                                               meta={"precision": precision})
     bench = manifest.stages["bench"]
     bench.input_digests[f"artifact:{name}"] = sha
     bench.key_material["input_names"][f"artifact:{name}"] = name
     fp32 = next(a for a in report["artifacts"] if a["name"] == "export.onnx")
-    report["artifacts"].append({**fp32, "name": name, "runtime": "tensorrt", "format": "engine",
+    report["artifacts"].append({**fp32, "name": name, "runtime": "tensorrt", "format": "tensorrt",
                                 "precision": precision, **entry})
 
 
@@ -344,7 +344,7 @@ def test_releasing_the_fp32_file_ships_only_the_engines_the_gate_passed(finished
     manifest, report = Manifest.load(run), _report(run)
     _add_engine(manifest, report, run, "export.engine_fp16", "export.onnx", "fp16")
     refusal = "the quantize stage found no rung within the red line (its test drop 3.1 points); refused"
-    _add_engine(manifest, report, run, "export.engine_int8", "quantize.onnx_trt", "int8", refused=refusal)
+    _add_engine(manifest, report, run, "export.engine_int8", "quantize.onnx_tensorrt", "int8", refused=refusal)
     report["gate"]["release"] = "export.onnx"  # the gate chose the fp32 file
     (run / "bench" / "report" / "report.json").write_text(json.dumps(report))
     record = manifest.artifacts["bench.report"]

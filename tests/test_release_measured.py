@@ -32,7 +32,7 @@ FIELDS = {"gate": {"passed": True, "release": "export.onnx", "decision": "point"
                    "limits": {"metric": "top1", "max_drop": 0.5, "p99_budget_ms": 1.0, "decision": "point"}},
           "data": {"meaningful_accuracy": True},
           "artifacts": [_entry("train.model", 0.0, 2.0), _entry("export.onnx", 0.1, 0.8),
-                        _entry("export.engine", 0.1, 0.2),         # fp32 engine: within both limits
+                        _entry("export.tensorrt", 0.1, 0.2),         # fp32 engine: within both limits
                         _entry("int8.engine", 2.0, 0.1),           # INT8 engine: past the red line
                         _entry("rebuilt.engine", 0.0, 0.1)]}       # measured, then built again
 REPORT = as_report(FIELDS)
@@ -43,22 +43,22 @@ def manifest() -> Manifest:
     manifest = Manifest(pipeline="p")
     for r in (_record("train.model", "torch-model", sha="1"),
               _record("export.onnx", "onnx", ["train.model"], "train.model", sha="2", precision="fp32"),
-              _record("quantize.onnx_trt", "onnx", ["train.model"], "train.model", sha="3", precision="int8"),
-              _record("export.engine", "trt-engine", ["export.onnx"], sha="4", precision="fp32"),
-              _record("int8.engine", "trt-engine", ["quantize.onnx_trt"], sha="5", precision="int8"),
-              _record("rebuilt.engine", "trt-engine", ["export.onnx"], sha="7", precision="fp16"),
-              _record("unmeasured.engine", "trt-engine", ["export.onnx"], sha="6", precision="fp16")):
+              _record("quantize.onnx_tensorrt", "onnx", ["train.model"], "train.model", sha="3", precision="int8"),
+              _record("export.tensorrt", "tensorrt", ["export.onnx"], sha="4", precision="fp32"),
+              _record("int8.engine", "tensorrt", ["quantize.onnx_tensorrt"], sha="5", precision="int8"),
+              _record("rebuilt.engine", "tensorrt", ["export.onnx"], sha="7", precision="fp16"),
+              _record("unmeasured.engine", "tensorrt", ["export.onnx"], sha="6", precision="fp16")):
         manifest.artifacts[r.name] = r
     return manifest
 
 
 def test_the_fp32_file_ships_only_the_engines_its_bench_measured_and_its_gate_passes(manifest):
-    bench = _bench({"train.model": "1", "export.onnx": "2", "export.engine": "4", "int8.engine": "5",
+    bench = _bench({"train.model": "1", "export.onnx": "2", "export.tensorrt": "4", "int8.engine": "5",
                     "rebuilt.engine": "8"})  # the bench read another rebuilt.engine than the manifest's now
     candidates = _engines_of(manifest, manifest.artifacts["export.onnx"])
-    assert {e.name for e in candidates} == {"export.engine", "int8.engine", "rebuilt.engine", "unmeasured.engine"}
+    assert {e.name for e in candidates} == {"export.tensorrt", "int8.engine", "rebuilt.engine", "unmeasured.engine"}
     choice = engines_to_ship(candidates, REPORT, measured_digests(bench))
-    assert [e.name for e in choice.shipped] == ["export.engine"]
+    assert [e.name for e in choice.shipped] == ["export.tensorrt"]
     why = {engine.name: reason for engine, reason in choice.withheld}
     assert why["int8.engine"] == "the release gate refused it (accuracy drop 2.00 points > red line 0.5)"
     not_measured = "the bench the gate decided on did not measure this engine"
@@ -68,10 +68,10 @@ def test_the_fp32_file_ships_only_the_engines_its_bench_measured_and_its_gate_pa
 def test_no_engine_ships_where_the_gate_passes_none(manifest):
     report = as_report({**FIELDS, "gate": {**FIELDS["gate"], "limits": {**FIELDS["gate"]["limits"], "p99_budget_ms": 0.05}}})
     # every engine over the budget
-    bench = _bench({"export.engine": "4", "int8.engine": "5"})
+    bench = _bench({"export.tensorrt": "4", "int8.engine": "5"})
     choice = engines_to_ship(_engines_of(manifest, manifest.artifacts["export.onnx"]), report, measured_digests(bench))
     assert choice.shipped == [] and len(choice.withheld) == 4
-    assert "p99 0.200 ms > budget 0.05 ms" in dict((e.name, r) for e, r in choice.withheld)["export.engine"]
+    assert "p99 0.200 ms > budget 0.05 ms" in dict((e.name, r) for e, r in choice.withheld)["export.tensorrt"]
 
 
 def test_a_file_re_made_after_its_bench_is_refused(manifest, tmp_path):

@@ -103,9 +103,9 @@ def test_a_stage_needing_a_skipped_engine_names_the_reason(tmp_path, tiny_config
     tiny_config["stages"] += [{"name": "export", "kind": "export", "formats": ["onnx", "tensorrt"],
                                "parity": {"samples": 32}},
                               {"name": "use", "kind": "needs-engine", "inputs": {"engine": "export.engine"}}]
-    with registry.registered(_NeedsEngine):
+    with registry.registered(_NeedsEngine):  # the engine's former output name, read as today's (export.tensorrt)
         pipeline = build_pipeline(tiny_config, "test")
-        with pytest.raises(ArtifactError, match=r"needs input export\.engine, which stage 'export' skipped: "
+        with pytest.raises(ArtifactError, match=r"needs input export\.tensorrt, which stage 'export' skipped: "
                            + TRT_ABSENT[:20]):
             Runner(pipeline, tmp_path / "run").run()
     assert "needs-engine" not in registry.kinds()  # nothing leaks into later tests
@@ -143,7 +143,7 @@ def test_int8_engine_build_from_the_quantize_stage_trt_flavour(tmp_path):
     info = export_onnx(model, torch.randn(2, 3, 32, 32), tmp_path / "model.onnx")
     prepped = preprocess(info.path, tmp_path / "prep.onnx")
     calib = np.random.default_rng(0).normal(size=(16, 3, 32, 32)).astype(np.float32)
-    qdq = quantize(prepped, tmp_path / "trt.onnx", "trt", Calibration(method="minmax"), calib, tmp_path / "cache.json")
+    qdq = quantize(prepped, tmp_path / "trt.onnx", "tensorrt", Calibration(method="minmax"), calib, tmp_path / "cache.json")
     settings = BuildSettings(precision="int8", max_batch=8, timing_cache=tmp_path / "timing.cache")
     meta = build_engine(qdq, tmp_path / "engine", settings, info.input_name, (3, 32, 32))
     # Every convolution of the fully quantized ResNet-20 runs in INT8: none is left in float.

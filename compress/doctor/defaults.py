@@ -60,6 +60,7 @@ def bench_threads(machine: dict) -> int:
 
 
 def bench_choices(machine: dict, rows: dict[str, RuntimeRow], gpu: bool) -> list[Choice]:
+    from export.tensorrt_engine import ENGINE_KIND
     from serve_bench.runners import RUNNER_OF_KIND
 
     status, usable, source = onnx_runtimes("cpu", rows)
@@ -77,7 +78,7 @@ def bench_choices(machine: dict, rows: dict[str, RuntimeRow], gpu: bool) -> list
     out.append(Choice("bench threads", str(threads),
                       f"the physical cores ({machine.get('physical_cores')} physical, {machine.get('logical_cores')} "
                       "logical): hyper-threads share execution units and add little to inference"))
-    engine = rows[RUNNER_OF_KIND["trt-engine"]]  # the runtime of the export stage's engine file
+    engine = rows[RUNNER_OF_KIND[ENGINE_KIND]]  # the runtime of the export stage's engine file
     out.append(Choice("export: TensorRT engine", "built" if engine.status == OK else "skipped (recorded as skipped)",
                       engine.detail if engine.status != OK else "TensorRT and a CUDA device are here"))
     return out

@@ -81,6 +81,7 @@ def engine_summary(run_dir: Path) -> tuple[bool, str]:
     """(an INT8 engine was built, what the run left: its engines and the bench's verdict), from the manifest."""
     from compress.errors import ArtifactError
     from compress.pipeline.manifest import Manifest
+    from export.tensorrt_engine import ENGINE_KIND
 
     try:
         manifest = Manifest.load(run_dir)
@@ -88,7 +89,7 @@ def engine_summary(run_dir: Path) -> tuple[bool, str]:
         return False, f"manifest unreadable: {exc}"
     if manifest is None:
         return False, f"no manifest in {run_dir}"
-    engines = [a for a in manifest.artifacts.values() if a.kind == "trt-engine"]
+    engines = [a for a in manifest.artifacts.values() if a.kind == ENGINE_KIND]
     bench = next((s for s in manifest.stages.values() if s.kind == "bench"), None)
     parts = [", ".join(f"{a.name}: {a.meta.get('precision')} engine" for a in engines) or "no TensorRT engine"]
     if bench is not None:

@@ -12,10 +12,11 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, Field, ValidationError, field_validator
 
 from compress.errors import ArtifactError
 from train.atomic_io import atomic_write_text
+from serve_bench.runners import current_kind
 from train.file_digest import file_sha256
 
 MANIFEST_FILE = "manifest.json"
@@ -55,6 +56,11 @@ class ArtifactRecord(BaseModel):
     made_from: list[str] = Field(default_factory=list)
     meta: dict[str, Any] = Field(default_factory=dict)
     created: str = Field(default_factory=now)
+
+    @field_validator("kind")
+    @classmethod
+    def _current_kind(cls, value: str, info) -> str:
+        return current_kind(value, f"manifest artifact {info.data.get('name', '?')}")
 
 
 class StageRecord(BaseModel):

@@ -195,7 +195,7 @@ class Runner:
                 producer = artifact.split(".", 1)[0]
                 made = manifest.stages.get(producer)
                 # why it was skipped: the producer's metrics under the artifact's own role where it says, else
-                # every skip it recorded (the export stage records an engine's under its runtime's name)
+                # every skip it recorded
                 own = made.metrics.get(artifact.split(".", 1)[1]) if made else None
                 skipped = [own["skipped"]] if isinstance(own, dict) and "skipped" in own else \
                     [m["skipped"] for m in (made.metrics.values() if made else []) if isinstance(m, dict) and "skipped" in m]

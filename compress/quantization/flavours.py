@@ -21,12 +21,13 @@ class Flavour:
     ships: bool  # measured and released as a file of its own (the TensorRT file feeds an engine build instead)
 
 
-# cpu: uint8 activations, the only layout onnxruntime's x86 convolutions fuse. trt: symmetric int8, TensorRT's
-# explicit quantization. The OpenVINO file: NNCF places the quantizers where OpenVINO's transformations fuse them.
+# cpu: uint8 activations, the only layout onnxruntime's x86 convolutions fuse. tensorrt: symmetric int8, TensorRT's
+# explicit quantization (a file named after the runtime it is made for, as the openvino one is; "trt" before). The OpenVINO file: NNCF places the quantizers where OpenVINO's transformations fuse them.
 CPU = Flavour("cpu", ONNX_RUNTIME, ONNX_RUNTIME, "quantize_static", ships=True)
-TRT = Flavour("trt", TensorRTRunner.runtime, ONNX_RUNTIME, "quantize_static", ships=False)
+TRT = Flavour(TensorRTRunner.runtime, TensorRTRunner.runtime, ONNX_RUNTIME, "quantize_static", ships=False)
 OPENVINO = Flavour(OpenVinoRunner.runtime, OpenVinoRunner.runtime, OpenVinoRunner.runtime, "nncf", ships=True)
 FLAVOURS: dict[str, Flavour] = {f.name: f for f in (CPU, TRT, OPENVINO)}
+FORMER_FLAVOUR_NAMES = {"trt": TRT.name}  # read from older pipeline files, with a warning
 
 
 class Check(NamedTuple):

@@ -7,7 +7,7 @@ every partial-fallback attempt, so climbing the ladder does not re-run calibrati
 - ``cpu``: uint8 activations (asymmetric) and int8 per-channel weights. onnxruntime's x86
   kernels fuse DQ → Conv → Q into QLinearConv only for this layout; symmetric int8
   activations leave about half the convolutions in float on the CPU.
-- ``trt``: int8 activations and weights, symmetric (zero-point 0), constant scales, float
+- ``tensorrt``: int8 activations and weights, symmetric (zero-point 0), constant scales, float
   bias: what TensorRT's explicit quantization accepts.
 """
 from __future__ import annotations
@@ -23,9 +23,10 @@ import onnx
 from pydantic import Field
 
 from compress.config import Strict
+from compress.quantization.flavours import CPU, TRT
 from compress.quantization.qdq_lint import COMPUTE_OPS
 
-FLAVOURS = ("cpu", "trt")
+FLAVOURS = (CPU.name, TRT.name)  # the two layouts onnxruntime's quantize_static makes
 Method = Literal["minmax", "percentile", "entropy", "distribution"]
 METHODS: tuple[str, ...] = get_args(Method)
 
@@ -134,7 +135,7 @@ def quantize(float_onnx: Path, out: Path, flavour: str, calibration: Calibration
     if calibration.method not in METHODS:
         raise ValueError(f"calibration method must be one of {METHODS}, got {calibration.method!r}")
     input_name = onnx.load(str(float_onnx), load_external_data=False).graph.input[0].name
-    trt = flavour == "trt"
+    trt = flavour == TRT.name
     # CalibStridedMinMax: despite its name, onnxruntime collects any method's statistics stride by stride (histograms
     # merge); one batch a stride bounds the memory by the batch, not by the calibration set
     extra = {"WeightSymmetric": True, "ActivationSymmetric": trt, "CalibPercentile": calibration.percentile,

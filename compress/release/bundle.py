@@ -25,6 +25,7 @@ from compress.release.measured import (EngineChoice, deciding_bench, engines_to_
 from compress.release.model_card import build_card, render_markdown
 from export.external_data import UnsafeModelError, check_external_data
 from export.onnx_metadata import CLASSES_KEY, PREPROCESSING_KEY, input_description, read_deployment
+from export.tensorrt_engine import ENGINE_KIND
 from serve_bench.gate import preferred
 from serve_bench.report.files import environment_line
 from serve_bench.report_model import Entry, Report
@@ -145,7 +146,7 @@ def _engines_of(manifest: Manifest, record: ArtifactRecord) -> list[ArtifactReco
     related = {record.name} | {n for n, r in manifest.artifacts.items()
                                if source and r.kind == "onnx" and r.meta.get("source_model") == source}
     return [r for r in manifest.artifacts.values()
-            if r.kind == "trt-engine" and r.name != record.name and related & set(r.made_from)]
+            if r.kind == ENGINE_KIND and r.name != record.name and related & set(r.made_from)]
 
 
 def _lineage(manifest: Manifest, name: str) -> list[dict]:

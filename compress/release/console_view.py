@@ -7,6 +7,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from compress.release.bundle import CARD_MD
+from export.tensorrt_engine import ENGINE_KIND
 
 
 def print_release(release, out: Console) -> None:
@@ -16,10 +17,10 @@ def print_release(release, out: Console) -> None:
     out.print(f"released {release.artifact} to {release.folder}: {metric} {acc[metric]}% on {acc['test_images']} "
               f"test images{' (training data unknown: see the card)' if unknown else ''}, p99 {lat['p99']:.3g} ms (batch {lat['batch_size']}); card {release.folder / CARD_MD}",
               highlight=False, soft_wrap=True)
-    for engine in release.card["tensorrt"]:
+    for engine in release.card[ENGINE_KIND]:
         out.print(f"TensorRT engine {engine['artifact']} ({engine.get('precision')}) shipped: the bench measured it "
                   "and the gate passes it", highlight=False, soft_wrap=True)
-    for engine in release.card["tensorrt_withheld"]:
+    for engine in release.card[f"{ENGINE_KIND}_withheld"]:
         out.print(f"[yellow]TensorRT engine {engine['artifact']} ({engine.get('precision')}) not shipped[/]: "
                   f"{escape(engine['reason'])}", highlight=False, soft_wrap=True)
     if not release.passed:

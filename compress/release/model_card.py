@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 
+from export.tensorrt_engine import ENGINE_KIND
 from serve_bench.report_model import Entry, Environment, Interval, Report, ServerRun
 
 CARD_FORMAT = "compress-model-card/3"  # 2: the gate's limits under the pipeline file's names; 3: a record names its
@@ -33,7 +34,7 @@ def build_card(*, report: Report, entry: Entry, released: dict, input_spec: dict
             "latency": latency_of(report, entry), "serving": serving_of(entry),
             "runtime": runtime_of(entry, report.environment), "size_bytes": entry.size_bytes, "params": entry.params,
             "macs": entry.macs, "quantization": entry.quantization.written() if entry.quantization else None,
-            "tensorrt": tensorrt, "tensorrt_withheld": tensorrt_withheld, "pipeline": pipeline,
+            ENGINE_KIND: tensorrt, f"{ENGINE_KIND}_withheld": tensorrt_withheld, "pipeline": pipeline,
             "lineage": lineage, "flags": report.flags, "report": "report/report.json"}
 
 
@@ -190,10 +191,10 @@ def render_markdown(card: dict, environment_line: str) -> str:
         else:
             lines.append(f"- INT8: rung `{q.get('rung')}`, {q.get('flavour')} flavour, layers kept in float: "
                          f"{', '.join(q.get('float_layers') or []) or 'none'}")
-    for engine in card["tensorrt"]:
+    for engine in card[ENGINE_KIND]:
         lines.append(f"- TensorRT engine `{engine['file']}` ({engine.get('precision')}), built for "
                      f"{engine.get('gpu_name')} with TensorRT {engine.get('tensorrt_version')}: it runs only there")
-    for engine in card.get("tensorrt_withheld") or []:
+    for engine in card.get(f"{ENGINE_KIND}_withheld") or []:
         lines.append(f"- TensorRT engine `{engine['artifact']}` ({engine.get('precision')}) of the same model is not "
                      f"shipped: {engine['reason']}")
     lines += ["", "## Intended input", "",

@@ -29,7 +29,7 @@ from export.onnx_metadata import CLASSES_KEY, PREPROCESSING_KEY, read_deployment
 from serve_bench.accuracy.classification import accuracy, accuracy_intervals
 from serve_bench.accuracy.image_folder import ImageFolderError, read_labelled_folder
 from serve_bench.accuracy.predictions import digest_of_test_split
-from serve_bench.runners import RUNNER_OF_KIND, RUNNERS, RunnerError, make_runner, predict
+from serve_bench.runners import RUNNER_OF_KIND, RUNNERS, RunnerError, current_kind, make_runner, predict
 
 logger = logging.getLogger(__name__)
 
@@ -70,10 +70,11 @@ def verify_bundle(folder: Path, images: Path | None = None, threads: int | None 
     released = card["released"]
     path = folder / released["file"]
     accuracy_not_run = f"the card's accuracy on {images}: not measured, the file could not run"
-    if released["kind"] == "onnx" and not _onnx_loads(path, card, result):
+    kind = current_kind(released["kind"], "the bundle's card")
+    if kind == "onnx" and not _onnx_loads(path, card, result):
         result.unchecked += [accuracy_not_run] if images is not None else []
         return result
-    runtime = runtime_named(released, "released") or RUNNER_OF_KIND[released["kind"]]  # the one the gate released it on
+    runtime = runtime_named(released, "released") or RUNNER_OF_KIND[kind]  # the one the gate released it on
     try:
         options = runner_options(card)
         measured_threads = options.pop("threads", None)

@@ -106,6 +106,8 @@ class Stage:
     default_teacher: ClassVar[bool] = False  # an unset "teacher" input defaults to the trained baseline
     # role → produced role: an unset input defaults to the latest earlier stage that makes one.
     latest_of: ClassVar[dict[str, str]] = {}
+    # an output's former name → today's: a pipeline file's reference to the former is read as today's, with a warning
+    renamed: ClassVar[dict[str, str]] = {}
     # Top-level pipeline sections whose values belong in this stage's cache key.
     uses: ClassVar[tuple[str, ...]] = ("seed", "data", "model")
     # Results depend on the machine (latencies, whether TensorRT builds): the environment

@@ -16,6 +16,7 @@ from compress.errors import ArtifactError, DataMismatchError
 from compress.stages.base import InputArtifact
 from export.external_data import UnsafeModelError, check_external_data
 from export.onnx_metadata import read_data_identity
+from export.tensorrt_engine import ENGINE_KIND
 from train.data import DataBundle
 from train.model_io import DESCRIPTION_FILE, read_description
 from train.models import ModelError
@@ -34,7 +35,7 @@ def recorded_identity(artifact: InputArtifact) -> dict | None:
             file = path / artifact.meta.get("file", "model.onnx") if path.is_dir() else path
             check_external_data(file)  # a hostile file is refused for that first, whatever it records
             return read_data_identity(file)
-        if artifact.kind == "trt-engine":
+        if artifact.kind == ENGINE_KIND:
             meta_file = path / "engine.json" if path.is_dir() else path.with_name("engine.json")
             meta = json.loads(meta_file.read_text()) if meta_file.is_file() else artifact.meta
             value = (meta.get("onnx_metadata") or {}).get("compress.data")
@@ -57,7 +58,7 @@ def preprocessing_difference(recorded: dict, current: dict) -> list[str]:
 
 def check_same_data(artifact: InputArtifact, data: DataBundle, *, source: str, independent: bool) -> None:
     """Raise DataMismatchError when ``artifact`` was made on other data than ``data`` (see module doc)."""
-    if artifact.kind not in ("torch-model", "onnx", "trt-engine") and not (Path(artifact.path) / DESCRIPTION_FILE).is_file():
+    if artifact.kind not in ("torch-model", "onnx", ENGINE_KIND) and not (Path(artifact.path) / DESCRIPTION_FILE).is_file():
         return
     recorded = recorded_identity(artifact)
     current = data.identity()

@@ -10,13 +10,14 @@ from pydantic import Field, model_validator
 
 from compress.config import StageConfig, Strict
 from compress.errors import ArtifactError, ConfigError, StageError
+from compress.quantization.flavours import TRT
 from compress.stages.base import InputArtifact, Output, Stage, StageContext, StageResult
 from compress.stages.int8_records import input_onnx
 from compress.stages.model_source import model_from_artifact, onnx_description
 from compress.stages.onnx_labels import label_onnx
 from export.onnx_export import export_onnx
 from export.parity import as_dicts, check_parity
-from export.tensorrt_engine import BuildSettings, build_engine, unavailable_reason
+from export.tensorrt_engine import ENGINE_KIND, BuildSettings, build_engine, unavailable_reason
 from train.data import BatchStream
 
 DEFAULT_TOLERANCE = {"fp32": 1e-4, "fp16": 1e-2}
@@ -49,7 +50,7 @@ class TensorRTConfig(Strict):
 class ExportConfig(StageConfig):
     kind: Literal["export"] = Field("export", description="write the deployable files: ONNX, and TensorRT engines "
                                                           "where TensorRT and a GPU exist")
-    formats: list[Literal["onnx", "tensorrt"]] = Field(["onnx"], min_length=1, description="the files to write")
+    formats: list[Literal["onnx", ENGINE_KIND]] = Field(["onnx"], min_length=1, description="the files to write")
     precision: Literal["fp32", "fp16"] = Field("fp32", description="the ONNX file's weights and arithmetic")
     io_dtype: Literal["fp32", "fp16"] = Field("fp32", description="fp16 models keep fp32 inputs/outputs unless fp16")
     opset: int = Field(18, ge=18, le=23, description="ONNX opset")
@@ -69,9 +70,10 @@ class ExportStage(Stage):
     kind = "export"
     Config = ExportConfig
     input_roles = ("model", "onnx", "qdq")
-    produces = ("onnx", "engine")
-    deployable = ("onnx", "engine")
-    latest_of = {"qdq": "onnx_trt"}  # an INT8 engine is built from the quantize stage's TensorRT Q/DQ file
+    produces = ("onnx", ENGINE_KIND)
+    deployable = ("onnx", ENGINE_KIND)
+    renamed = {"engine": ENGINE_KIND}
+    latest_of = {"qdq": f"onnx_{TRT.name}"}  # an INT8 engine is built from the quantize stage's TensorRT Q/DQ file
     optional_inputs = ("qdq",)  # a quantize stage may leave its TensorRT file out (it fails the lint)
     keyed_on_environment = True
     judges_on_data = False  # parity compares two runtimes on the same images; no accuracy is judged
@@ -80,7 +82,7 @@ class ExportStage(Stage):
     def latest_of_for(cls, config: ExportConfig) -> dict[str, str]:  # type: ignore[override]
         """The Q/DQ file only where an INT8 engine is asked for: an fp32/fp16 export is made from the model
         alone, so re-quantizing must not re-export it."""
-        wants_qdq = "tensorrt" in config.formats and config.tensorrt.precision == "int8"
+        wants_qdq = ENGINE_KIND in config.formats and config.tensorrt.precision == "int8"
         return cls.latest_of if wants_qdq else {}
 
     def run(self, ctx: StageContext, inputs: dict[str, InputArtifact]) -> StageResult:
@@ -91,7 +93,7 @@ class ExportStage(Stage):
             onnx_output, metrics["onnx"] = self._onnx(ctx, cfg, inputs)
             outputs.append(onnx_output)
             source = (onnx_output.path / onnx_output.meta["file"], onnx_output.meta, f"{ctx.name}.onnx")
-        if "tensorrt" in cfg.formats:
+        if ENGINE_KIND in cfg.formats:
             reason = unavailable_reason()
             if cfg.tensorrt.precision == "int8":
                 given = inputs.get("qdq") or inputs.get("onnx")
@@ -100,7 +102,8 @@ class ExportStage(Stage):
                         raise StageError(f"stage {ctx.name!r}: no INT8 engine: {ctx.left_out['qdq']}")
                 elif given is None:
                     raise ConfigError(f"stages.{ctx.name}.tensorrt.precision: int8 needs a Q/DQ ONNX: add a "
-                                      f"quantize stage with trt in its flavours before this one (its onnx_trt "
+                                      f"quantize stage with {TRT.name} in its flavours before this one (its "
+                                      f"onnx_{TRT.name} "
                                       f"file is used; a quantize stage whose TensorRT file fails the lint leaves "
                                       f"it out, see its log) or set inputs: {{qdq: <artifact>}}")
                 else:
@@ -114,7 +117,7 @@ class ExportStage(Stage):
                 raise ConfigError(f"stages.{ctx.name}.tensorrt.required is true but {reason}")
             if reason:
                 ctx.log(f"tensorrt: skipped: {reason}", style="yellow")
-            engine, metrics["tensorrt"] = (None, {"skipped": reason}) if reason else self._tensorrt(ctx, cfg, *source)
+            engine, metrics[ENGINE_KIND] = (None, {"skipped": reason}) if reason else self._tensorrt(ctx, cfg, *source)
             outputs += [engine] if engine is not None else []
         metrics["summary"] = _summary(metrics)
         return StageResult(outputs=outputs, metrics=metrics)
@@ -183,12 +186,13 @@ class ExportStage(Stage):
         settings = BuildSettings(precision=trt.precision, min_batch=trt.min_batch, opt_batch=trt.opt_batch,
                                  max_batch=trt.max_batch, workspace_mb=trt.workspace_mb, timing_cache=cache)
         chw = tuple(ctx.data.input_shape)
-        with ctx.atomic_output_dir("engine") as folder:
+        with ctx.atomic_output_dir(ENGINE_KIND) as folder:
             meta = build_engine(onnx_file, folder, settings, source_meta.get("input_name", "input"), chw)
         ctx.log(f"TensorRT {meta['tensorrt_version']} engine on {meta['gpu_name']}: layers {meta['layers']}"
                 + (f"; float compute layers: {', '.join(meta['float_compute_layers'])}" if meta["float_compute_layers"] else ""))
         meta = {**meta, "params": source_meta.get("params"), "macs": source_meta.get("macs")}
-        return Output("engine", "trt-engine", ctx.stage_dir / "engine", meta=meta, made_from=[source_name]), meta
+        return (Output(ENGINE_KIND, ENGINE_KIND, ctx.stage_dir / ENGINE_KIND, meta=meta, made_from=[source_name]),
+                meta)
 
 
 def _summary(metrics: dict) -> str:
@@ -199,8 +203,8 @@ def _summary(metrics: dict) -> str:
         results = metrics["onnx"]["parity"]["results"]
         parts.append(f"onnx opset {metrics['onnx']['opset']} {metrics['onnx']['precision']}: parity rel "
                      f"{max(r['rel_diff'] for r in results):.1e}, top-1 {min(r['top1_agreement'] for r in results):.1f}%")
-    if "tensorrt" in metrics:
-        trt = metrics["tensorrt"]
+    if ENGINE_KIND in metrics:
+        trt = metrics[ENGINE_KIND]
         parts.append(f"tensorrt: skipped ({trt['skipped']})" if "skipped" in trt
                      else f"tensorrt {trt['precision']}: layers {trt['layers']}")
     return "; ".join(parts)

@@ -10,7 +10,7 @@ import torch
 from compress.errors import ArtifactError
 from compress.quantization import measure as int8_measure
 from compress.quantization.detection_int8 import file_map
-from compress.quantization.flavours import OPENVINO
+from compress.quantization.flavours import OPENVINO, TRT
 from compress.quantization.ladder import Attempt
 from compress.stages.base import InputArtifact
 from compress.stages.model_source import model_from_artifact
@@ -85,7 +85,7 @@ def rung_records(attempts: list[Attempt], lints: dict, float_onnx: Path, val_x: 
     for attempt in attempts:
         record = attempt.record(metric)
         if attempt.rung in lints:
-            record["trt_lint"] = lints[attempt.rung]
+            record["tensorrt_lint"] = lints[attempt.rung]
         if attempt.rung in latency:
             fp32, int8 = latency["fp32"], latency[attempt.rung]
             record["latency"] = {"fp32_p50_ms": fp32["p50_ms"], "fp32_p99_ms": fp32["p99_ms"],
@@ -105,7 +105,7 @@ def onnx_meta(flavour: str, chosen: Attempt, source: InputArtifact, description:
     return {"file": "model.onnx", "files": ["model.onnx"], "precision": "int8", "flavour": flavour,
             **({"runtimes": runtimes} if runtimes else {}),
             "qdq": {"cpu": f"uint8 activations, int8 per-channel weights ({summary['cpu_weights']})",
-                    "trt": "symmetric int8 activations and per-channel weights, zero-point 0",
+                    TRT.name: "symmetric int8 activations and per-channel weights, zero-point 0",
                     OPENVINO.name: (f"NNCF {nncf.get('preset', '?')} preset ({nncf.get('model_type', '?')}), laid out "
                                  "for OpenVINO" if nncf else "symmetric int8 from QAT, read by OpenVINO")}[flavour],
             "input_name": graph.input[0].name, "output_name": graph.output[0].name, "dynamic_batch": True,

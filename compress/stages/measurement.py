@@ -35,6 +35,7 @@ from serve_bench.report.profile import profile_failures, slower_than_unpruned_fl
 from serve_bench.report.files import test_set_facts
 from serve_bench.report.traffic import drift_flags
 from serve_bench.report.tables import main_table
+from export.tensorrt_engine import ENGINE_KIND
 from serve_bench.runners import RUNNER_OF_KIND, RUNNERS, format_of_kind
 from serve_bench.accuracy.runtime_parity import runtime_choice_note
 from train.data import BatchStream, DataBundle
@@ -93,7 +94,7 @@ def artifact_spec(artifact: InputArtifact, cfg) -> ArtifactSpec:
                             f"(kinds: {', '.join(RUNNER_OF_KIND)})")
     meta, kind = artifact.meta, artifact.kind
     path = artifact.path / meta["file"] if kind == "onnx" and artifact.path.is_dir() else artifact.path
-    if kind == "trt-engine":
+    if kind == ENGINE_KIND:
         from export.tensorrt_engine import EngineMismatch, check_compatible, current_platform, unavailable_reason
 
         reason = unavailable_reason()

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 from typing import Literal
 
@@ -25,7 +26,7 @@ from compress.stages.native_int8 import output_name as native_output
 from compress.stages.onnx_labels import label_onnx
 from compress.stages.qat_rung import QATSettings, run_qat
 from compress.stages.quantize_record import RedLineCheck
-from compress.quantization.flavours import CPU, FLAVOURS, OPENVINO, Check, ships_on
+from compress.quantization.flavours import CPU, FLAVOURS, FORMER_FLAVOUR_NAMES, OPENVINO, TRT, Check, ships_on
 from compress.stages.int8_flavours import OpenVinoFlavour, flavour_plan, kernel_census
 from compress.stages.training_run import is_detection, stop_if_collapsed
 from compress.quantization.detection_int8 import detection_output_error, tail_nodes
@@ -48,6 +49,8 @@ class FallbackConfig(Strict):
     sensitivity_samples: int = Field(256, ge=1, description="validation images used to rank the layers")
 
 
+logger = logging.getLogger(__name__)
+
 FlavourName = Literal[tuple(FLAVOURS)]  # type: ignore[valid-type]  # the names the flavour table gives
 
 
@@ -69,8 +72,8 @@ class QuantizeConfig(StageConfig):
                                                               "in float, then QAT, until within the red line")
     flavours: list[FlavourName] = Field(  # type: ignore[valid-type]
         list(FLAVOURS), min_length=1,
-        description="one INT8 file per runtime, made the way it fuses: cpu for onnxruntime (uint8 activations), trt "
-                    "for TensorRT (symmetric int8), openvino by NNCF (left out, with the reason logged, where OpenVINO "
+        description="one INT8 file per runtime, made the way it fuses: cpu for onnxruntime (uint8 activations), "
+                    "tensorrt for TensorRT (symmetric int8; trt before, read with a warning), openvino by NNCF (left out, with the reason logged, where OpenVINO "
                     "or NNCF is not usable here and the list is the default)")
     openvino: OpenVinoFlavour = Field(default_factory=OpenVinoFlavour, description="how NNCF makes the openvino file")
     calibration: CalibrationConfig = Field(default_factory=CalibrationConfig, description="how activation ranges "
@@ -93,6 +96,15 @@ class QuantizeConfig(StageConfig):
                                         "kernels; OpenVINO only where no openvino file is made); default: every one "
                                         "usable here, as the bench measures it on")
 
+
+    @field_validator("flavours", mode="before")
+    @classmethod
+    def _former_names(cls, value):
+        if not isinstance(value, list) or not any(v in FORMER_FLAVOUR_NAMES for v in value):
+            return value
+        logger.warning("quantize flavours: %s (deprecated names) read as %s", ", ".join(
+            v for v in value if v in FORMER_FLAVOUR_NAMES), ", ".join(FORMER_FLAVOUR_NAMES.get(v, v) for v in value))
+        return [FORMER_FLAVOUR_NAMES.get(v, v) for v in value]
 
     @field_validator("native")
     @classmethod
@@ -118,7 +130,8 @@ class QuantizeStage(Stage):
     Config = QuantizeConfig
     input_roles = ("model", "baseline", "teacher")
     required_inputs = ("model",)
-    produces = ("onnx_cpu", "onnx_trt", "onnx_openvino", *map(native_output, native_runtimes()), "report")
+    produces = (*(f"onnx_{f}" for f in FLAVOURS), *map(native_output, native_runtimes()), "report")
+    renamed = {f"onnx_{old}": f"onnx_{new}" for old, new in FORMER_FLAVOUR_NAMES.items()}
     deployable = ("onnx_cpu", "onnx_openvino", *map(native_output, native_runtimes()))
     # it judges files on this machine's runtimes and times them (the latency fallback, the kernel census): another
     # machine or runtime version re-runs it
@@ -200,7 +213,8 @@ class QuantizeStage(Stage):
                               f"the closest INT8 rung, {chosen.rung} ({worst.flavour} file)",
                               "Check the calibration (calibration.method, samples) and give QAT more epochs "
                               "(qat.epochs); a model this far off is not a rounding error.")
-        lints = {a.rung: lint_qdq(a.files["trt"], set(a.float_layers)).as_dict() for a in attempts if "trt" in a.files}
+        lints = {a.rung: lint_qdq(a.files[TRT.name], set(a.float_layers)).as_dict() for a in attempts
+                 if TRT.name in a.files}
         cpu_runtimes = tuple(settings.cpu_runtimes)  # OpenVINO comes back where its own file could not be made
         left_out = {**check["left_out"], **ladder.left_out, **self._left_out(ctx, cfg, chosen, lints)}
         shipped = [f for f in cfg.flavours if f in chosen.files and f not in left_out]
@@ -282,12 +296,12 @@ class QuantizeStage(Stage):
         why = (f"the TensorRT Q/DQ file of rung {chosen.rung} fails the lint ({len(violations)} violation"
                f"{'s' if len(violations) != 1 else ''}: " + "; ".join(violations[:4])
                + ("; …" if len(violations) > 4 else "") + ")")
-        if list(chosen.files) == ["trt"]:
+        if list(chosen.files) == [TRT.name]:
             raise StageError(f"stage {ctx.name!r}: {why}; add cpu to stages.{ctx.name}.flavours to ship the CPU "
                              "file, or keep those layers in float on purpose")
         ctx.log(f"trt flavour left out: {why}; TensorRT would run those layers in float. The other flavours ship; "
                 "an INT8 engine needs a clean file", style="yellow")
-        return {"trt": why}
+        return {TRT.name: why}
 
     @staticmethod
     def _decode_tail(ctx: StageContext, model, float_onnx, field: str) -> list[str]:
@@ -332,14 +346,14 @@ class QuantizeStage(Stage):
         folder.mkdir(parents=True, exist_ok=True)
         details = run_qat(ctx, model, cfg.qat, torch.from_numpy(calib), folder / "model-trt.onnx",
                           f"{field}.qat", teacher)
-        files = {"trt": folder / "model-trt.onnx"}
+        files = {TRT.name: folder / f"model-{TRT.name}.onnx"}
         if OPENVINO.name in ladder.flavours:  # OpenVINO reads the symmetric int8 Q/DQ the QAT graph converts to
             files[OPENVINO.name] = folder / f"model-{OPENVINO.name}.onnx"
-            shutil.copy2(files["trt"], files[OPENVINO.name])
+            shutil.copy2(files[TRT.name], files[OPENVINO.name])
         if "cpu" in ladder.flavours:
             import onnx
 
-            cpu, moved = int8_to_uint8_activations(onnx.load(str(files["trt"])))
+            cpu, moved = int8_to_uint8_activations(onnx.load(str(files[TRT.name])))
             details["qat"]["cpu_flavour"] = f"{moved} activation Q/DQ pairs moved to uint8"
             if cfg.cpu_weights == "7bit":
                 cpu, halved = weights_to_7bit(cpu)

@@ -10,7 +10,7 @@ from serve_bench.runners.base import PerThread, Runner, RunnerError, physical_co
 from serve_bench.runners.inductor import InductorRunner
 from serve_bench.runners.onnxruntime_runner import OnnxRuntimeRunner
 from serve_bench.runners.openvino_runner import OpenVinoRunner
-from serve_bench.runners.registry import (ONNX_RUNTIMES, RUNNER_OF_KIND, RUNNERS, format_of_kind, make_runner,
+from serve_bench.runners.registry import (ONNX_RUNTIMES, RUNNER_OF_KIND, RUNNERS, current_kind, format_of_kind, make_runner,
                                           runtime_status, runtime_title, runtime_versions, runtimes_of_kind,
                                           usable_onnx_runtimes)
 from serve_bench.runners.simulated import SimulatedRunner
@@ -19,5 +19,5 @@ from serve_bench.runners.torch_runner import TorchRunner
 
 __all__ = ["ONNX_RUNTIMES", "InductorRunner", "OnnxRuntimeRunner", "OpenVinoRunner", "PerThread", "RUNNERS",
            "RUNNER_OF_KIND", "Runner", "RunnerError", "SimulatedRunner", "TensorRTRunner", "TorchRunner",
-           "format_of_kind", "make_runner", "physical_cores", "predict", "runtime_status", "runtime_title",
+           "current_kind", "format_of_kind", "make_runner", "physical_cores", "predict", "runtime_status", "runtime_title",
            "runtime_versions", "runtimes_of_kind", "usable_onnx_runtimes"]

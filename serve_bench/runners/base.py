@@ -76,8 +76,10 @@ class Runner:
     # the channel multiple its convolutions want, by instruction-set class (serve_bench.runners.channel_widths);
     # none known: no rounding asked for
     channel_blocks: ClassVar[dict[str, int]] = {}
-    # the artifact kinds it loads → the format name reports give such a file ("torch", "onnx", "engine")
+    # the artifact kinds it loads → the format name reports give such a file ("torch", "onnx", "tensorrt")
     formats: ClassVar[dict[str, str]] = {}
+    # a kind's former name → today's (a manifest or card written before the rename is read, with a warning)
+    former_kinds: ClassVar[dict[str, str]] = {}
     measured_by_default: ClassVar[bool] = True  # False: a bench measures files on it only where its runtimes say so
     install_hint: ClassVar[str] = ""  # the command that installs it, for every message that says it is missing
     profile_note: ClassVar[str] = ""  # how to read its operator profile (what its times include)

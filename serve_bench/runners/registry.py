@@ -23,6 +23,7 @@ RUNNER_OF_KIND: dict[str, str] = {}
 for _name, _runner in RUNNERS.items():
     for _kind in _runner.formats:
         RUNNER_OF_KIND.setdefault(_kind, _name)
+FORMER_KINDS: dict[str, str] = {old: new for r in RUNNERS.values() for old, new in r.former_kinds.items()}
 # the runtimes that run an ONNX file, in the bench's order (the first keeps a file's own name)
 ONNX_RUNTIMES = tuple(name for name, r in RUNNERS.items() if "onnx" in r.formats)
 
@@ -37,6 +38,16 @@ def runtime_title(runtime: str) -> str:
     """The runtime's name as messages write it (its runner's ``title``, else its registry name)."""
     runner = RUNNERS.get(runtime)
     return (runner.title if runner is not None else "") or runtime
+
+
+def current_kind(kind: str, where: str) -> str:
+    """``kind`` under its current name: a former one (a manifest or card written before a rename) is read as today's,
+    and said in the log, naming ``where`` it was read."""
+    if kind not in FORMER_KINDS:
+        return kind
+    logger.warning("%s: artifact kind %r is a former name of %r (deprecated); read as %r", where, kind,
+                   FORMER_KINDS[kind], FORMER_KINDS[kind])
+    return FORMER_KINDS[kind]
 
 
 def runtimes_of_kind(kind: str) -> list[str]:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from export.tensorrt_engine import ENGINE_FILE
+from export.tensorrt_engine import ENGINE_FILE, ENGINE_KIND
 from serve_bench.runners.base import PerThread, Runner, RunnerError
 from serve_bench.runners.profile_common import WARMUP_RUNS, profile_result, rounded
 
@@ -22,7 +22,8 @@ class TensorRTRunner(Runner):
     runtime = "tensorrt"
     title = "TensorRT"
     fixed_device = "cuda"
-    formats = {"trt-engine": "engine"}
+    formats = {ENGINE_KIND: ENGINE_KIND}
+    former_kinds = {"trt-engine": ENGINE_KIND}
     bundle_folder, serving_file = "tensorrt", ENGINE_FILE
     library, smoke_tolerance = "tensorrt", 1e-2  # an fp32 engine may use TF32
     packages = ("tensorrt",)
