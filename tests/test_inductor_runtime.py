@@ -5,6 +5,8 @@ even there); the default suite keeps the candidates' making and naming. The real
 pipeline's bench."""
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -53,7 +55,7 @@ def test_the_compiled_model_answers_as_eager_and_reports_its_compiles_apart(tiny
 
 @pytest.mark.slow
 @needs_inductor
-def test_the_native_int8_file_rebuilds_without_unpickling_and_refuses_a_changed_model(tiny, tmp_path):
+def test_the_native_int8_file_rebuilds_without_unpickling_and_refuses_a_changed_model(tiny, tmp_path, caplog):
     folder, model, description, images = tiny
     recipe = InductorRunner.make_native_int8(model, description, images[:32], tmp_path / "int8")
     assert recipe["format"] == native_int8.FORMAT and recipe["calibration_images"] == 32
@@ -64,6 +66,12 @@ def test_the_native_int8_file_rebuilds_without_unpickling_and_refuses_a_changed_
     cosine = (quantized * float_logits).sum(1) / np.linalg.norm(quantized, axis=1) / np.linalg.norm(float_logits, axis=1)
     assert cosine.min() > 0.98  # INT8 arithmetic, close to the float model's answers
     assert not np.array_equal(quantized, float_logits)  # and not the float model itself
+    # made by another torchao: it loads, and the log says its red-line check was made on that version
+    recipe_file = tmp_path / "int8" / native_int8.RECIPE_FILE
+    recipe_file.write_text(json.dumps({**json.loads(recipe_file.read_text()), "torchao": "0.0.1"}))
+    with caplog.at_level("WARNING", logger=native_int8.__name__):
+        InductorRunner(tmp_path / "int8", threads=1).load().close()
+    assert "made with torchao 0.0.1, rebuilt with torchao" in caplog.text
     # The state must fit the graph the quantizer annotates: another model's weights are refused, by name
     other = build_model("resnet20", 10, 1, {"width": 8}).eval()
     save_model(other, tmp_path / "int8", describe("resnet20", 10, 1, {"width": 8}, {}))

@@ -195,7 +195,7 @@ def test_the_census_reads_kernel_names_not_op_types():
     assert census_line(kernels, 4) == "1 of 3 compute layers in int8 (2 in bf16/fp32), 4 Q/DQ unfused"
 
 
-def test_torch_time_goes_to_convolution(tmp_path):
+def test_torch_profile_counts_each_convolution_and_splits_the_run(tmp_path):
     torch.manual_seed(0)
     model = build_model("resnet20", 10, 1, {"width": 8}).eval()
     save_model(model, tmp_path / "model", describe("resnet20", 10, 1, {"width": 8}, {}))
@@ -203,13 +203,14 @@ def test_torch_time_goes_to_convolution(tmp_path):
     threads_before = torch.get_num_threads()
     profile = profile_artifact("torch", str(tmp_path / "model"), batch, threads=1, iters=10)
     assert torch.get_num_threads() == threads_before
-    first, second = profile["ops"][0], profile["ops"][1]
-    assert "convolution" in first["op"], profile["ops"][:3]
-    assert first["share"] > 0.4 and first["share"] > 4 * second["share"], profile["ops"][:3]
-    assert first["calls_per_run"] == sum(isinstance(m, nn.Conv2d) for m in model.modules())
-    assert abs(sum(o["share"] for o in profile["ops"]) - 1) < 1e-6
-    assert "model_run" not in {o["op"] for o in profile["ops"]}
-    assert profile["run_ms"] > first["ms_per_run"] > 0
+    # what the profile says of the model's structure; how the time splits is real time, which a busy neighbour moves
+    ops = profile["ops"]
+    conv = next(o for o in ops if "convolution" in o["op"])
+    assert conv["calls_per_run"] == sum(isinstance(m, nn.Conv2d) for m in model.modules())
+    assert [o["ms_per_run"] for o in ops] == sorted((o["ms_per_run"] for o in ops), reverse=True)
+    assert abs(sum(o["share"] for o in ops) - 1) < 1e-6
+    assert "model_run" not in {o["op"] for o in ops}
+    assert profile["run_ms"] > conv["ms_per_run"] > 0
     assert profile["top_nodes"] == [] and profile["unfused_qdq"] == []
 
 

@@ -84,6 +84,7 @@ def test_pytorchs_own_int8_file_is_made_beside_the_ladder_and_judged_through_the
     assert record["kind"] == native_int8.KIND and meta["runtimes"] == ["inductor"] and meta["precision"] == "int8"
     assert meta["red_line"] == {"within": native["within"], "test_drop": {"inductor": native["test_drop"]}}
     assert native["recipe"]["calibration_images"] == 64 and "X86InductorQuantizer" in native["recipe"]["quantizer"]
+    assert native["judged_with"]["options"] == {"mode": "default", "freezing": True, "precision": "fp32"}  # as benched
     assert abs(native["test_drop"]) < 5.0  # INT8 of a trained model, not a broken one (the drop is on 1,000 images)
     folder = ptq_run / record["path"]
     assert native_int8.is_native_int8(folder)

@@ -264,3 +264,14 @@ def test_rounds_show_their_spread_the_paired_ratio_and_a_drift_flag_naming_the_f
     int8["steady_state"]["rounds_differ_p"] = 0.2
     assert drift_flags(as_report(report).artifacts) == []
     assert "drifted" not in traffic_table(as_report(report))[1][1][7]
+
+
+def test_an_older_reports_environment_line_still_names_torch_and_onnxruntime():
+    """A report written before each runtime's facts were recorded apart: torch's version comes from its packages,
+    onnxruntime's from the key it had then."""
+    from serve_bench.report.files import environment_line
+
+    old = {"cpu": "Some CPU", "cpu_count": 2, "isa_summary": "AVX2", "packages": {"torch": "2.9.0"},
+           "onnxruntime": {"version": "1.20.0", "providers": ["CPUExecutionProvider"]}}
+    line = environment_line(old)
+    assert "torch 2.9.0; onnxruntime 1.20.0 (CPUExecutionProvider)" in line and "not recorded" not in line

@@ -15,6 +15,7 @@ from compress.errors import StageError
 from compress.stages.base import InputArtifact, Output
 from compress.stages.int8_records import split_scorer
 from compress.stages.quantize_record import RedLineCheck
+from compress.stages.runtime_choice import bench_plan
 from serve_bench.runners import RUNNERS, RunnerError, runtime_title
 
 
@@ -27,9 +28,24 @@ def output_name(runtime: str) -> str:
     return f"native_{runtime}"
 
 
+def native_check(runtimes: list[str], stages: list[dict]) -> dict[str, dict]:
+    """How each runtime's own INT8 file is judged: as the pipeline's last bench runs it (its settings for that
+    runtime, the file's plain way of running, its threads), so the check covers what the bench may release. Part of
+    the quantize stage's cache key."""
+    plan = bench_plan(stages)
+    out = {}
+    for runtime in runtimes:
+        runner = RUNNERS[runtime]
+        options = runner.variants(runner.formats[runner.native_int8_kind], plan.get(runtime) or {})[0][1]
+        out[runtime] = {"options": options, "threads": plan["threads"]}
+    return out
+
+
 def make_native_files(ctx, runtimes: list[str], model, description: dict, source: InputArtifact,
                       calib: np.ndarray, reference: dict[str, dict], red, field: str) -> tuple[list[Output], dict]:
-    """Each runtime's INT8 file of ``model`` and what its red-line check found (``reference``: split → accuracy)."""
+    """Each runtime's INT8 file of ``model`` and what its red-line check found (``reference``: split → accuracy),
+    judged as the bench runs it (``native_check``)."""
+    check = native_check(runtimes, ctx.pipeline.stages)
     outputs, records = [], {}
     for runtime in runtimes:
         runner = RUNNERS[runtime]
@@ -43,7 +59,7 @@ def make_native_files(ctx, runtimes: list[str], model, description: dict, source
             try:
                 recipe = runner.make_native_int8(model, description, calib, folder)
                 batch = ctx.pipeline.latency.batch_size if runner.answers_depend_on_batch else 64  # as the bench does
-                scores = {split: split_scorer(ctx.data, split)(folder, batch, runtime=runtime)
+                scores = {split: split_scorer(ctx.data, split)(folder, batch, runtime=runtime, **check[runtime])
                           for split in ("val", "test")}
             except RunnerError as exc:
                 raise StageError(f"stage {ctx.name!r}: {title} could not make or run its INT8 file: {exc}") from exc
@@ -52,7 +68,7 @@ def make_native_files(ctx, runtimes: list[str], model, description: dict, source
         within = all(d <= red.max_drop for d in drops.values()) if ctx.data.meaningful_accuracy else None
         record: dict[str, Any] = {"runtime": runtime, "recipe": recipe, "val": scores["val"][metric],
                                   "test": scores["test"][metric], "val_drop": drops["val"],
-                                  "test_drop": drops["test"], "within": within}
+                                  "test_drop": drops["test"], "within": within, "judged_with": check[runtime]}
         verdict = {True: "within the red line", False: "OVER the red line", None: "red line not judged"}[within]
         ctx.log(f"{name}: test {metric} {scores['test'][metric]:.2f} (drop {drops['test']:+.2f}), val drop "
                 f"{drops['val']:+.2f} — {verdict}", style="red" if within is False else None)

@@ -21,7 +21,7 @@ from compress.stages.base import InputArtifact, Output, Stage, StageContext, Sta
 from compress.stages.int8_records import (input_onnx, onnx_meta, reference_accuracy, rung_records, split_arrays,
                                          split_scorer)
 from compress.stages.model_source import model_from_artifact, onnx_description
-from compress.stages.native_int8 import make_native_files, native_runtimes
+from compress.stages.native_int8 import make_native_files, native_check, native_runtimes
 from compress.stages.native_int8 import output_name as native_output
 from compress.stages.onnx_labels import label_onnx
 from compress.stages.qat_rung import QATSettings, run_qat
@@ -149,7 +149,8 @@ class QuantizeStage(Stage):
 
     @classmethod
     def key_extra(cls, config: StageConfig, pipeline) -> dict | None:
-        return {"runtime_check": cls.runtime_check(config, pipeline)}
+        native = native_check(config.native, pipeline.stages) if config.native else None  # type: ignore[attr-defined]
+        return {"runtime_check": cls.runtime_check(config, pipeline), **({"native_check": native} if native else {})}
 
     @staticmethod
     def runtime_check(cfg: QuantizeConfig, pipeline) -> dict:

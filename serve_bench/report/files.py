@@ -79,8 +79,10 @@ def environment_line(env: report_model.Environment | dict) -> str:
     isa = env.isa or {}
     cores = (f"{isa['physical_cores']} physical cores" if isa.get("physical_cores") else
              f"{traffic_report.given(env, 'cpu_count', '?')} CPUs")
-    recorded = env.runtimes if env.runtimes is not None else (  # a report written before runtimes were recorded
-        {RUNNER_OF_KIND["onnx"]: env.onnxruntime} if env.onnxruntime else {})
+    recorded = env.runtimes if env.runtimes is not None else {  # a report written before runtimes were recorded:
+        # onnxruntime's facts apart, torch's version among the packages
+        **({RUNNER_OF_KIND["torch-model"]: {"version": env.packages["torch"]}} if env.packages.get("torch") else {}),
+        **({RUNNER_OF_KIND["onnx"]: env.onnxruntime} if env.onnxruntime else {})}
     runtime = "; ".join(f"{name} {facts.get('version')}" + (f" ({', '.join(facts['providers'])})"
                                                           if facts.get("providers") else "")
                         for name, facts in recorded.items() if facts) or "runtimes not recorded"

@@ -103,6 +103,16 @@ def load(path: str | Path):
     if recipe.get("format") != FORMAT:
         raise RunnerError(f"{folder / RECIPE_FILE}: format {recipe.get('format')!r} is not {FORMAT!r}; re-run the "
                           "stage that made it")
+    import torch
+    import torchao
+
+    here = {"torch": torch.__version__, "torchao": torchao.__version__}
+    moved = {k: (recipe.get(k), v) for k, v in here.items() if recipe.get(k) != v}
+    if moved:  # the same state, annotated and converted by another version: loads, but may not compute the same
+        logger.warning("%s: made with %s, rebuilt with %s; the quantize stage's red-line check was made on the "
+                       "former (the bench measures this file's accuracy again, and the gate reads that)", folder,
+                       ", ".join(f"{k} {old}" for k, (old, _) in moved.items()),
+                       ", ".join(f"{k} {new}" for k, (_, new) in moved.items()))
     model, _ = load_model(folder)
     prepared = _prepared(model, tuple(recipe["sample_shape"]))
     try:
