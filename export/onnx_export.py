@@ -115,7 +115,7 @@ def _simplify(path: Path) -> None:
     try:
         import onnxslim
     except ImportError as exc:
-        raise ExportError("simplify: true needs onnxslim (pip install 'compress[simplify]')") from exc
+        raise ExportError("simplify: true needs onnxslim (pip install onnxslim)") from exc
     slimmed = onnxslim.slim(onnx.load(str(path)))
     onnx.save(slimmed, str(path))
 

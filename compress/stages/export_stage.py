@@ -129,7 +129,8 @@ class ExportStage(Stage):
         if inputs["model"].kind == "onnx":
             return self._pass_through(ctx, cfg, inputs["model"])
         if cfg.simplify and importlib.util.find_spec("onnxslim") is None:
-            raise ConfigError(f"stages.{ctx.name}.simplify: true needs onnxslim: pip install 'compress[simplify]'")
+            raise ConfigError(f"stages.{ctx.name}.simplify: true needs onnxslim: pip install onnxslim (or pip "
+                              "install -e '.[simplify]' in this checkout)")
         data = ctx.data
         model, description = model_from_artifact(inputs["model"], data)
         images = next(BatchStream(data.val, data, min(cfg.parity.samples, len(data.val)), shuffle=False,
