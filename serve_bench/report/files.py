@@ -18,7 +18,7 @@ from serve_bench.report import plots
 from serve_bench import report_model
 from serve_bench.report import tables
 from serve_bench.report import traffic as traffic_report
-from serve_bench.runners import RUNNER_OF_KIND
+from serve_bench.runners import RUNNER_OF_KIND, RUNNERS
 from serve_bench.stats.latency_intervals import BlockedSamples
 from serve_bench.stats.paired import smallest_certifiable_drop
 from serve_bench.accuracy.predictions import Predictions
@@ -79,9 +79,11 @@ def environment_line(env: report_model.Environment | dict) -> str:
     isa = env.isa or {}
     cores = (f"{isa['physical_cores']} physical cores" if isa.get("physical_cores") else
              f"{traffic_report.given(env, 'cpu_count', '?')} CPUs")
+    torch_runtime = RUNNER_OF_KIND["torch-model"]
+    torch_version = env.packages.get(RUNNERS[torch_runtime].library)
     recorded = env.runtimes if env.runtimes is not None else {  # a report written before runtimes were recorded:
         # onnxruntime's facts apart, torch's version among the packages
-        **({RUNNER_OF_KIND["torch-model"]: {"version": env.packages["torch"]}} if env.packages.get("torch") else {}),
+        **({torch_runtime: {"version": torch_version}} if torch_version else {}),
         **({RUNNER_OF_KIND["onnx"]: env.onnxruntime} if env.onnxruntime else {})}
     runtime = "; ".join(f"{name} {facts.get('version')}" + (f" ({', '.join(facts['providers'])})"
                                                           if facts.get("providers") else "")
