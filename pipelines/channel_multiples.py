@@ -109,7 +109,7 @@ def table(results: dict[str, dict[str, dict]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from serve_bench.runners.availability import ONNX_RUNTIMES, usable_onnx_runtimes
+    from serve_bench.runners import ONNX_RUNTIMES, usable_onnx_runtimes
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runtimes", nargs="+", default=list(ONNX_RUNTIMES), choices=list(ONNX_RUNTIMES))
