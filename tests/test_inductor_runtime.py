@@ -95,7 +95,9 @@ def test_a_bench_makes_each_torch_file_one_candidate_per_runtime_and_way():
     assert RUNNER_OF_KIND[native_int8.KIND] == "inductor" and runtimes_of_kind("torch-model") == ["torch", "inductor"]
     int8 = ArtifactSpec(name="quantize.native_inductor", stage="quantize", runtime="inductor", path="q",
                         format="pt2e", precision="int8", size_bytes=1, source_model="prune.model")
-    assert [s.name for s in on_runtimes(int8, ["inductor"], settings)] == ["quantize.native_inductor"]
+    native = on_runtimes(int8, ["inductor"], {"inductor": {"mode": "max-autotune-no-cudagraphs", "freezing": False}})
+    assert [s.name for s in native] == ["quantize.native_inductor"]  # on its home runtime, with the bench's settings
+    assert native[0].options == {"mode": "max-autotune-no-cudagraphs", "freezing": False, "precision": "fp32"}
 
 
 def test_compile_alone_is_a_reference_every_other_runtime_is_divided_by():

@@ -181,6 +181,7 @@ def test_a_file_is_refused_on_a_runtime_its_red_line_was_not_checked_on(caplog):
     over = {"red_line": {"within": False, "test_drop": {"onnxruntime": 0.1, "openvino": 2.5}}}
     assert "onnxruntime 0.1, openvino 2.5" in refusal(over, "onnxruntime")  # says which runtime missed it
     assert refusal({}, "openvino") is None  # a file no ladder judged (NNCF's, the fp32 export): the gate judges it
+    assert refusal({"red_line": {}}, "openvino") is None  # a record without a check refuses nothing, as before
     with caplog.at_level("WARNING", logger="compress.stages.quantize_record"):
         old = ShippedFile.model_validate({"runtimes": ["onnxruntime", "openvino"], "red_line": {
             "within": False, "test_drop": 0.1, "test_drop_on": {"openvino": 2.5}}})

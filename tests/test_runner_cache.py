@@ -201,3 +201,39 @@ def test_bench_and_export_rerun_on_another_machine_and_each_record_keeps_its_own
     lines = environment_lines(manifest)
     assert any(line.startswith("train ran on") and here["cpu"] in line for line in lines)
     assert any(line.startswith("export, bench ran on: Another CPU 9000") for line in lines)
+
+
+def test_a_stage_whose_output_was_renamed_runs_again_and_says_why(tmp_path, tiny_config, write_pipeline):
+    """A run folder from before an output's rename (the export stage's ``engine``, now ``tensorrt``): the completed
+    stage is not taken as cached, or a later stage would look for today's name and miss it without a word."""
+    from typing import ClassVar, Literal
+
+    from compress.config import StageConfig
+    from compress.stages import registry
+    from compress.stages.base import Output, Stage, StageResult
+
+    class NoteConfig(StageConfig):
+        kind: Literal["note"] = "note"
+
+    class NoteStage(Stage):
+        kind, Config, produces = "note", NoteConfig, ("written",)
+        renamed: ClassVar[dict[str, str]] = {"old": "written"}
+        judges_on_data = False
+
+        def run(self, ctx, inputs):
+            with ctx.atomic_output_dir("written") as folder:
+                (folder / "note.txt").write_text("made")
+            return StageResult(outputs=[Output("written", "note", ctx.stage_dir / "written")])
+
+    tiny_config["stages"].append({"name": "note", "kind": "note"})
+    path, run_dir = write_pipeline(tiny_config), tmp_path / "run"
+    with registry.registered(NoteStage):
+        _run(path, run_dir)
+        manifest = Manifest.load(run_dir)  # as an older compress recorded it: the output under its former name
+        manifest.artifacts["note.old"] = manifest.artifacts.pop("note.written").model_copy(update={"name": "note.old"})
+        manifest.stages["note"].outputs = ["note.old"]
+        manifest.save(run_dir)
+        manifest, log = _run(path, run_dir)
+    assert "train: cached, skipped" in log and "note: running" in log
+    assert "note.old is now named note.written" in " ".join(log.split())
+    assert manifest.stages["note"].outputs == ["note.written"] and "note.old" not in manifest.artifacts

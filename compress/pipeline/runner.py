@@ -259,11 +259,16 @@ class Runner:
             return None
         return chosen
 
-    def _output_problems(self, previous: StageRecord | None) -> list[str]:
+    def _output_problems(self, previous: StageRecord | None, cls=None) -> list[str]:
+        """What is wrong with a completed stage's outputs: a file changed, or an output recorded under a name its
+        kind has since renamed (a later stage would look for today's name and not find it)."""
         assert self.manifest is not None
         if previous is None or previous.status != "completed":
             return []
-        return [p for p in (self.manifest.verify(self.run_dir, o) for o in previous.outputs) if p]
+        renamed = getattr(cls, "renamed", {})
+        former = [o for o in previous.outputs if o.partition(".")[2] in renamed]
+        return [p for p in (self.manifest.verify(self.run_dir, o) for o in previous.outputs) if p] + [
+            f"{o} is now named {o.partition('.')[0]}.{renamed[o.partition('.')[2]]}" for o in former]
 
     def _run_stage(self, index: int, refs: dict[str, str]) -> None:
         manifest = self.manifest
@@ -281,7 +286,7 @@ class Runner:
         # Outputs are re-hashed only where they could still let the stage be skipped: with another key it
         # re-runs anyway, and the changed key material is the reason.
         same_key = not forced and previous is not None and previous.cache_key == key
-        problems = self._output_problems(previous) if same_key else []
+        problems = self._output_problems(previous, cls) if same_key else []
         if same_key and previous.status == "completed" and not problems:
             hint = f" (--force {cfg.name} re-runs it)" if self.options.only else ""
             logger.info(f"cached, skipped{hint}", extra={"stage": cfg.name})

@@ -54,6 +54,8 @@ class ShippedFile(BaseModel):
     @classmethod
     def _old_shape(cls, data: Any) -> Any:
         red = data.get("red_line") if isinstance(data, dict) else None
+        if isinstance(red, dict) and not red:  # no check recorded: nothing to refuse on
+            return {**data, "red_line": None}
         if not isinstance(red, dict) or isinstance(red.get("test_drop"), dict):
             return data
         own = (data.get("runtimes") or [RUNNER_OF_KIND["onnx"]])[0]

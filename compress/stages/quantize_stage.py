@@ -345,9 +345,8 @@ class QuantizeStage(Stage):
             check_pair(teacher_desc, description, inputs["teacher"].name, inputs["model"].name)
         folder = ladder.work / "qat"
         folder.mkdir(parents=True, exist_ok=True)
-        details = run_qat(ctx, model, cfg.qat, torch.from_numpy(calib), folder / "model-trt.onnx",
-                          f"{field}.qat", teacher)
-        files = {TRT.name: folder / f"model-{TRT.name}.onnx"}
+        files = {TRT.name: folder / f"model-{TRT.name}.onnx"}  # QAT writes the symmetric int8 layout
+        details = run_qat(ctx, model, cfg.qat, torch.from_numpy(calib), files[TRT.name], f"{field}.qat", teacher)
         if OPENVINO.name in ladder.flavours:  # OpenVINO reads the symmetric int8 Q/DQ the QAT graph converts to
             files[OPENVINO.name] = folder / f"model-{OPENVINO.name}.onnx"
             shutil.copy2(files[TRT.name], files[OPENVINO.name])

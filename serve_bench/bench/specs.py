@@ -51,7 +51,9 @@ def on_runtimes(spec: ArtifactSpec, runtimes: list[str], options: dict[str, dict
         return [spec]
     out = []
     for i, runtime in enumerate(runtimes):
-        opts = spec.options if runtime == spec.runtime else dict((options or {}).get(runtime, {}))
+        # the runtime's settings from the bench, on its home runtime too (PyTorch's own INT8 file on inductor, as the
+        # quantize stage judged it); the file's own options (an ONNX file's inter-op threads) over them
+        opts = {**dict((options or {}).get(runtime, {})), **(spec.options if runtime == spec.runtime else {})}
         for suffix, variant, precision in RUNNERS[runtime].variants(spec.format, opts):
             name = spec.name if i == 0 and not suffix else f"{spec.name}@{runtime}{suffix}"
             # a name that may need its runtime: an ONNX file's (several runtimes load ONNX alike), any file away from
