@@ -16,7 +16,6 @@ from pydantic import BaseModel, Field, ValidationError, field_validator
 
 from compress.errors import ArtifactError
 from train.atomic_io import atomic_write_text
-from serve_bench.runners import current_kind
 from train.file_digest import file_sha256
 
 MANIFEST_FILE = "manifest.json"
@@ -60,6 +59,8 @@ class ArtifactRecord(BaseModel):
     @field_validator("kind")
     @classmethod
     def _current_kind(cls, value: str, info) -> str:
+        from serve_bench.runners import current_kind  # the runner registry imports torch: not at this module's import
+
         return current_kind(value, f"manifest artifact {info.data.get('name', '?')}")
 
 

@@ -259,13 +259,13 @@ class Runner:
             return None
         return chosen
 
-    def _output_problems(self, previous: StageRecord | None, cls=None) -> list[str]:
+    def _output_problems(self, previous: StageRecord | None, cls: type) -> list[str]:
         """What is wrong with a completed stage's outputs: a file changed, or an output recorded under a name its
         kind has since renamed (a later stage would look for today's name and not find it)."""
         assert self.manifest is not None
         if previous is None or previous.status != "completed":
             return []
-        renamed = getattr(cls, "renamed", {})
+        renamed = cls.renamed
         former = [o for o in previous.outputs if o.partition(".")[2] in renamed]
         return [p for p in (self.manifest.verify(self.run_dir, o) for o in previous.outputs) if p] + [
             f"{o} is now named {o.partition('.')[0]}.{renamed[o.partition('.')[2]]}" for o in former]
