@@ -3,35 +3,20 @@ exports with parity, gates the INT8 file, and re-runs from cache."""
 from __future__ import annotations
 
 import json
-import os
-import shutil
 
 import pytest
 import torch
 
 from tests.conftest import ROOT, run_cli
+from tests.quickstart_run import first_quickstart_run
 from tests.report_invariants import points_outside_intervals
 from train.precision import choose_amp
-
-
-def _first_run(run_dir) -> None:
-    """The quickstart's first run into ``run_dir``; or a copy of one just made from this same checkout
-    (``COMPRESS_QUICKSTART_RUN``: CI runs the quickstart as the README's first command, then this test, so it
-    checks that run's figures instead of repeating its three minutes of training)."""
-    done = os.environ.get("COMPRESS_QUICKSTART_RUN")
-    if done:
-        source = ROOT / done
-        assert (source / "manifest.json").is_file(), f"COMPRESS_QUICKSTART_RUN={done}: no completed run there"
-        shutil.copytree(source, run_dir)
-        return
-    first = run_cli("run", str(ROOT / "pipelines" / "quickstart.yaml"), "--run-dir", str(run_dir), timeout=900)
-    assert first.returncode == 0, first.stderr
 
 
 @pytest.mark.slow
 def test_quickstart_reaches_97_percent_and_reruns_from_cache(tmp_path):
     run_dir = tmp_path / "quickstart"
-    _first_run(run_dir)
+    first_quickstart_run(run_dir)
     manifest = json.loads((run_dir / "manifest.json").read_text())
     metrics = manifest["stages"]["train"]["metrics"]
     # amp: auto follows the hardware (bf16 only where native); the run's subprocess sees the same caps.

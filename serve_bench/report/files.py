@@ -144,13 +144,18 @@ def _img(png: bytes, alt: str) -> str:
     return f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{base64.b64encode(png).decode()}">'
 
 
-def _html_table(table: tables.Table, release: str | None = None) -> str:
+def _html_table(table: tables.Table, release: str | None = None, main: bool = False) -> str:
+    """A table inside its own scroll box: a wide section table scrolls by itself, never the page. The main
+    table (class ``main``) is laid out to fit a 1280 px window without scrolling: its long artifact names
+    break anywhere and its cells wrap."""
     head, rows = table
     marked = ' class="release"'
     body = "".join(f"<tr{marked if release and row[0] == release else ''}>"
                    + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in rows)
-    return ("<table><thead><tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in head)
-            + f"</tr></thead><tbody>{body}</tbody></table>")
+    opening = '<table class="main">' if main else "<table>"
+    return (f'<div class="scroll">{opening}<thead><tr>'
+            + "".join(f"<th>{html.escape(h)}</th>" for h in head)
+            + f"</tr></thead><tbody>{body}</tbody></table></div>")
 
 
 def render_html(report: report_model.Report, figures: dict[str, bytes]) -> str:
@@ -170,12 +175,14 @@ def render_html(report: report_model.Report, figures: dict[str, bytes]) -> str:
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>Release report: {html.escape(report.pipeline or '')}</title>
 <style>
-body {{ font-family: system-ui, sans-serif; margin: 2rem auto; max-width: 1100px; color: #222; }}
+body {{ font-family: system-ui, sans-serif; margin: 2rem auto; padding: 0 1rem; max-width: 1200px; color: #222; }}
 .verdict {{ padding: .8rem 1rem; border-radius: 6px; font-size: 1.2rem; }}
 .passed {{ background: #e6f4ea; border: 1px solid #34a853; }} .failed {{ background: #fce8e6; border: 1px solid #d93025; }}
 table {{ border-collapse: collapse; width: 100%; margin: 1rem 0; font-size: .9rem; }}
 th, td {{ border-bottom: 1px solid #ddd; padding: .35rem .5rem; text-align: right; }}
 th:first-child, td:first-child {{ text-align: left; }} tr.release {{ background: #fff7d6; font-weight: 600; }}
+div.scroll {{ overflow-x: auto; }} table.main {{ font-size: .82rem; }}
+table.main th, table.main td {{ padding: .3rem .35rem; }} table.main td:first-child {{ overflow-wrap: anywhere; min-width: 9rem; }}
 figure {{ display: inline-block; margin: .5rem; }} img {{ max-width: 520px; }}
 footer {{ color: #666; font-size: .8rem; }} li.flag {{ color: #a15c00; }}
 p.environment {{ color: #444; font-size: .9rem; }}
@@ -184,7 +191,7 @@ p.environment {{ color: #444; font-size: .9rem; }}
 <p class="environment">Measured on: {html.escape(environment_line(report.environment))}</p>
 <div class="verdict {verdict}">Gate <b>{verdict.upper()}</b> — {gate_line}</div>
 <ul>{reasons}{flags}</ul>
-{_html_table(tables.main_table(report), gate.release)}
+{_html_table(tables.main_table(report), gate.release, main=True)}
 {more}
 <p class="environment">{html.escape(intervals_note(report))}</p>
 {figs}
