@@ -155,3 +155,18 @@ def test_parity_failure_in_the_stage_exits_3_and_registers_nothing(tmp_path, tin
     manifest = json.loads((run_dir / "manifest.json").read_text())
     assert manifest["stages"]["export"]["status"] == "failed" and "export.onnx" not in manifest["artifacts"]
     assert not (run_dir / "export" / "onnx").exists()
+
+
+def test_a_parity_batch_larger_than_the_validation_split_is_a_setting_to_lower(tmp_path, tiny_config, write_pipeline,
+                                                                                capsys):
+    """A small folder's validation split holds fewer images than the default parity batch of 32: the run stops with
+    the field, the count and the fix (exit 2) before anything is exported, not as a failed parity check."""
+    tiny_config["stages"].append({"name": "export", "kind": "export", "parity": {"batch_sizes": [1, 100_000]}})
+    run_dir = tmp_path / "run"
+    capsys.readouterr()
+    assert main(["run", str(write_pipeline(tiny_config)), "--run-dir", str(run_dir)]) == 2
+    err = capsys.readouterr().err
+    assert "stages.export.parity.batch_sizes: batch 100000 needs as many validation images" in err
+    assert "stages.export.parity.batch_sizes=[1," in err and "ParityError" not in err
+    assert not (run_dir / "export" / "onnx").exists()
+    assert json.loads((run_dir / "manifest.json").read_text())["stages"]["train"]["status"] == "completed"

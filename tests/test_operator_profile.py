@@ -18,7 +18,7 @@ from torch import nn
 from export.onnx_export import export_onnx
 from serve_bench.latency.operator_profile import profile_artifact
 from serve_bench.report.profile import profile_table, unfused_qdq_line
-from serve_bench.runners import RunnerError
+from serve_bench.runners import RUNNERS, RunnerError
 from serve_bench.runners.kernel_census import census, census_line
 from train.model_io import describe, save_model
 from train.models import build_model
@@ -193,6 +193,23 @@ def test_the_census_reads_kernel_names_not_op_types():
     assert [n["node"] for n in kernels["float_layers"]] == ["b", "c"] and kernels["float_ms"] == 2.5
     assert census("torch", nodes, runs=1) is None and census_line(None) == "—"
     assert census_line(kernels, 4) == "1 of 3 compute layers in int8 (2 in bf16/fp32), 4 Q/DQ unfused"
+
+
+def test_a_runners_own_thread_option_gives_way_to_the_profiles_threads(monkeypatch):
+    """The bench hands a runner's options to its profiler; the inductor runner's carry `threads`, which reached its
+    constructor beside the profile's own and left every compiled file unprofiled (a TypeError)."""
+    seen = {}
+
+    class Recording:
+        @classmethod
+        def profile(cls, path, batch, *, threads, iters, options, top):
+            seen.update(threads=threads, options=options)
+            return {}
+
+    monkeypatch.setitem(RUNNERS, "recording", Recording)
+    profile_artifact("recording", "model", np.zeros((1, 3, 8, 8), np.float32), threads=2,
+                     options={"threads": 8, "freezing": True})
+    assert seen == {"threads": 2, "options": {"freezing": True}}
 
 
 def test_torch_profile_counts_each_convolution_and_splits_the_run(tmp_path):

@@ -22,4 +22,7 @@ def profile_artifact(runtime: str, path: str, batch: np.ndarray, *, threads: int
         raise RunnerError(f"operator profile: iters must be at least 1, got {iters}")
     if runtime not in RUNNERS:
         raise RunnerError(f"operator profile: unknown runtime {runtime!r}; known: {', '.join(RUNNERS)}")
-    return RUNNERS[runtime].profile(path, batch, threads=threads, iters=iters, options=options or {}, top=top)
+    # the bench's thread count is the one profiled: a runner's own options may carry a `threads` of their own (the
+    # inductor runner's do), which would reach its constructor twice
+    options = {key: value for key, value in (options or {}).items() if key != "threads"}
+    return RUNNERS[runtime].profile(path, batch, threads=threads, iters=iters, options=options, top=top)
