@@ -14,7 +14,7 @@ PAGES = sorted((ROOT / "docs" / "pages").rglob("*.md")) + [ROOT / "README.md", R
 LIMIT = 50
 # a sentence ends at . ! ? (or a colon or semicolon closing a clause) followed by a space and then a capital,
 # a digit, a quote, a bracket or a backtick; "e.g. x" and "1.5 ms" do not end one
-END = re.compile(r"(?<!\be\.g)(?<!\bi\.e)(?<!\bvs)(?<=[.!?])\s+(?=[A-Z0-9\"'(`*\[])")
+END = re.compile(r"(?<!\be\.g\.)(?<!\bi\.e\.)(?<!\bvs\.)(?<=[.!?])\s+(?=[A-Z0-9\"'(`*\[])")
 
 
 def _blocks(text: str) -> list[str]:
@@ -68,6 +68,8 @@ def test_the_count_splits_sentences_cells_and_items_and_skips_code():
             f"```\n{long}\n```\nA `{long}` code span and [a link]({'x' * 60}) e.g. here.")
     assert [n for n, _ in long_sentences(text)] == [51, 51, 51]
     assert long_sentences(" ".join(["w"] * 50) + ".") == []
+    # an abbreviation does not end a sentence, even before inline code or a capital
+    assert [n for n, _ in long_sentences("A setting, e.g. `x`, i.e. The one vs. Other " + " ".join(["w"] * 42))] == [51]
 
 
 def test_no_sentence_on_any_page_runs_past_50_words():

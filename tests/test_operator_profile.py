@@ -195,9 +195,10 @@ def test_the_census_reads_kernel_names_not_op_types():
     assert census_line(kernels, 4) == "1 of 3 compute layers in int8 (2 in bf16/fp32), 4 Q/DQ unfused"
 
 
-def test_a_runners_own_thread_option_gives_way_to_the_profiles_threads(monkeypatch):
-    """The bench hands a runner's options to its profiler; the inductor runner's carry `threads`, which reached its
-    constructor beside the profile's own and left every compiled file unprofiled (a TypeError)."""
+def test_the_profile_takes_the_benchs_thread_count_once(monkeypatch):
+    """The bench hands a worker's runner options, its thread count among them, to the profiler; passed on as they
+    were, `threads` reached the inductor runner's constructor twice and left every compiled file unprofiled (a
+    TypeError). The same count is taken once; a different one is refused, never silently replaced."""
     seen = {}
 
     class Recording:
@@ -207,9 +208,13 @@ def test_a_runners_own_thread_option_gives_way_to_the_profiles_threads(monkeypat
             return {}
 
     monkeypatch.setitem(RUNNERS, "recording", Recording)
-    profile_artifact("recording", "model", np.zeros((1, 3, 8, 8), np.float32), threads=2,
-                     options={"threads": 8, "freezing": True})
+    batch = np.zeros((1, 3, 8, 8), np.float32)
+    profile_artifact("recording", "model", batch, threads=2, options={"threads": 2, "freezing": True})
     assert seen == {"threads": 2, "options": {"freezing": True}}
+    profile_artifact("recording", "model", batch, threads=2, options={"threads": None})  # no count asked: the bench's
+    assert seen == {"threads": 2, "options": {}}
+    with pytest.raises(RunnerError, match="ask for 8 threads, the profile for 2"):
+        profile_artifact("recording", "model", batch, threads=2, options={"threads": 8})
 
 
 def test_torch_profile_counts_each_convolution_and_splits_the_run(tmp_path):

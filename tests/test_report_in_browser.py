@@ -88,6 +88,10 @@ def verdicts(facts: dict) -> list[str]:
     return found
 
 
+_HEALTHY = {"problems": [], "broken": [], "images": ["a.png"], "page_width": 1280, "window_width": 1280,
+            "tables": [{"main": True, "width": 1200, "box": 1200, "scrolls": True}]}
+
+
 @pytest.mark.slow
 def test_the_browser_check_fails_a_page_with_an_error_a_broken_image_and_wide_tables(tmp_path):
     """The check's known answer: a page with each fault is told each one."""
@@ -96,15 +100,20 @@ def test_the_browser_check_fails_a_page_with_an_error_a_broken_image_and_wide_ta
     page = tmp_path / "bad.html"
     page.write_text(f"""<!doctype html><html><head><title>bad</title></head><body>
 <script>console.error("drawn wrong"); undefinedFunction();</script>
-<img alt="missing plot" src="data:image/png;base64,AAAA">
-<table class="main"><tr>{cells}</tr></table><div><table><tr>{cells}</tr></table></div></body></html>""")
+<img alt="missing plot" src="data:image/png;base64,AAAA"><img alt="gone" src="gone.png">
+<table class="main"><tr>{cells}</tr></table><div><table><tr>{cells}</tr></table></div>
+<div style="overflow-x: auto"><table><tr>{cells}</tr></table></div></body></html>""")
     found = verdicts(open_in_browser(page, tmp_path / "bad.png"))
     assert any("console error: drawn wrong" in f for f in found)
     assert any(f.startswith("script error:") and "undefinedFunction" in f for f in found)
-    assert "broken image: missing plot" in found
+    assert "broken image: missing plot" in found and "broken image: gone" in found
+    assert any(f.startswith("request failed:") and f.endswith("gone.png") for f in found)
     assert any(f.startswith("the page scrolls sideways") for f in found)
     assert any(f.startswith("the main table is") for f in found)
-    assert any("does not scroll" in f for f in found)
+    assert sum("does not scroll" in f for f in found) == 1  # the wide table in a scroll box of its own is allowed
+    assert not any("main tables" in f for f in found)
+    assert verdicts({**_HEALTHY, "tables": []}) == ["0 main tables (one expected)"]
+    assert verdicts(_HEALTHY) == []
     assert (tmp_path / "bad.png").stat().st_size > 0
 
 

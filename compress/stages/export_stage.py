@@ -137,11 +137,12 @@ class ExportStage(Stage):
                                   drop_last=False).epoch(0))[0]
         too_large = [b for b in cfg.parity.batch_sizes if b > len(images)]
         if too_large:  # said before anything is exported, as a setting to change, not as a failed parity check
+            more = (f"raise stages.{ctx.name}.parity.samples" if cfg.parity.samples < len(data.val)
+                    else "give the validation split more images (data.val_fraction)")
             raise ConfigError(
                 f"stages.{ctx.name}.parity.batch_sizes: batch {max(too_large)} needs as many validation images, "
                 f"the check has {len(images)} (parity.samples {cfg.parity.samples}, validation split "
-                f"{len(data.val)}); lower it (e.g. stages.{ctx.name}.parity.batch_sizes=[1,{len(images)}]) or "
-                "give the validation split more images (data.val_fraction)")
+                f"{len(data.val)}); lower it to {len(images)} or less, or {more}")
         tolerance = cfg.parity.tolerance or DEFAULT_TOLERANCE[cfg.precision]
         with ctx.atomic_output_dir("onnx") as folder:
             info = export_onnx(model, images[:2], folder / "model.onnx", opset=cfg.opset,

@@ -22,7 +22,12 @@ def profile_artifact(runtime: str, path: str, batch: np.ndarray, *, threads: int
         raise RunnerError(f"operator profile: iters must be at least 1, got {iters}")
     if runtime not in RUNNERS:
         raise RunnerError(f"operator profile: unknown runtime {runtime!r}; known: {', '.join(RUNNERS)}")
-    # the bench's thread count is the one profiled: a runner's own options may carry a `threads` of their own (the
-    # inductor runner's do), which would reach its constructor twice
-    options = {key: value for key, value in (options or {}).items() if key != "threads"}
+    # The bench puts its thread count into every worker's runner options (bench/run.py) and hands the profile the
+    # same count: passed on as it is, it reached a runner's constructor twice (the inductor runner's profile failed).
+    # The profile runs on the threads it is given; options that ask for another count are refused, not dropped.
+    options = dict(options or {})
+    asked = options.pop("threads", None)
+    if asked is not None and asked != threads:
+        raise RunnerError(f"operator profile: the runner's options ask for {asked} threads, the profile for {threads}; "
+                          "it would not measure what the bench measured")
     return RUNNERS[runtime].profile(path, batch, threads=threads, iters=iters, options=options, top=top)
