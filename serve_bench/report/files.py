@@ -183,7 +183,7 @@ th, td {{ border-bottom: 1px solid #ddd; padding: .35rem .5rem; text-align: righ
 th:first-child, td:first-child {{ text-align: left; }} tr.release {{ background: #fff7d6; font-weight: 600; }}
 div.scroll {{ overflow-x: auto; }} table.main {{ font-size: .82rem; }}
 table.main th, table.main td {{ padding: .3rem .35rem; }} table.main td:first-child {{ overflow-wrap: anywhere; min-width: 9rem; }}
-figure {{ display: inline-block; margin: .5rem; }} img {{ max-width: 520px; }}
+figure {{ display: inline-block; margin: .5rem; max-width: 100%; }} img {{ max-width: 100%; }}
 footer {{ color: #666; font-size: .8rem; }} li.flag {{ color: #a15c00; }}
 p.environment {{ color: #444; font-size: .9rem; }}
 </style></head><body>
