@@ -49,6 +49,8 @@ def onnx_files_on_onnxruntime_alone(request, monkeypatch):
 
 
 ROOT = Path(__file__).resolve().parents[1]
+# every page a reader meets: the docs site, the README and the changelog (the docs tests read these)
+DOC_PAGES = sorted((ROOT / "docs" / "pages").rglob("*.md")) + [ROOT / "README.md", ROOT / "CHANGELOG.md"]
 
 # A pipeline small enough to train in a couple of seconds on the CPU: the 1,797 real 8×8
 # digits and a ResNet-20 slimmed to width 4.

@@ -7,10 +7,9 @@ left alone (a YAML comment cannot hold a link); a sentence there points at a par
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-PAGES = sorted((ROOT / "docs" / "pages").rglob("*.md")) + [ROOT / "README.md"]
+from tests.conftest import DOC_PAGES, ROOT
+
 # "see" followed by below/above, a quoted title, or a capitalised title of up to five words
 REFERENCE = re.compile(r"\b[Ss]ee (below|above|\"[^\"]+\"|[A-Z][\w-]*(?: [\w-]+){0,4})")
 
@@ -39,6 +38,6 @@ def test_the_rule_finds_a_plain_reference_and_passes_a_link_and_code():
 
 
 def test_every_cross_reference_in_the_docs_is_a_link():
-    problems = [f"{page.relative_to(ROOT)}:{line}: {words}" for page in PAGES
+    problems = [f"{page.relative_to(ROOT)}:{line}: {words}" for page in DOC_PAGES
                 for line, words in unlinked_references(page.read_text())]
     assert problems == [], "make each a Markdown link, so mkdocs build --strict checks it:\n" + "\n".join(problems)

@@ -7,10 +7,9 @@ code as one word, and each table cell, list item and heading stands alone.
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-PAGES = sorted((ROOT / "docs" / "pages").rglob("*.md")) + [ROOT / "README.md", ROOT / "CHANGELOG.md"]
+from tests.conftest import DOC_PAGES, ROOT
+
 LIMIT = 50
 # a sentence ends at . ! ? (or a colon or semicolon closing a clause) followed by a space and then a capital,
 # a digit, a quote, a bracket or a backtick; "e.g. x" and "1.5 ms" do not end one
@@ -73,6 +72,6 @@ def test_the_count_splits_sentences_cells_and_items_and_skips_code():
 
 
 def test_no_sentence_on_any_page_runs_past_50_words():
-    problems = [f"{page.relative_to(ROOT)}: {n} words: {start} …" for page in PAGES
+    problems = [f"{page.relative_to(ROOT)}: {n} words: {start} …" for page in DOC_PAGES
                 for n, start in long_sentences(page.read_text())]
     assert problems == [], f"{len(problems)} sentences over {LIMIT} words; split them:\n" + "\n".join(problems)

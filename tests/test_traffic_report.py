@@ -188,6 +188,9 @@ def test_rendered_report_shows_the_traffic_section_overhead_and_curve(report):
     page = render_html(as_report(report), figs)
     assert f"<h2>{TRAFFIC_TITLE}</h2>" in page and '<img alt="latency_vs_load.png"' in page
     assert "harness&#x27;s own share" in page and "<td>b8 ★</td>" in page
+    # every table in its own scroll box (the 16-column traffic table scrolls there, never the page); one main table
+    assert page.count("<table") == page.count('<div class="scroll"><table') > 1
+    assert page.count('<table class="main">') == 1 and "div.scroll {{" not in page and "div.scroll {" in page
 
 
 def test_a_report_without_traffic_renders_as_before(report):
