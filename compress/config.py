@@ -131,6 +131,10 @@ class RedLine(Strict):
         20.0, gt=0, le=100, description="points: a stage (prune, distill, quantize) whose model falls more than this "
         "below its input's on the validation split stops the pipeline with both figures instead of handing a broken "
         "model on; well above any red line (a model within max_drop is never stopped); null: never stop")
+    fall_back: bool = Field(True, description="each model a stage makes is judged on the validation split against "
+                            "this line; where the model wired to a stage that makes deployable files (quantize, export, "
+                            "nncf) is past it, that stage makes them from the last model within it, said in the log and "
+                            "recorded in the manifest; false: every stage uses the model wired to it")
 
 
 class Latency(Strict):

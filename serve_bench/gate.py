@@ -13,6 +13,7 @@ from __future__ import annotations
 from serve_bench.limits import Limits
 from serve_bench.load.capacity import capacity, interval_trusted, loadgen_valid_for, passes
 from serve_bench.report_model import Entry, Paired, ServerRun, SweepConfig
+from serve_bench.runners import RUNNERS
 from train.detection.coco_map import needed_for_bootstrap
 from serve_bench.stats.paired import (LEVEL, POWER, PairedCounts, drop_interval, needed_test_images,
                                smallest_certifiable_drop)
@@ -251,9 +252,12 @@ def yields_to_float(art: Entry, candidates: list[Entry]) -> str | None:
     else:
         pair, level = art.int8_vs_fp32, 0.95
         ratio, reference, how = (pair.p99, pair.reference, "block-paired") if pair is not None else (None, None, "")
-    if ratio is None or ratio.verdict == "faster" or reference not in {c.name for c in candidates}:
+    passed = {c.name: c for c in candidates}
+    if ratio is None or ratio.verdict == "faster" or reference not in passed:
         return None
-    return (f"{art.name} (int8) gives way to {reference} (fp32, same model and runtime, also within both "
+    same = passed[reference].source_model == art.source_model and not baseline_file(passed[reference])
+    what = "same model and runtime" if same else "the baseline model as it is, same runtime"
+    return (f"{art.name} (int8) gives way to {reference} (fp32, {what}, also within both "
             f"limits): its p99 over that file's, {how}, is ×{ratio.ratio:.2f} "
             f"({level:.0%} CI {ratio.ci[0]:.2f}–{ratio.ci[1]:.2f}, {ratio.verdict}), so quantization buys "
             "no latency this run can show")
@@ -267,6 +271,11 @@ def unpaired_int8(candidates: list[Entry]) -> list[str]:
     out = []
     for art in candidates:
         run, pair = server_run(art), art.int8_vs_fp32
+        if art.precision == "int8" and pair is None:  # not even the baseline's own file measured on its runtime
+            out.append(f"{art.name} (int8) has no fp32 file on {art.runtime} to be paired with (neither of its model "
+                       "nor the baseline's as it is): ranked by its p99 alone, without asking whether quantization "
+                       "bought latency")
+            continue
         if art.precision != "int8" or run is None or pair is None or pair.reference not in names:
             continue
         if (run.paired or {}).get("fp32") is None:
@@ -276,32 +285,48 @@ def unpaired_int8(candidates: list[Entry]) -> list[str]:
     return out
 
 
+def gated_p99(art: Entry) -> float:
+    """The p99 the gate ranks by: at the pipeline's traffic for the server scenario, else closed loop."""
+    run = server_run(art)
+    return run.latency_ms["p99"] if run is not None and (run.latency_ms or {}).get("p99") is not None \
+        else art.latency_ms.p99
+
+
 def preferred(candidates: list[Entry], budget_ms: float | None = None, decision: str | None = None) -> Entry:
     """Where every candidate was swept, the one that carries the most traffic within the budget; otherwise the
     lowest p99 (at the pipeline's traffic for the server scenario, else closed loop)."""
     loads = [carried_load(a, budget_ms, decision) for a in candidates]
     if all(load is not None for load in loads):
         return candidates[max(range(len(candidates)), key=lambda i: (loads[i], -i))]  # ties: the first listed
+    return min(candidates, key=gated_p99)
 
-    def p99(art: Entry) -> float:
-        run = server_run(art)
-        return run.latency_ms["p99"] if run is not None else art.latency_ms.p99
 
-    return min(candidates, key=p99)
+def in_eager(art: Entry) -> bool:
+    """Whether the entry is a model run by its framework as written (torch eager), not an exported or compiled
+    file: what a user has before deploying anything."""
+    runner = RUNNERS.get(art.runtime or "")
+    return runner is not None and runner.eager
+
+
+def baseline_file(art: Entry) -> bool:
+    """Whether the entry is the baseline model's own file, made as it is (export alone, compile alone): the
+    reference every compressed file is divided by, and a candidate like any other."""
+    return art.role == "reference"
 
 
 def evaluate(artifacts: list[Entry], limits: Limits, accuracy_meaningful: bool = True) -> dict:
     """``artifacts`` are report entries with ``accuracy_drop`` (points, positive = worse), ``latency_ms.p99``
     and, for ``decision="confident"``, ``accuracy_paired`` (the per-image agreement counts) and
     ``latency_ms.p99_ci_blocks``; ``limits`` are the red line, the budget and the rule, recorded in the result
-    under their pipeline-file names. An entry whose role is ``reference`` (export alone) is not judged.
+    under their pipeline-file names. Every entry is judged, the baseline's own files made as they are (export
+    alone, compile alone: role ``reference``) too, so a run never releases less than exporting the model by hand.
+    A model in torch eager is released only where no exported or compiled file passes (:func:`release_order`).
 
     ``accuracy_meaningful`` false (synthetic data): a drop of random labels says nothing about
     the artifact, so the red line is not applied and the result says the gate saw latency only.
     """
     p99_budget_ms, max_accuracy_drop, decision = limits.p99_budget_ms, limits.max_drop, limits.decision
     reasons, candidates, notes = [], [], []
-    artifacts = [a for a in artifacts if a.role != "reference"]  # measured to compare against, never released
     for art in artifacts:
         problems = _accuracy_problems(art, max_accuracy_drop, decision, notes) if accuracy_meaningful else []
         problems += _latency_problems(art, p99_budget_ms, decision)
@@ -315,7 +340,8 @@ def evaluate(artifacts: list[Entry], limits: Limits, accuracy_meaningful: bool =
     yields = {a.name: yields_to_float(a, candidates) for a in candidates} if by_p99 else {}
     gave_way = [why for why in yields.values() if why] + (unpaired_int8(candidates) if by_p99 else [])
     ranked = [a for a in candidates if not yields.get(a.name)]
-    release = preferred(ranked or candidates, p99_budget_ms, decision).name if candidates else None
+    pool = release_order(ranked or candidates)
+    release = preferred(pool, p99_budget_ms, decision).name if candidates else None
     if release is None:
         what = "the accuracy red line and the p99 budget" if accuracy_meaningful else "the p99 budget"
         reasons.insert(0, f"no artifact meets {'both ' if accuracy_meaningful else ''}{what}"
@@ -331,9 +357,63 @@ def evaluate(artifacts: list[Entry], limits: Limits, accuracy_meaningful: bool =
     return {"limits": limits.as_dict(), "passed": release is not None,
             "release": release, "reasons": reasons,
             "decided_on": "accuracy and latency" if accuracy_meaningful else "latency only",
-            "notes": notes + gave_way + _capacity_notes(candidates, p99_budget_ms, decision), "decision": decision,
+            "notes": notes + gave_way + _capacity_notes(candidates, p99_budget_ms, decision)
+            + release_notes(release, artifacts, candidates, reasons), "decision": decision,
             "confidence": LEVEL, "family_error_bound": family["bound"] if family else None,
             **_latency_basis(artifacts, candidates, p99_budget_ms, decision)}
+
+
+def release_order(candidates: list[Entry]) -> list[Entry]:
+    """The candidates the release is chosen among: every exported or compiled file that passed, of any model (the
+    baseline's own, made as it is, included); the models in torch eager only where none did. Eager PyTorch is what
+    a user has before deploying anything, so shipping it while a deployable file of the same weights passed would
+    leave them worse off than a five-line export."""
+    deployable = [a for a in candidates if not in_eager(a)]
+    return deployable or candidates
+
+
+def _missed(art: Entry, reasons: list[str]) -> str:
+    """Why a file that did not pass failed, in the gate's own words."""
+    said = next((r for r in reasons if r.startswith(f"{art.name}: ")), None)
+    return said.removeprefix(f"{art.name}: ") if said else "it gave way to another file"
+
+
+def release_notes(release: str | None, artifacts: list[Entry], candidates: list[Entry], reasons: list[str]
+                  ) -> list[str]:
+    """What the release says about compression: where the baseline's own file (made as it is) is released,
+    compression bought nothing within the limits, and by how much the best compressed file missed; where a model in
+    torch eager is released, which exported or compiled file came closest and why it failed."""
+    chosen = next((a for a in artifacts if a.name == release), None)
+    if chosen is None:
+        return []
+    passed = {c.name for c in candidates}
+    if baseline_file(chosen):
+        base = chosen.source_model  # the baseline's weights: as they are in any float file made of them
+        compressed = [a for a in artifacts if not baseline_file(a)
+                      and not (base in (a.name, a.source_model) and a.precision != "int8")]
+        if not compressed:
+            return [f"{release} is the baseline model as it is ({chosen.precision} on {chosen.runtime}); no "
+                    "compressed file was measured beside it"]
+        within = [a for a in compressed if a.name in passed]
+        if within:
+            best = min(within, key=gated_p99)
+            missed = (f"the fastest compressed file within both limits, {best.name}, has p99 "
+                      f"{gated_p99(best):.3f} ms, ×{gated_p99(best) / gated_p99(chosen):.2f} the released file's")
+        else:
+            best = min(compressed, key=gated_p99)
+            missed = (f"no compressed file passed; the fastest, {best.name} (p99 {gated_p99(best):.3f} ms), "
+                      f"failed: {_missed(best, reasons)}")
+        return [f"compression bought nothing within the limits: the release, {release}, is the baseline model "
+                f"made as it is ({chosen.precision} on {chosen.runtime}, p99 {gated_p99(chosen):.3f} ms); {missed}"]
+    if in_eager(chosen):
+        deployable = [a for a in artifacts if not in_eager(a)]
+        if not deployable:
+            return [f"{release} runs in torch eager: no exported or compiled file was measured (add an export "
+                    "stage, or keep the bench's export_alone on)"]
+        best = min(deployable, key=gated_p99)
+        return [f"{release} runs in torch eager because no exported or compiled file of any model passed; the "
+                f"fastest, {best.name} (p99 {gated_p99(best):.3f} ms), failed: {_missed(best, reasons)}"]
+    return []
 
 
 def family_claim(judged: int) -> dict:

@@ -361,7 +361,10 @@ def test_two_bench_stages_keep_their_own_reports_and_the_gate_reads_the_last(tmp
     assert main(["run", str(path), "--run-dir", str(run_dir)]) == 0
     first = json.loads((run_dir / "bench_torch" / "report" / "report.json").read_text())
     last = json.loads((run_dir / "bench_all" / "report" / "report.json").read_text())
-    assert [a["name"] for a in first["artifacts"]] == ["train.model"]  # no ONNX file: no export-alone reference
+    # no ONNX file among them: the baseline exported as it is is still a candidate (never less than exporting it)
+    names = [a["name"] for a in first["artifacts"]]
+    assert names[:2] == ["train.model", "export-alone:train.model"]
+    assert all(n.startswith("export-alone:train.model@") for n in names[2:])  # on each other ONNX runtime measured
     assert [a["name"] for a in last["artifacts"]] == ["train.model", "export.onnx"]
     assert not (run_dir / "report").exists()  # nothing outside the stages' own folders
     capsys.readouterr()
@@ -458,12 +461,14 @@ def test_the_report_is_typed_versioned_and_an_older_one_is_read_a_newer_one_refu
 
 @pytest.mark.parametrize("compiled", [False, pytest.param(True, marks=pytest.mark.slow)],
                          ids=["onnx", "and-compiled"])  # the compiled one compiles (seconds per batch size)
-def test_the_unpruned_model_exported_alone_is_measured_as_a_reference_never_released(tmp_path, compiled):
+def test_the_unpruned_model_exported_alone_is_a_candidate_the_gate_judges_and_a_release_ships(tmp_path, compiled):
     """train → prune → export → bench: the baseline exported to fp32 ONNX as it is stands beside the candidates on
-    each runtime, each ONNX candidate has its latency over it on the same runtime, and the gate neither judges nor
-    releases it. Where the bench already measures an fp32 ONNX of the baseline, none is added. With inductor among
-    the runtimes, the baseline compiled alone is a reference too, and every candidate on another runtime has its
-    latency over it: what a PyTorch user gains over what they would deploy without compressing."""
+    each runtime, each ONNX candidate has its latency over it on the same runtime, and the gate judges it like any
+    other file. It is the bench stage's output ``bench.export_alone`` (labelled as every ONNX file the pipeline
+    writes), so ``compress release`` bundles it and ``compress verify`` checks it. Where the bench already measures an
+    fp32 ONNX of the baseline, none is added. With inductor among the runtimes, the baseline compiled alone is a
+    reference too, and every candidate on another runtime has its latency over it: what a PyTorch user gains over
+    what they would deploy without compressing."""
     config = copy.deepcopy(TINY)
     config["red_line"] = {"metric": "top1", "max_drop": 100.0, "collapse_margin": None}
     if compiled and InductorRunner.unavailable() is not None:
@@ -486,7 +491,19 @@ def test_the_unpruned_model_exported_alone_is_measured_as_a_reference_never_rele
     assert ratio["reference"] == "export-alone:train.model" and ratio["p50"]["ci"][0] <= ratio["p50"]["ratio"]
     assert "vs_export_alone" not in alone and "vs_export_alone" not in entries["train.model"]
     gate = report["gate"]
-    assert gate["release"] != alone["name"] and not any(r.startswith("export-alone") for r in gate["reasons"])
+    judged = [gate["release"]] + [r.split(": ", 1)[0] for r in gate["reasons"]]
+    assert alone["name"] in judged or gate["passed"]  # released, refused with its reason, or passed and slower
+    assert alone["artifact"] == "bench.export_alone"
+    record = json.loads((tmp_path / "run" / "manifest.json").read_text())["artifacts"]["bench.export_alone"]
+    assert (record["kind"], record["made_from"], record["meta"]["source_model"]) == ("onnx", ["train.model"],
+                                                                                   "train.model")
+    bundle = tmp_path / "bundle"
+    anyway = [] if gate["release"] == alone["name"] else ["--anyway"]
+    assert main(["release", str(tmp_path / "run"), "--to", str(bundle), "--artifact", alone["name"], *anyway]) == 0
+    card = json.loads((bundle / "model_card.json").read_text())
+    assert (card["released"]["artifact"], card["released"]["sha256"]) == ("bench.export_alone", record["sha256"])
+    assert card["released"]["candidate"] == alone["name"] and card["input"]["mean"]
+    assert main(["verify", str(bundle)]) in (0, 1)  # 1: bundled --anyway, which verify reports; the files check
     markdown = (tmp_path / "run" / "bench" / "report" / "report.md").read_text()
     assert "## Compression alone: against the unpruned model exported" in markdown
     assert points_outside_intervals(report) == []

@@ -40,6 +40,9 @@ def test_an_int8_file_not_shown_faster_than_its_float_file_gives_way_to_it():
     alone = evaluate(as_entries([_art("onnx", 0.0, 2.5), _int8("int8", 1.9, 0.95, [0.70, 1.20], "not distinguishable")]),
                      limits)
     assert alone["release"] == "int8" and not any("gives way" in n for n in alone["notes"])
+    # no fp32 file on its runtime at all: ranked by its p99, and the note says so instead of silence
+    lone = evaluate(as_entries([{**_art("int8", 0.3, 1.1), "precision": "int8"}]), limits)
+    assert lone["release"] == "int8" and any("int8 (int8) has no fp32 file on onnxruntime" in n for n in lone["notes"])
 
 
 def test_under_traffic_the_int8_file_gives_way_by_its_ratio_paired_round_by_round():
@@ -142,3 +145,71 @@ def test_picking_among_candidates_at_the_budget_releases_one_past_it_at_most_as_
     bound = family_claim(4)["bound"]
     assert bound == pytest.approx(4 * 0.025, abs=1e-4)
     assert released / picks <= bound
+
+
+def _eager(name, drop, p99):
+    return {**_art(name, drop, p99), "runtime": "torch", "format": "torch", "source_model": name}
+
+
+def _as_it_is(name, drop, p99, runtime="onnxruntime"):
+    """The baseline exported as it is (export alone): a candidate like any other."""
+    return {**_art(name, drop, p99), "role": "reference", "runtime": runtime, "source_model": "train.model"}
+
+
+def test_the_baseline_exported_as_it_is_is_released_where_every_compressed_file_breaks_the_red_line():
+    """The case that shipped torch eager at p99 10.3 ms while the same weights exported ran at 1.2 ms: pruning lost
+    2.44 points past a 1-point line and every file made from it inherited the loss. The export of the baseline as it
+    is passes and is released; the note says compression bought nothing and by how much the best compressed file
+    missed."""
+    arts = [_eager("train.model", 0.0, 10.33),
+            {**_art("export.onnx", 2.44, 0.70), "source_model": "prune.model"},
+            {**_art("quantize.onnx_cpu", 3.38, 0.55), "precision": "int8", "source_model": "prune.model"},
+            _as_it_is("export-alone:train.model", -0.75, 1.50),
+            _as_it_is("export-alone:train.model@openvino", -0.75, 1.23, runtime="openvino")]
+    gate = evaluate(as_entries(arts), Limits(max_drop=1.0, p99_budget_ms=20.0))
+    assert gate["passed"] and gate["release"] == "export-alone:train.model@openvino"
+    note = next(n for n in gate["notes"] if n.startswith("compression bought nothing"))
+    assert "no compressed file passed; the fastest, quantize.onnx_cpu (p99 0.550 ms)" in note
+    assert "accuracy drop 3.38 points > red line 1" in note
+
+
+def test_a_compressed_file_within_the_limits_but_slower_than_the_baseline_exported_says_by_how_much():
+    arts = [_eager("train.model", 0.0, 10.0), {**_art("export.onnx", 0.3, 1.8), "source_model": "prune.model"},
+            _as_it_is("export-alone:train.model", 0.0, 1.2)]
+    gate = evaluate(as_entries(arts), Limits(max_drop=1.0, p99_budget_ms=20.0))
+    assert gate["release"] == "export-alone:train.model"
+    assert any("the fastest compressed file within both limits, export.onnx, has p99 1.800 ms, ×1.50 the released"
+               in n for n in gate["notes"])
+    # faster and within the line: the compressed file ships, and nothing is said about the baseline's export
+    faster = evaluate(as_entries([*arts[:1], {**arts[1], "latency_ms": {"p99": 0.9}}, arts[2]]),
+                      Limits(max_drop=1.0, p99_budget_ms=20.0))
+    assert faster["release"] == "export.onnx" and not any("compression bought" in n for n in faster["notes"])
+
+
+def test_torch_eager_is_released_only_where_no_exported_or_compiled_file_passes():
+    """Eager is faster here (a pathological case), yet an exported file within both limits ships; only where every
+    exported file fails does eager ship, and the note names the fastest of them and why it failed."""
+    limits = Limits(max_drop=1.0, p99_budget_ms=5.0)
+    arts = [_eager("train.model", 0.0, 0.8), _eager("prune.model", 0.2, 0.6),
+            _as_it_is("export-alone:train.model", 0.0, 1.2)]
+    gate = evaluate(as_entries(arts), limits)
+    assert gate["release"] == "export-alone:train.model"
+    failing = [arts[0], arts[1], _as_it_is("export-alone:train.model", 0.0, 6.5),
+               {**_art("export.onnx", 2.0, 0.4), "source_model": "prune.model"}]
+    gate = evaluate(as_entries(failing), limits)
+    assert gate["release"] == "prune.model"
+    assert any(n.startswith("prune.model runs in torch eager because no exported or compiled file of any model "
+                            "passed; the fastest, export.onnx (p99 0.400 ms), failed: accuracy drop 2.00") for n in
+               gate["notes"])
+
+
+def test_an_int8_file_whose_only_float_counterpart_is_the_baseline_exported_gives_way_to_it():
+    """An INT8 file of the baseline in a pipeline with no export stage: its fp32 counterpart is the baseline exported
+    as it is. Not shown faster than it, it gives way on the same terms as to any fp32 file, with the same note."""
+    arts = [_eager("train.model", 0.0, 9.0), _as_it_is("export-alone:train.model", 0.0, 1.2),
+            {**_int8("quantize.onnx_cpu", 1.1, 0.93, [0.81, 1.07], "not distinguishable",
+                     reference="export-alone:train.model"), "source_model": "train.model"}]
+    gate = evaluate(as_entries(arts), Limits(max_drop=0.5, p99_budget_ms=2.0))
+    assert gate["release"] == "export-alone:train.model"
+    assert any("quantize.onnx_cpu (int8) gives way to export-alone:train.model (fp32, the baseline model as it is"
+               in n for n in gate["notes"])

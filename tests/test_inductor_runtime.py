@@ -139,3 +139,34 @@ def test_a_bench_names_runtimes_by_the_registry_and_the_old_switch_is_said_depre
     assert bench_runtimes(cfg) == (["onnxruntime", "inductor"] if InductorRunner.unavailable() is None else None)
     old = BenchConfig(name="bench", runtimes=["onnxruntime"], torch_compile=True)
     assert bench_runtimes(old)[-1] == "inductor"
+
+
+def test_pytorchs_own_int8_file_of_the_baseline_is_paired_with_compile_alone():
+    """PyTorch's own INT8 file made from the baseline has no fp32 Inductor file of its model but the baseline
+    compiled as it is: that reference is its fp32 counterpart (its ratio, its traffic pairing, the gate's rule), the
+    fp32 way of running it and never the bf16 one. A compressed model's own fp32 file, where there is one, is
+    preferred to the reference."""
+    from compress.stages.measurement import compile_alone
+    from serve_bench.bench.references import fp32_reference, traffic_pairs
+
+    def spec(name, runtime, fmt, precision="fp32", artifact=None, source="train.model", variant=None):
+        return ArtifactSpec(name=name, stage=name.split(".")[0], runtime=runtime, path=name, format=fmt,
+                            precision=precision, size_bytes=1, artifact=artifact, source_model=source,
+                            extra={"variant": variant} if variant else {})
+
+    specs = compile_alone([spec("train.model", "torch", "torch"),
+                           spec("train.model@inductor-bf16", "inductor", "torch", "bf16", "train.model",
+                                variant="-bf16"),
+                           spec("train.model@inductor", "inductor", "torch", artifact="train.model"),
+                           spec("quantize.native_inductor", "inductor", "pt2e", "int8"),
+                           spec("prune.model@inductor", "inductor", "torch", artifact="prune.model",
+                                source="prune.model"),
+                           spec("quantize2.native_inductor", "inductor", "pt2e", "int8", source="prune.model"),
+                           spec("quantize3.native_inductor", "inductor", "pt2e", "int8", source="distill.model")],
+                          "train.model")
+    by_name = {s.name: s for s in specs}
+    assert fp32_reference(by_name["quantize.native_inductor"], specs).name == "train.model@inductor"
+    assert fp32_reference(by_name["quantize2.native_inductor"], specs).name == "prune.model@inductor"
+    # a compressed model whose fp32 file is not measured compiled (resnet18.yaml's): the baseline compiled as it is
+    assert fp32_reference(by_name["quantize3.native_inductor"], specs).name == "train.model@inductor"
+    assert traffic_pairs(specs)["quantize.native_inductor"] == {"fp32": "train.model@inductor"}

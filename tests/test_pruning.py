@@ -130,7 +130,7 @@ def test_error_cases_say_what_to_do():
 def test_prune_stage_end_to_end(tmp_path, tiny_config, write_pipeline, capsys):
     tiny_config["stages"][0]["epochs"] = 2
     tiny_config["stages"].append({"name": "prune", "kind": "prune", "target": {"macs": 0.5},
-                                  "deployed_latency": {"deployed_on": ["onnxruntime"], "min_iters": 100, "seconds": 1.0},
+                                  "deployed_latency": {"deployed_on": ["onnxruntime"], "rounds": 10, "round_s": 0.05},
                                   "sparsity": {"epochs": 1, "lambda": 1e-3, "amp": "off", "batch_size": 64},
                                   "finetune": {"epochs": 1, "amp": "off", "batch_size": 64}})
     run_dir = tmp_path / "run"
@@ -141,6 +141,8 @@ def test_prune_stage_end_to_end(tmp_path, tiny_config, write_pipeline, capsys):
     assert metrics["macs_fraction"] <= 0.5 and metrics["params_after"] < metrics["params_before"]
     assert {"val_top1_before", "val_top1_after_surgery", "val_top1", "test_top1", "deployed_latency"} <= set(metrics)
     assert set(metrics["deployed_latency"]) == {"onnxruntime"} and metrics["round_to"]["auto"]
+    timed = metrics["deployed_latency"]["onnxruntime"]
+    assert timed["rounds"] == timed["cost"]["rounds"] == 10 and timed["cost"]["block"] >= 5  # sized by rounds
     assert (metrics["round_to"]["round_to"] or 1) == wanted_multiple(["onnxruntime"], isa_facts())[0]
     assert metrics["precision"] == {phase: {"name": "fp32", "reason": "amp: off"} for phase in ("sparsity", "finetune")}
     assert manifest["artifacts"]["prune.model"]["made_from"] == ["train.model"]
@@ -228,7 +230,7 @@ def test_target_macs_auto_keeps_the_last_step_within_the_red_line_on_validation(
     model = build_model("resnet20", 10, 1, {"width": 8})
     example = torch.zeros(1, 1, 8, 8)
     ctx, said = _steps_ctx(tmp_path, 1.0)
-    auto = prune_steps.AutoSettings(step=0.75, max_steps=5, finetune_epochs=0)
+    auto = prune_steps.AutoSettings(step=0.75, max_steps=5, finetune_epochs=0, max_probes=0)
     params = sum(p.numel() for p in model.parameters())
     steps = prune_steps.prune_in_steps(ctx, model, example, [model.fc], SurgerySettings(importance="magnitude"), auto,
                                        TrainingSettings(), BatchNormSettings(reestimate_images=0),
@@ -250,9 +252,10 @@ def test_target_macs_auto_keeps_the_last_step_within_the_red_line_on_validation(
     assert record["cost"] == {"steps": taken, "finetune_epochs_per_step": 0, "epochs": 0}
 
 
-def _steps_of(tmp_path, monkeypatch, vals: list[float], measure: str, timing=None):
+def _steps_of(tmp_path, monkeypatch, vals: list[float], measure: str, timing=None, probes: int = 0):
     """``prune_in_steps`` on an 8-wide ResNet-20 at 8×8, by magnitude, steps of ×0.75 (at most 5), no finetune, a
-    1-point red line below 95.0, each step's validation figure taken in turn from ``vals``."""
+    1-point red line below 95.0, each step's validation figure taken in turn from ``vals``; ``probes`` between the
+    last step within the line and the first past it (none unless a test is about them)."""
     from compress.stages import prune_steps
     from compress.stages.training_run import BatchNormSettings, TrainingSettings
 
@@ -260,12 +263,38 @@ def _steps_of(tmp_path, monkeypatch, vals: list[float], measure: str, timing=Non
     monkeypatch.setattr(prune_steps, "val_score", lambda *a, **k: ("top1", next(figures)))
     model = build_model("resnet20", 10, 1, {"width": 8})
     ctx, said = _steps_ctx(tmp_path, 1.0)
-    auto = prune_steps.AutoSettings(step=0.75, max_steps=5, finetune_epochs=0)
+    auto = prune_steps.AutoSettings(step=0.75, max_steps=5, finetune_epochs=0, max_probes=probes)
     steps = prune_steps.prune_in_steps(ctx, model, torch.zeros(1, 1, 8, 8), [model.fc],
                                        SurgerySettings(importance="magnitude"), auto, TrainingSettings(),
                                        BatchNormSettings(reestimate_images=0), lambda m: Hooks(), torch.device("cpu"),
                                        "top1", 95.0, measure, timing)
     return steps, said
+
+
+def test_a_step_past_a_tight_red_line_is_bisected_back_towards_the_last_step_within(tmp_path, monkeypatch):
+    """A tight line breaks at step 1 (75% of the MACs), where the search used to hand the model on unpruned. Probes
+    halve the bracket between the unpruned model and that step: the first (87.5%) is within and kept, the second
+    (81.3%) past the line, the third (84.4%) within and kept, and the three probes allowed are spent. The trajectory
+    records every probe beside the steps, in the order judged, with its time, and the kept one is a probe."""
+    from compress.pruning.channel_pruning import PruneResult
+    from compress.stages import prune_steps
+
+    def exact(model, example, target, protected, surgery, halve=True):  # a surgery that lands on its target
+        share = target.budget
+        return copy.deepcopy(model), PruneResult([], 10_000, round(10_000 * share), 10_000, round(10_000 * share),
+                                                 target=share, measure="macs")
+
+    monkeypatch.setattr(prune_steps, "prune_rounded", exact)
+    steps, said = _steps_of(tmp_path, monkeypatch, [95.0, 93.5, 94.4, 93.8, 94.5], "macs", probes=3)
+    rows = steps.trajectory
+    assert [r.get("probe", False) for r in rows] == [False, False, True, True, True]
+    assert [r["within"] for r in rows[1:]] == [False, True, False, True]
+    assert [r["macs_fraction"] for r in rows[1:]] == [0.75, 0.875, 0.8125, 0.8438]  # each probe halves the bracket
+    assert steps.chosen == 4 and steps.result is not None
+    assert steps.result.macs_after / steps.result.macs_before == pytest.approx(rows[4]["macs_fraction"], abs=1e-3)
+    assert any(line.startswith("probe 1: between 100.0% (within the red line) and") for line in said)
+    assert any("kept step 4 (a probe)" in line for line in said)
+    assert all("seconds" in r for r in rows[1:]) and any("the search judged 4 steps and probes in" in l for l in said)
 
 
 def test_target_params_auto_steps_in_parameters(tmp_path, monkeypatch):
@@ -307,19 +336,41 @@ def test_target_auto_keeps_the_deepest_step_within_the_red_line_and_faster_where
     assert any("not shown faster where it ships: not kept, the search goes on" in line for line in said)
 
 
-def test_a_multiple_that_cannot_reach_the_budget_is_halved_and_recorded():
+def test_a_multiple_that_cannot_reach_the_budget_or_overshoots_it_is_halved_and_recorded():
     """ResNet-20's 16-channel stage cannot lose a channel at a multiple of 16 and is a third of its MACs, so 45% is
-    out of reach there (46.8%); at 8 it is reached, every pruned width a multiple of 8, the input left as it was."""
+    out of reach there (46.8%). At 8 the last step removes channels in chunks and lands far under it (33.6% of the
+    MACs for these weights, 11 points under the target): a fixed target is a target, so the multiple is halved
+    again, and at 4 the budget is met within its tolerance, every pruned width a multiple of 4, the input left as it
+    was. Where a multiple lands within the tolerance it is kept, and with the tolerance opened up the overshoot is
+    what the surgery used to hand on."""
+    torch.manual_seed(1)
     model = build_model("resnet20", 10, 1, {})
     widths = layer_widths(model)
     pruned, result = prune_rounded(model, torch.zeros(1, 1, 28, 28), PruneTarget(macs=0.45), [model.fc],
                                    SurgerySettings(importance="magnitude", round_to=16))
-    assert result.round_to == 8 and len(result.rounding) == 1 and "round_to 16: reached 46.8%" in result.rounding[0]
-    assert result.macs_after / result.macs_before <= 0.45 and layer_widths(model) == widths
-    assert all(w % 8 == 0 for name, w in layer_widths(pruned).items() if name != "fc")
-    wide, kept = prune_rounded(model, torch.zeros(1, 1, 28, 28), PruneTarget(macs=0.6), [model.fc],
-                               SurgerySettings(importance="magnitude", round_to=16))
-    assert kept.round_to == 16 and kept.rounding == []
+    assert "round_to 16: reached 46.8%" in result.rounding[0]
+    assert re.fullmatch(r"round_to 8: reached 3\d\.\d% of the MACs, more than 5% under the 45% target",
+                        result.rounding[1])
+    assert result.round_to == 4 and (result.target, result.measure) == (0.45, "macs")
+    assert 0.40 <= result.reached() <= 0.45 and layer_widths(model) == widths
+    assert all(w % 4 == 0 for name, w in layer_widths(pruned).items() if name != "fc")
+    torch.manual_seed(2)
+    other = build_model("resnet20", 10, 1, {})
+    _, kept = prune_rounded(other, torch.zeros(1, 1, 28, 28), PruneTarget(macs=0.6), [other.fc],
+                            SurgerySettings(importance="magnitude", round_to=16))
+    assert kept.round_to == 16 and kept.rounding == [] and 0.55 <= kept.reached() <= 0.6
+    torch.manual_seed(0)
+    third = build_model("resnet20", 10, 1, {})
+    loose, tight = (prune_rounded(third, torch.zeros(1, 1, 28, 28), PruneTarget(macs=0.6), [third.fc],
+                                  SurgerySettings(importance="magnitude", round_to=16, target_tolerance=tol))[1]
+                    for tol in (0.5, 0.05))
+    assert loose.round_to == 16 and loose.reached() < 0.55  # what a coarse multiple hands on
+    assert tight.round_to < 16 and 0.55 <= tight.reached() <= 0.6
+    # a multiple the user set is kept: finer steps are tried at it, and the closest result is kept and said
+    _, fixed = prune_rounded(third, torch.zeros(1, 1, 28, 28), PruneTarget(macs=0.6), [third.fc],
+                             SurgerySettings(importance="magnitude", round_to=16), halve=False)
+    assert fixed.round_to == 16 and fixed.reached() <= 0.6
+    assert all("round_to 16" in t for t in fixed.rounding)
 
 
 def test_the_prune_stage_is_keyed_on_the_multiple_and_runtimes_it_resolved(monkeypatch):
@@ -340,6 +391,14 @@ def test_the_prune_stage_is_keyed_on_the_multiple_and_runtimes_it_resolved(monke
     assert wide["round_to"] == 16 and narrow["round_to"] == 8 and wide["deployed_on"] == narrow["deployed_on"]
     bench = SimpleNamespace(kind="bench", runtimes=["onnxruntime"])
     assert runtimes_of(DeployedLatencySettings(), "f", [bench]) == ["onnxruntime"]
+    # as the run hands them over: the pipeline file's stages as dicts (read as such, not as an empty list)
+    assert runtimes_of(DeployedLatencySettings(), "f", [{"kind": "bench", "runtimes": ["onnxruntime"]}]) == ["onnxruntime"]
+    from compress.stages.deployed_latency import deployment_of
+
+    where = deployment_of(DeployedLatencySettings(), "f", [{"kind": "bench", "runtimes": ["onnxruntime"], "threads": 1}])
+    assert (where.runtimes, where.threads) == (["onnxruntime"], 1)
+    assert set(wide) >= {"deployed_on", "versions", "threads", "options", "machine"}  # keyed as the quantize stage is
+    assert wide["versions"] == {rt: ver for rt, ver in wide["versions"].items() if ver}  # each timed runtime's version
     with pytest.raises(ValueError, match="deployed_on: tensorrt cannot run here"):
         runtimes_of(DeployedLatencySettings(deployed_on=["tensorrt"]), "f", [])
 
@@ -363,7 +422,8 @@ def test_target_macs_auto_runs_in_the_stage_and_draws_its_trajectory(trained_dig
     config["model"] = {"name": "resnet20", "args": {"width": 8}, "weights": str(weights)}
     config["red_line"] = {"metric": "top1", "max_drop": 30.0, "collapse_margin": 40.0}
     config["stages"] = [{"name": "prune", "kind": "prune", "target": {"macs": "auto"}, "sparsity": {"epochs": 0},
-                         "auto": {"max_steps": 2, "finetune_epochs": 1}, "deployed_latency": {"enabled": False},
+                         "auto": {"max_steps": 2, "finetune_epochs": 1, "max_probes": 0},  # probes: tested apart
+                         "deployed_latency": {"enabled": False},
                          "finetune": {"epochs": 1, "amp": "off", "batch_size": 64, "checkpoint_every": 0}}]
     run_dir = tmp_path / "run"
     assert main(["run", str(write_pipeline(config)), "--run-dir", str(run_dir)]) == 0
@@ -373,3 +433,39 @@ def test_target_macs_auto_runs_in_the_stage_and_draws_its_trajectory(trained_dig
     kept = auto["trajectory"][auto["chosen_step"]]
     assert kept["within"] and metrics["macs_fraction"] == pytest.approx(kept["macs_fraction"], abs=1e-3)
     assert (run_dir / "prune" / "report" / "trajectory.png").stat().st_size > 1000
+
+
+def test_the_speed_check_reaches_its_round_count_for_every_model_up_to_100_ms_within_its_budget():
+    """The check used to run 300 requests or 2 s a file in blocks of 50: a 60-ms file had 6 rounds, an 8-ms one 8,
+    and no verdict needs fewer than 10, so target auto never pruned a slow model. Sized by rounds, every file runs
+    the same 12; a slow file's block shrinks to min_block requests, and a 100-ms file on two runtimes stays within
+    the default budget per step."""
+    from compress.stages.deployed_latency import DeployedLatencySettings, planned_seconds
+    from serve_bench.stats.latency_intervals import MIN_BLOCKS
+
+    settings = DeployedLatencySettings()
+    plan = settings.plan()
+    old_rounds = {ms: 300 // 50 if 300 * ms / 1e3 >= 2.0 else max(300, int(2.0 / (ms / 1e3))) // 50
+                  for ms in (6, 8, 60)}
+    assert old_rounds == {6: 6, 8: 6, 60: 6}  # what the old floor gave (blocks of 50; the 2 s ended them)
+    for ms in (0.05, 1, 4, 6, 8, 25, 60, 100):
+        block = plan.block(ms / 1e3)
+        assert plan.rounds == 12 >= MIN_BLOCKS and block >= settings.min_block
+        assert block * ms / 1e3 >= settings.round_s or block == settings.min_block
+        assert planned_seconds(settings, ms / 1e3, runtimes=2) <= settings.budget_s, ms
+    assert planned_seconds(settings, 0.100, 2) > 20  # and it says what it costs: about 35 s for a 100-ms file
+
+
+def test_a_ratio_timed_in_rounds_runs_exactly_its_rounds_and_says_what_it_cost():
+    """On the simulated runtime (a known 3-ms service time): the block is sized from the reference's time per
+    request, the run stops after exactly the planned rounds, and the cost names the block and seconds."""
+    import numpy as np
+
+    from compress.quantization.measure import RoundPlan, p50_ratios_in_rounds
+
+    plan = RoundPlan(rounds=10, round_s=0.015, min_block=2, settle_s=0.0, warmup_iters=2)
+    ratios, cost = p50_ratios_in_rounds(Path("-"), {"pruned": Path("-")}, np.zeros((4, 1, 8, 8), np.float32), plan,
+                                        runtime="simulated", options={"service_ms": 3.0})
+    assert ratios["pruned"]["rounds"] == 10 and cost["rounds"] == 10
+    assert 3 <= cost["block"] <= 5 and 2.5 <= cost["reference_ms"] <= 4.5  # 15 ms of 3-ms requests
+    assert ratios["pruned"]["ci"][0] <= 1.0 <= ratios["pruned"]["ci"][1] or abs(ratios["pruned"]["ratio"] - 1) < 0.1

@@ -92,7 +92,9 @@ def test_a_record_that_kept_no_input_names_is_judged_by_its_digests(manifest, tm
     require_measured(manifest.artifacts["export.onnx"], bench, tmp_path)
 
 
-def test_release_anyway_never_picks_the_export_alone_reference(tmp_path):
+def test_release_anyway_picks_the_fastest_file_the_baseline_exported_as_it_is_included(tmp_path):
+    """The baseline's own file is a candidate like any other: --anyway takes the fastest measured file, which may be
+    it, and --artifact names it."""
     from compress.errors import ConfigError
     from compress.release.bundle import _chosen
 
@@ -100,6 +102,8 @@ def test_release_anyway_never_picks_the_export_alone_reference(tmp_path):
               "baseline": "train.model",
               "artifacts": [_entry("train.model", 0.0, 2.0), _entry("export.onnx", 0.1, 0.8),
                             {**_entry("export-alone:train.model", 0.0, 0.1), "role": "reference"}]}
-    assert _chosen(as_report(failed), None, True, tmp_path / "report.json") == "export.onnx"  # not the faster one
-    with pytest.raises(ConfigError, match="--artifact export-alone:train.model: not in"):
-        _chosen(as_report(failed), "export-alone:train.model", True, tmp_path / "report.json")
+    report = as_report(failed)
+    assert _chosen(report, None, True, tmp_path / "report.json") == "export-alone:train.model"
+    assert _chosen(report, "export-alone:train.model", True, tmp_path / "report.json") == "export-alone:train.model"
+    with pytest.raises(ConfigError, match="--artifact nothing.onnx: not in"):
+        _chosen(report, "nothing.onnx", True, tmp_path / "report.json")

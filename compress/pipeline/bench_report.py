@@ -31,7 +31,8 @@ def find_report(target: Path) -> Path:
     if manifest is not None:
         reports = [manifest.resolve_path(target, manifest.artifacts[name]) / REPORT_JSON
                    for record in manifest.stages.values() if record.kind == "bench" and record.status == "completed"
-                   for name in record.outputs if name in manifest.artifacts]
+                   for name in record.outputs
+                   if name in manifest.artifacts and manifest.artifacts[name].kind == "report"]  # not its export
         if reports:
             return reports[-1]
     return target / "report" / REPORT_JSON  # a run directory written before reports moved into their stage

@@ -32,7 +32,7 @@ from compress.pipeline.rerun_reason import why_rerun
 from compress.pipeline.run_lock import RunLock, check_owner
 from compress.pipeline.torch_threads import torch_threads
 from compress.pipeline.tracking import tracked
-from compress.stages import registry
+from compress.stages import red_line_check, registry
 from compress.stages.base import InputArtifact, Output, StageContext
 from compress.stages.data_match import check_same_data
 from compress.stages.model_source import model_sources
@@ -63,6 +63,8 @@ _DATA_LOCATION_FIELDS = ("decode_cache", "cache_dir", "decode_workers", "decode_
 def _without_locations(section: str, value: object) -> object:
     if section == "data" and isinstance(value, dict):
         return {k: v for k, v in value.items() if k not in _DATA_LOCATION_FIELDS}
+    if section == "red_line" and isinstance(value, dict):  # the runner's wiring, keyed where it changes an input
+        return {k: v for k, v in value.items() if k != "fall_back"}
     return value
 
 
@@ -83,6 +85,7 @@ class Runner:
         self.selected_names: list[str] = []
         self.current_stage: str | None = None  # the stage running now (what an interruption stopped)
         self._config_file: str | None = None
+        self._val_cache: dict[str, tuple[str, float]] = {}  # validation figures by model digest (the baseline's once)
 
     def _load_data(self) -> DataBundle:
         if self._data is None:
@@ -278,7 +281,10 @@ class Runner:
         assert cls is not None
         left_out: dict[str, str] = {}
         inputs = self._inputs(cfg.name, refs, left_out)
+        fallback = self._fall_back(cfg.name, cls, inputs)
         material = self._key_material(cfg, cls, inputs)
+        if fallback is not None:  # in the record, and so in the key: switching fall_back off re-runs the stage
+            material["fallback"] = fallback.record()
         input_digests = material["inputs"]
         key = _hash({k: v for k, v in material.items() if k != "input_names"})
         previous = manifest.stages.get(cfg.name)
@@ -343,12 +349,74 @@ class Runner:
             raise from_library(exc, cfg.name, cfg.kind) from exc
 
         sources = list(dict.fromkeys(i.name for i in inputs.values()))  # one artifact may fill two roles
+        self._judge_models(cfg.name, result.outputs, refs)
         record.outputs = self._register_outputs(cfg.name, result.outputs, sources)
         record.status, record.ended, record.duration_s = "completed", now(), round(duration, 3)
         record.metrics = result.metrics
         manifest.stages[cfg.name] = record
         manifest.save(self.run_dir)
         logger.info(f"done in {duration:.1f}s", extra={"stage": cfg.name})
+
+    def _baseline(self, refs: dict[str, str]) -> InputArtifact | None:
+        """The red line's baseline, as the bench measures against it: the first train stage's model, else the model
+        the user brought."""
+        assert self.manifest is not None
+        name = refs.get("baseline") or next(
+            (f"{s.name}.model" for kind in ("train", "model") for s in self.pipeline.stages if s.kind == kind), None)
+        record = self.manifest.artifacts.get(name or "")
+        if record is None or record.kind != "torch-model":
+            return None
+        return InputArtifact(name, record.kind, self.manifest.resolve_path(self.run_dir, record), record.meta,
+                             record.size_bytes, record.sha256)
+
+    def _judge_models(self, stage: str, outputs: list[Output], refs: dict[str, str]) -> None:
+        """Each torch model the stage made, other than the baseline, judged on the validation split against the red
+        line (kept in its record's meta, read by :meth:`_fall_back` of the stages after it)."""
+        red = self.pipeline.config.red_line
+        models = [o for o in outputs if o.kind == "torch-model" and red_line_check.RECORD_KEY not in o.meta]
+        if not red.fall_back or not models or not self._load_data().meaningful_accuracy:
+            return
+        baseline = self._baseline(refs)
+        if baseline is None:
+            return
+        for out in models:
+            name = f"{stage}.{out.role}"
+            if name == baseline.name:
+                continue
+            digest, size = digest_path(out.path)
+            made = InputArtifact(name, out.kind, out.path, out.meta, size, digest)
+            verdict = red_line_check.judged(made, baseline, self._load_data(), red.max_drop, self._val_cache)
+            out.meta[red_line_check.RECORD_KEY] = verdict
+            logger.info(f"{name} on validation: {red_line_check.verdict_words(verdict)}: "
+                        f"{'within' if verdict['within'] else 'PAST'} the red line", extra={"stage": stage})
+
+    def _fall_back(self, stage: str, cls: type, inputs: dict[str, InputArtifact]):
+        """Where the stage makes deployable files from a model past the red line, the last model within it in
+        that model's place (said in the log with what it costs); None where nothing changes."""
+        model = inputs.get("model")
+        if not cls.makes_files_from_model or model is None or not self.pipeline.config.red_line.fall_back:
+            return None
+        assert self.manifest is not None
+
+        def source_of(artifact: InputArtifact) -> InputArtifact | None:
+            maker = self.manifest.stages.get(self.manifest.artifacts[artifact.name].stage) \
+                if artifact.name in self.manifest.artifacts else None
+            name = ((maker.key_material or {}).get("input_names") or {}).get("model") if maker else None
+            record = self.manifest.artifacts.get(name or "")
+            if record is None:
+                return None
+            return InputArtifact(name, record.kind, self.manifest.resolve_path(self.run_dir, record), record.meta,
+                                 record.size_bytes, record.sha256)
+
+        found = red_line_check.fallback_for(model, source_of)
+        if found is None:
+            if red_line_check.past(model.meta):
+                logger.warning(f"{model.name} is past the red line on validation, and no model within it is behind "
+                               "it: this stage uses it", extra={"stage": stage})
+            return None
+        inputs["model"], fallback = found
+        logger.warning(fallback.words(stage), extra={"stage": stage, "style": "yellow"})
+        return fallback
 
     def _register_outputs(self, stage: str, outputs: list[Output], input_names: list[str]) -> list[str]:
         manifest = self.manifest

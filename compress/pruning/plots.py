@@ -25,15 +25,20 @@ def gamma_plot(report: dict) -> bytes:
 
 
 def trajectory_plot(trajectory: list[dict], metric: str, red_line: float, chosen: int, measure: str = "macs") -> bytes:
-    """Validation figure against the share of MACs (or parameters) kept, one point per step, the red line (the
-    baseline's validation figure less the allowed drop) and the step kept."""
+    """Validation figure against the share of MACs (or parameters) kept, one point per step and per probe between a
+    step within the line and the first past it (joined in order of the share, probes drawn hollow), the red line
+    (the baseline's validation figure less the allowed drop) and the step kept."""
     fig, ax = plt.subplots(figsize=(7, 4))
     key = f"{measure}_fraction"
-    x = [s[key] * 100 for s in trajectory]
-    y = [s[metric] for s in trajectory]
-    ax.plot(x, y, marker="o", color="#1f77b4", linewidth=1.5)
-    for step, xi, yi in zip(trajectory, x, y):
-        ax.annotate(f"step {step['step']}", (xi, yi), textcoords="offset points", xytext=(4, 6), fontsize=8)
+    judged = sorted((s for s in trajectory if metric in s), key=lambda s: -s[key])
+    ax.plot([s[key] * 100 for s in judged], [s[metric] for s in judged], color="#1f77b4", linewidth=1.5)
+    for probe in (False, True):
+        points = [s for s in judged if bool(s.get("probe")) == probe]
+        ax.plot([s[key] * 100 for s in points], [s[metric] for s in points], marker="o", linestyle="none",
+                color="#1f77b4", markerfacecolor="white" if probe else "#1f77b4", label="probes" if probe and points else None)
+    for step in judged:
+        ax.annotate(f"{'probe' if step.get('probe') else 'step'} {step['step']}", (step[key] * 100, step[metric]),
+                    textcoords="offset points", xytext=(4, 6), fontsize=8)
     kept = next(s for s in trajectory if s["step"] == chosen)
     ax.plot([kept[key] * 100], [kept[metric]], marker="*", markersize=16, color="#2ca02c",
             label=f"kept: step {chosen}", linestyle="none")

@@ -7,6 +7,10 @@ torch simulation of the quantized model.
 from __future__ import annotations
 
 import contextlib
+import math
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -39,6 +43,18 @@ def output_error(reference: np.ndarray, candidate: np.ndarray) -> float:
     return float(np.mean((reference - candidate) ** 2) / max(float(np.var(reference)), 1e-12))
 
 
+@contextlib.contextmanager
+def _workers(paths: dict[str, Path], pool: np.ndarray, runtime: str | dict[str, str], batch_size: int,
+             options: dict | None) -> Iterator[dict[str, BenchWorker]]:
+    """Each file in its own worker process, loaded and ready; stopped on leaving."""
+    runtimes = runtime if isinstance(runtime, dict) else dict.fromkeys(paths, runtime)
+    with contextlib.ExitStack() as stack:
+        yield all_ready({name: stack.enter_context(BenchWorker(name, runtimes[name], str(path),
+                                                               {"device": "cpu", **(options or {})}, pool,
+                                                               batch_size, wait=False))
+                         for name, path in paths.items()})
+
+
 def interleaved(paths: dict[str, Path], pool: np.ndarray, settings: HarnessSettings,
                 runtime: str | dict[str, str] = ONNX_RUNTIME, batch_size: int = 1,
                 options: dict | None = None) -> dict[str, Measurement]:
@@ -46,13 +62,54 @@ def interleaved(paths: dict[str, Path], pool: np.ndarray, settings: HarnessSetti
     blocks, as in the bench stage (two onnxruntime sessions in one process disturb each other's tail: measured
     here, the same pair of files swapped order in p50 from one in-process run to the next). ``runtime``: one for
     every file, or each file's by name."""
-    runtimes = runtime if isinstance(runtime, dict) else dict.fromkeys(paths, runtime)
-    with contextlib.ExitStack() as stack:
-        workers = all_ready({name: stack.enter_context(BenchWorker(name, runtimes[name], str(path),
-                                                                   {"device": "cpu", **(options or {})}, pool,
-                                                                   batch_size, wait=False))
-                             for name, path in paths.items()})
+    with _workers(paths, pool, runtime, batch_size, options) as workers:
         return measure_interleaved(workers, settings)
+
+
+@dataclass(frozen=True)
+class RoundPlan:
+    """How a ratio's timing is sized: by the rounds its interval rests on, not by a request count. A fixed count of
+    requests gives a slow file few rounds (300 requests of a 60-ms file in blocks of 50: 6 rounds, never a
+    verdict); a fixed count of rounds, each block as many requests as fit ``round_s`` (at least ``min_block``),
+    reaches the verdict for every file up to ``budget_s``'s reach."""
+
+    rounds: int
+    round_s: float
+    min_block: int
+    settle_s: float = 0.2  # the harness's pause before each block (the previous runtime's threads go quiet)
+    warmup_iters: int = 5
+
+    def block(self, per_request_s: float) -> int:
+        return max(self.min_block, math.ceil(self.round_s / max(per_request_s, 1e-9)))
+
+    def seconds(self, per_request_s: list[float], block: int) -> float:
+        """What the timing costs: a warm-up per file, then every round a settle pause and a block per file."""
+        return sum((self.warmup_iters + self.rounds * block) * t + self.rounds * self.settle_s for t in per_request_s)
+
+
+def p50_ratios_in_rounds(reference: Path, candidates: dict[str, Path], pool: np.ndarray, plan: RoundPlan,
+                         runtime: str = ONNX_RUNTIME, threads: int | None = None, options: dict | None = None,
+                         batch_size: int = 1, level: float = 0.95) -> tuple[dict[str, dict], dict]:
+    """Each candidate's p50 over ``reference``'s, paired by round in one interleaved run of exactly
+    ``plan.rounds`` rounds, and what the run cost: the block size (from the reference's time per request after a
+    warm-up: every file runs the same block, the reference being the slowest as a rule), the seconds it was
+    planned to take and took."""
+    started = time.perf_counter()
+    with _workers({"reference": reference, **candidates}, pool, runtime, batch_size,
+                  {**({"threads": threads} if threads else {}), **(options or {})}) as workers:
+        done, seconds = workers["reference"].call("warmup", plan.warmup_iters, 0.0)
+        per_request = seconds / max(done, 1)
+        block = plan.block(per_request)
+        settings = HarnessSettings(warmup_iters=plan.warmup_iters, warmup_s=0.0, min_iters=plan.rounds * block,
+                                   min_duration_s=0.0, block_iters=block, block_s=0.0, settle_s=plan.settle_s,
+                                   max_iters=plan.rounds * block + 1)  # the cap never cuts a round off
+        measured = measure_interleaved(workers, settings)
+    ratios = {name: paired_ratio(measured[name].blocked, measured["reference"].blocked, 50, level=level).as_dict()
+              for name in candidates}
+    cost = {"rounds": plan.rounds, "block": block, "reference_ms": round(per_request * 1e3, 3),
+            "planned_s": round(plan.seconds([per_request] * (1 + len(candidates)), block), 1),
+            "took_s": round(time.perf_counter() - started, 1)}
+    return ratios, cost
 
 
 def quick_latency(paths: dict[str, Path], pool: np.ndarray, min_iters: int = 300) -> dict[str, dict]:

@@ -87,7 +87,7 @@ def make_release(run_dir: Path, to: Path, *, anyway: bool = False, artifact: str
 
 
 def _chosen(report: Report, artifact: str | None, anyway: bool, report_path: Path) -> str:
-    gate, names = report.gate, [a.name for a in report.artifacts if a.role != "reference"]  # never a reference
+    gate, names = report.gate, [a.name for a in report.artifacts]
     if artifact is not None and artifact not in names:
         raise ConfigError(f"--artifact {artifact}: not in {report_path}; measured: {', '.join(names)}")
     released = gate.release if gate.passed else None
@@ -100,8 +100,7 @@ def _chosen(report: Report, artifact: str | None, anyway: bool, report_path: Pat
                              "(the bundle is marked as not passed)")
     if artifact is not None:
         return artifact
-    candidates = [a for a in report.artifacts if a.name != report.baseline and not a.refused
-                  and a.role != "reference"]  # each has its latency; a reference (export alone) is no artifact
+    candidates = [a for a in report.artifacts if a.name != report.baseline and not a.refused]  # each has its latency
     if not candidates:
         raise ConfigError(f"{report_path}: no measured artifact besides the baseline; name one with --artifact")
     return preferred(candidates).name

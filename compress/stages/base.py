@@ -118,6 +118,10 @@ class Stage:
     judges_on_data: ClassVar[bool] = True
     # Trains: may run on several processes under torchrun (the pipeline's or its own `distributed:`).
     distributable: ClassVar[bool] = False
+    # Makes deployable files from its ``model`` input without training it further (quantize, export, nncf): where
+    # that model is past the red line on validation, the runner gives it the last model within the line instead
+    # (compress.stages.red_line_check; ``red_line.fall_back`` turns it off).
+    makes_files_from_model: ClassVar[bool] = False
 
     def __init__(self, config: StageConfig) -> None:
         self.config = config

@@ -8,7 +8,7 @@ from pydantic import Field, field_validator, model_validator
 from compress.config import StageConfig
 from compress.errors import ArtifactError, ConfigError
 from compress.stages.base import InputArtifact, Output, Stage, StageContext, StageResult
-from compress.stages.measurement import (bench_settings, candidates_of, compile_alone, export_alone, measure_and_judge, summary_table,
+from compress.stages.measurement import (EXPORT_ALONE_ROLE, bench_settings, candidates_of, compile_alone, export_alone, measure_and_judge, summary_table,
                                         test_set_of)
 from compress.stages.provenance import test_independence
 from compress.stages.training_run import is_detection
@@ -57,9 +57,10 @@ class BenchConfig(StageConfig, HarnessSettings):
                                                  "serving configuration, the sweep for the highest load in budget")
     profile_iters: int = Field(20, ge=0, description="runs of each artifact under its runtime's profiler, for the "
                                                      "per-operator table (0: no profile)")
-    export_alone: bool = Field(True, description="also measure the baseline torch model exported to fp32 ONNX on "
-                               "each runtime, as a reference no gate releases: what compression earned apart from "
-                               "what the runtime gave (torch eager is often a slow path at small sizes)")
+    export_alone: bool = Field(True, description="also measure the baseline torch model exported to fp32 ONNX as "
+                               "it is, on each runtime: a candidate the gate judges like any other (so a run never "
+                               "releases less than exporting the model by hand), and what compression earned apart "
+                               "from what the runtime gave (torch eager is often a slow path at small sizes)")
 
     @field_validator("runtimes")
     @classmethod
@@ -86,7 +87,7 @@ class BenchStage(Stage):
     Config = BenchConfig
     collects_deployable = True
     input_roles = ("baseline",)  # also among the measured artifacts; named so the default is the red line's
-    produces = ("report",)
+    produces = ("report", EXPORT_ALONE_ROLE)  # the baseline exported as it is: a candidate the gate may release
     uses = ("seed", "data", "model", "red_line", "latency", "gate")
     keyed_on_environment = True
 
@@ -115,7 +116,8 @@ class BenchStage(Stage):
         if baseline not in {s.name for s in specs}:
             raise ArtifactError(f"stage {ctx.name!r}: baseline {baseline!r} is not among the measured artifacts "
                                 f"({', '.join(s.name for s in specs)})")
-        specs = compile_alone(specs, baseline) + export_alone(ctx, cfg, specs, baseline)
+        alone = export_alone(ctx, cfg, specs, unique.get(baseline))
+        specs = compile_alone(specs, baseline) + alone.specs
         batch = cfg.batch_size or pipeline.latency.batch_size
         test = test_set_of(data)
         if len(test.labels) < batch:
@@ -147,5 +149,6 @@ class BenchStage(Stage):
                    "gate_decided_on": gate["decided_on"], "gate_decision": gate["decision"], "flags": flags,
                    "summary": f"gate {verdict}, release {gate['release']}"}
         return StageResult(outputs=[Output("report", "report", ctx.stage_dir / "report",
-                                           meta={"passed": gate["passed"]})],
+                                           meta={"passed": gate["passed"]}),
+                                    *([alone.output] if alone.output is not None else [])],
                            metrics=metrics)

@@ -3,15 +3,18 @@
 Fewer MACs is not less time: a pruned width off the block a runtime's convolutions work in (9, 151, 433
 channels) can make the file slower than the unpruned one on onnxruntime while torch eager, which the prune
 stage used to time, says it is faster. So the prune stage and each step of ``target: {macs: auto}`` export
-the pruned and the unpruned model and time them with the bench's own harness: each file in its own worker,
-interleaved in rounds, batch 1, the p50 ratio paired by round with its 95% interval, on every ONNX runtime
-usable on this machine (``deployed_on`` narrows them). A short run (about 3 s a runtime): it decides
-whether pruning pays, the bench stage measures the files that ship.
+the pruned and the unpruned model and time them with the bench's own harness, threads and runtime settings: each
+file in its own worker, interleaved in rounds, batch 1, the p50 ratio paired by round with its 95% interval, on
+every ONNX runtime the bench measures on (``deployed_on`` narrows them). The timing is sized by rounds, not by
+requests: a verdict rests on at least ``MIN_BLOCKS`` rounds, and a request count fixed for every model gave a
+60-ms file 6 rounds and never a verdict. It decides whether pruning pays; the bench stage measures the files that
+ship.
 """
 from __future__ import annotations
 
 import logging
 import tempfile
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -20,10 +23,11 @@ from pydantic import Field
 from torch import nn
 
 from compress.config import Strict
-from compress.quantization.measure import p50_ratios
+from compress.quantization.measure import RoundPlan, p50_ratios_in_rounds
+from compress.stages.runtime_choice import bench_plan
 from export.onnx_export import export_onnx
 from serve_bench.stats.latency_intervals import MIN_BLOCKS
-from serve_bench.runners import runtime_title, usable_onnx_runtimes
+from serve_bench.runners import runtime_title, runtime_versions, usable_onnx_runtimes
 
 log = logging.getLogger(__name__)
 
@@ -36,9 +40,51 @@ class DeployedLatencySettings(Strict):
     deployed_on: list[str] | None = Field(None, description="the runtimes to time on (default: those the bench "
                                                             "stage names in its runtimes, else every ONNX runtime "
                                                             "usable on this machine, as the bench runs them)")
-    min_iters: int = Field(300, ge=50, description="requests per file at least")
-    seconds: float = Field(2.0, gt=0, description="measured seconds per file at least: about 10 interleaved rounds "
-                                                  "for a 4-ms file, the fewest a ratio's interval rests on")
+    rounds: int = Field(12, ge=MIN_BLOCKS, description=f"interleaved rounds both files run in: the verdict's "
+                                                       f"interval rests on them (at least {MIN_BLOCKS})")
+    round_s: float = Field(0.15, gt=0, description="seconds of requests per file in a round (a block), at least "
+                                                   "min_block requests: a slow file runs min_block, never fewer rounds")
+    min_block: int = Field(5, ge=1, description="requests per file in a round, at least")
+    budget_s: float = Field(120.0, gt=0, description="seconds one check (a step of target auto) may take on all its "
+                                                     "runtimes; a check planned past it is said before it runs, and "
+                                                     "still runs its rounds (the default holds a 100-ms file on two "
+                                                     "runtimes)")
+    min_iters: int | None = Field(None, ge=1, description="deprecated and ignored: the check is sized by rounds")
+    seconds: float | None = Field(None, gt=0, description="deprecated and ignored: the check is sized by rounds "
+                                                          "(round_s)")
+
+    def plan(self) -> RoundPlan:
+        return RoundPlan(rounds=self.rounds, round_s=self.round_s, min_block=self.min_block)
+
+
+@dataclass
+class Deployment:
+    """Where and how a pruned file is timed: the runtimes, and the bench's threads and runner options on each
+    (a check timed with other threads than the bench's can call a width fast that the bench then finds slow)."""
+
+    runtimes: list[str]
+    threads: int | None = None
+    options: dict[str, dict] = field(default_factory=dict)
+
+    def key(self) -> dict:
+        """What the timing's verdict depends on besides the models: for the stage's cache key."""
+        return {"deployed_on": self.runtimes, "versions": runtime_versions(self.runtimes), "threads": self.threads,
+                "options": {r: self.options[r] for r in self.runtimes if r in self.options}}
+
+
+def _named(stage, key: str):
+    """A stage's setting, from its validated config or from the pipeline file's raw dict."""
+    return stage.get(key) if isinstance(stage, dict) else getattr(stage, key, None)
+
+
+def deployment_of(settings: DeployedLatencySettings, field: str, stages: list | None = None) -> Deployment:
+    """The runtimes to time on (:func:`runtimes_of`), with the threads and runner options of the pipeline's last
+    bench stage, as the bench will run the file."""
+    runtimes = runtimes_of(settings, field, stages)
+    benches = [s if isinstance(s, dict) else s.model_dump(mode="json", exclude_unset=True)
+               for s in stages or [] if _named(s, "kind") == "bench"]
+    plan = bench_plan(benches)
+    return Deployment(runtimes, plan["threads"], {r: plan[r] for r in runtimes if plan.get(r)})
 
 
 def runtimes_of(settings: DeployedLatencySettings, field: str, stages: list | None = None) -> list[str]:
@@ -46,8 +92,8 @@ def runtimes_of(settings: DeployedLatencySettings, field: str, stages: list | No
     they name them (``runtimes``), else every usable one; a named runtime not usable here is a ValueError."""
     usable = usable_onnx_runtimes("cpu")
     if settings.deployed_on is None:
-        named = [rt for stage in stages or [] if getattr(stage, "kind", None) == "bench"
-                 for rt in (getattr(stage, "runtimes", None) or [])]
+        named = [rt for stage in stages or [] if _named(stage, "kind") == "bench"
+                 for rt in (_named(stage, "runtimes") or [])]
         return [rt for rt in usable if rt in named] if named else usable
     missing = [r for r in settings.deployed_on if r not in usable]
     if missing:
@@ -66,20 +112,22 @@ class NotTimed(Exception):
     without a latency figure and says why."""
 
 
-def ratios(unpruned: nn.Module | Path, pruned: nn.Module, example: torch.Tensor, runtimes: list[str],
+def ratios(unpruned: nn.Module | Path, pruned: nn.Module, example: torch.Tensor, where: Deployment | list[str],
            settings: DeployedLatencySettings, folder: Path | None = None) -> dict[str, dict]:
-    """Per runtime: the pruned file's p50 over the unpruned one's, paired by round, with its interval and verdict
-    (``faster`` only where the whole interval is below 1). ``unpruned`` may be a file already exported (a search
-    in steps exports it once). Inputs are drawn at random: a CNN's time does not depend on the pixels."""
-    if not runtimes:
+    """Per runtime: the pruned file's p50 over the unpruned one's, paired by round, with its interval, verdict
+    (``faster`` only where the whole interval is below 1), rounds and what the timing cost. ``unpruned`` may be a
+    file already exported (a search in steps exports it once). Inputs are drawn at random: a CNN's time does not
+    depend on the pixels."""
+    where = where if isinstance(where, Deployment) else Deployment(list(where))
+    if not where.runtimes:
         return {}
     try:
-        return _ratios(unpruned, pruned, example, runtimes, settings, folder)
+        return _ratios(unpruned, pruned, example, where, settings, folder)
     except Exception as exc:  # noqa: BLE001 - any exporter or runtime failure leaves the figure out, said
         raise NotTimed(f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from exc
 
 
-def _ratios(unpruned: nn.Module | Path, pruned: nn.Module, example: torch.Tensor, runtimes: list[str],
+def _ratios(unpruned: nn.Module | Path, pruned: nn.Module, example: torch.Tensor, where: Deployment,
             settings: DeployedLatencySettings, folder: Path | None) -> dict[str, dict]:
     with tempfile.TemporaryDirectory(dir=folder) as tmp:
         work = Path(tmp)
@@ -87,12 +135,32 @@ def _ratios(unpruned: nn.Module | Path, pruned: nn.Module, example: torch.Tensor
         candidate = _export(pruned, example, work / "pruned.onnx")
         pool = np.random.default_rng(0).standard_normal((8, *example.shape[1:])).astype(np.float32)
         out = {}
-        for runtime in runtimes:
-            ratio = p50_ratios(reference, {"pruned": candidate}, pool, runtime=runtime,
-                               min_iters=settings.min_iters, seconds=settings.seconds)["pruned"]
+        for runtime in where.runtimes:
+            measured, cost = p50_ratios_in_rounds(reference, {"pruned": candidate}, pool, settings.plan(),
+                                                  runtime=runtime, threads=where.threads,
+                                                  options=where.options.get(runtime))
+            ratio = measured["pruned"]
             out[runtime] = {"p50_ratio": ratio["ratio"], "ci": ratio["ci"], "verdict": ratio["verdict"],
-                            "rounds": ratio["rounds"]}
+                            "rounds": ratio["rounds"], "cost": cost}
         return out
+
+
+def cost_words(measured: dict[str, dict]) -> str:
+    """What the timing took, for the log: rounds, block, the unpruned file's time per request, seconds."""
+    costs = {rt: r["cost"] for rt, r in measured.items() if r.get("cost")}
+    if not costs:
+        return ""
+    total = sum(c["took_s"] for c in costs.values())
+    return (f"timed in {total:.0f} s (" + "; ".join(
+        f"{runtime_title(rt)}: {c['rounds']} rounds of {c['block']} requests a file, unpruned "
+        f"{c['reference_ms']:g} ms a request, {c['took_s']:g} s" for rt, c in costs.items()) + ")")
+
+
+def planned_seconds(settings: DeployedLatencySettings, per_request_s: float, runtimes: int) -> float:
+    """What one check is planned to take for a file of ``per_request_s`` (both files at that time: an upper
+    bound, the pruned file being the faster as a rule), on ``runtimes`` runtimes."""
+    plan = settings.plan()
+    return runtimes * plan.seconds([per_request_s] * 2, plan.block(per_request_s))
 
 
 def pays(measured: dict[str, dict]) -> bool:

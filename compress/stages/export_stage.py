@@ -68,6 +68,7 @@ class ExportConfig(StageConfig):
 
 class ExportStage(Stage):
     kind = "export"
+    makes_files_from_model = True
     Config = ExportConfig
     input_roles = ("model", "onnx", "qdq")
     produces = ("onnx", ENGINE_KIND)

@@ -17,7 +17,8 @@ from rich.table import Table
 
 from compress.config import PipelineConfig
 from compress.errors import ArtifactError
-from compress.stages.base import InputArtifact
+from compress.stages.base import InputArtifact, Output
+from compress.stages.onnx_labels import label_onnx
 from compress.stages.provenance import independence_flag
 from compress.stages.quantize_record import ShippedFile
 from compress.stages.runtime_choice import bench_runtimes, onnx_runtimes, runtime_settings, runtimes_for_kind
@@ -125,42 +126,61 @@ def compile_alone(specs: list[ArtifactSpec], baseline: str) -> list[ArtifactSpec
 
 
 EXPORT_ALONE = "export-alone"
+EXPORT_ALONE_ROLE = "export_alone"  # the bench stage's output: the manifest's <bench stage>.export_alone
 
 
-def export_alone(ctx, cfg, specs: list[ArtifactSpec], baseline: str) -> list[ArtifactSpec]:
+@dataclass
+class ExportedAlone:
+    """The baseline exported as it is: its candidates (one per ONNX runtime) and the file as a stage output."""
+
+    specs: list[ArtifactSpec]
+    output: Output | None
+
+
+def export_alone(ctx, cfg, specs: list[ArtifactSpec], baseline: InputArtifact | None) -> ExportedAlone:
     """The baseline torch model exported to fp32 ONNX, on each runtime the bench measures ONNX files on: a
-    reference (never released) for what compression earned apart from what the runtime gave. At small input
-    sizes torch eager runs a slow convolution path, so a speed-up over it mostly measures the runtime; over this
-    file it measures the pruning and quantization. Left out where the bench settings say so, for a detector
-    (exported with its decoding by the export stage), and where an fp32 ONNX of the baseline is measured already."""
-    base = next((s for s in specs if s.name == baseline), None)
+    candidate the gate judges like any other (a run never releases less than exporting the model by hand), and the
+    reference for what compression earned apart from what the runtime gave. At small input sizes torch eager runs a
+    slow convolution path, so a speed-up over it mostly measures the runtime; over this file it measures the
+    pruning and quantization. The file is the bench stage's output ``export_alone``, labelled as every ONNX file
+    the pipeline writes (preprocessing, classes, lineage), so a release can ship it. Left out where the bench
+    settings say so, for a detector (exported with its decoding by the export stage), and where an fp32 ONNX of the
+    baseline is measured already."""
+    base = next((s for s in specs if baseline is not None and s.name == baseline.name), None)
+    none = ExportedAlone([], None)
     if (not cfg.export_alone or base is None or base.format != "torch" or is_detection(ctx.data)
-            or not any(s.format == "onnx" for s in specs)  # nothing to divide by it
-            or any(s.format == "onnx" and s.precision == "fp32" and s.source_model == baseline for s in specs)):
-        return []
+            or any(s.format == "onnx" and s.precision == "fp32" and s.source_model == base.name for s in specs)):
+        return none
     import torch
 
     from export.onnx_export import export_onnx
     from train.model_io import load_model
 
-    folder = ctx.stage_dir / EXPORT_ALONE
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / "model.onnx"
     try:  # with the exporter's defaults (opset 18, fp32, no simplification), whatever an export stage chose
-        model, _ = load_model(Path(base.path))
-        export_onnx(model.eval(), torch.zeros(2, *ctx.data.input_shape), path)
-    except Exception as exc:  # an optional reference: its export failing must not stop the bench of the rest
-        ctx.log(f"{EXPORT_ALONE}: {baseline} could not be exported to ONNX ({type(exc).__name__}: "
+        model, description = load_model(Path(base.path))
+        with ctx.atomic_output_dir(EXPORT_ALONE) as folder:
+            info = export_onnx(model.eval(), torch.zeros(2, *ctx.data.input_shape), folder / "model.onnx")
+            label_onnx(info.path, ctx, baseline, description, data_identity=description.get("data"))
+    except Exception as exc:  # an optional candidate: its export failing must not stop the bench of the rest
+        ctx.log(f"{EXPORT_ALONE}: {base.name} could not be exported to ONNX ({type(exc).__name__}: "
                 f"{str(exc).splitlines()[0][:200]}); measured without it", style="yellow")
-        return []
-    spec = ArtifactSpec(name=f"{EXPORT_ALONE}:{baseline}", stage=ctx.name, runtime=RUNNER_OF_KIND["onnx"], path=str(path),
-                        format="onnx", precision="fp32", size_bytes=path.stat().st_size, params=base.params,
-                        macs=base.macs, options={"inter_op_threads": cfg.inter_op_threads}, source_model=baseline,
-                        extra={"role": "reference"})
+        return none
+    folder = ctx.stage_dir / EXPORT_ALONE
+    path = folder / "model.onnx"
+    meta = {"file": "model.onnx", "files": info.files, "opset": info.opset, "precision": "fp32",
+            "input_name": info.input_name, "output_name": info.output_name, "dynamic_batch": True,
+            "preprocessing": description["preprocessing"], "num_classes": ctx.data.num_classes,
+            "params": base.params, "macs": base.macs, "source_model": base.name, "made_as_it_is": True}
+    spec = ArtifactSpec(name=f"{EXPORT_ALONE}:{base.name}", stage=ctx.name, runtime=RUNNER_OF_KIND["onnx"],
+                        path=str(path), format="onnx", precision="fp32", size_bytes=path.stat().st_size,
+                        params=base.params, macs=base.macs, options={"inter_op_threads": cfg.inter_op_threads},
+                        source_model=base.name, extra={"role": "reference"},
+                        artifact=f"{ctx.name}.{EXPORT_ALONE_ROLE}")
     runtimes = onnx_runtimes(cfg.runtimes, cfg.device, f"stages.{cfg.name}.runtimes")
-    ctx.log(f"{spec.name}: {baseline} exported to fp32 ONNX as it is, measured on {', '.join(runtimes)} as a "
-            "reference (never released): what compression earned apart from what the runtime gave")
-    return on_runtimes(spec, runtimes, runtime_settings(cfg))
+    ctx.log(f"{spec.name}: {base.name} exported to fp32 ONNX as it is, measured on {', '.join(runtimes)}: a "
+            "candidate like any other, and what compression is measured against")
+    return ExportedAlone(on_runtimes(spec, runtimes, runtime_settings(cfg)),
+                         Output(EXPORT_ALONE_ROLE, "onnx", folder, meta=meta, made_from=[base.name]))
 
 
 def test_set_of(data: DataBundle) -> TestSet:
@@ -216,7 +236,7 @@ def measure_and_judge(specs: list[ArtifactSpec], baseline: str, test: TestSet, s
 def flags_of(result: BenchResult, environment: dict, independence: dict | None, test: TestSet,
              class_names: list[str] | None = None, limits: Limits | None = None) -> list[str]:
     """Every flag a judged measurement can raise, in one list: what a reader must know before trusting a figure."""
-    judged = [e for e in result.entries if e.role != "reference"]  # a reference ships nowhere: no flag on it
+    judged = result.entries  # the baseline's own files too: the gate may release them
     entries = [e.written() for e in judged]
     flags = [f"{name}: {why}" for name, why in result.unpaired.items()]
     flags += quantized_not_faster(judged, environment.get("isa"))

@@ -46,6 +46,7 @@ class NNCFConfig(StageConfig):
 
 class NNCFStage(Stage):
     kind = "nncf"
+    makes_files_from_model = True
     Config = NNCFConfig
     input_roles = ("model",)
     required_inputs = ("model",)

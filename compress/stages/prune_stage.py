@@ -202,20 +202,25 @@ class PruneStage(Stage):
 
     @classmethod
     def key_extra(cls, config: PruneConfig, pipeline) -> dict | None:  # type: ignore[override]
-        """What the settings do not say: the runtimes the model is timed on and the multiple ``round_to: auto``
-        resolves to on this machine (a run directory moved to a CPU of another class prunes again)."""
-        runtimes, rounding = cls._deployment(config, pipeline, f"stages.{config.name}")
-        return {"deployed_on": runtimes, "round_to": rounding["round_to"]}
+        """What the settings do not say: the runtimes the model is timed on, their versions and the bench's threads
+        and options there, the machine's instruction set and cores (the verdicts that keep or drop a step are
+        this machine's), and the multiple ``round_to: auto`` resolves to on it (a run directory moved to a CPU of
+        another class prunes again)."""
+        where, rounding = cls._deployment(config, pipeline, f"stages.{config.name}")
+        timed = {**where.key(), "machine": isa_facts()} if where.runtimes else {"deployed_on": []}
+        return {**timed, "round_to": rounding["round_to"]}
 
     @staticmethod
-    def _deployment(cfg: PruneConfig, pipeline, field: str) -> tuple[list[str], dict]:
-        """The runtimes the pruned model is timed on, and the channel multiple with its reason."""
+    def _deployment(cfg: PruneConfig, pipeline, field: str) -> tuple[deployed_latency.Deployment, dict]:
+        """Where and how the pruned model is timed (the bench's runtimes, threads and options), and the channel
+        multiple with its reason."""
         try:
-            runtimes = (deployed_latency.runtimes_of(cfg.deployed_latency, f"{field}.deployed_latency",
-                                                     pipeline.stages) if cfg.deployed_latency.enabled else [])
+            where = (deployed_latency.deployment_of(cfg.deployed_latency, f"{field}.deployed_latency",
+                                                    pipeline.stages) if cfg.deployed_latency.enabled
+                     else deployed_latency.Deployment([]))
         except ValueError as exc:
             raise ConfigError(str(exc)) from exc
-        return runtimes, _rounding(cfg, runtimes or usable_onnx_runtimes("cpu"))
+        return where, _rounding(cfg, where.runtimes or usable_onnx_runtimes("cpu"))
 
     @staticmethod
     def _reference(ctx: StageContext, inputs: dict[str, InputArtifact], cfg: PruneConfig, device: torch.device,
@@ -267,7 +272,11 @@ class PruneStage(Stage):
                                             checkpoint_dir=ctx.stage_dir / "checkpoints-sparsity")
             report["gamma_after_sparsity"] = gamma_histogram(model)
         model.cpu().eval()
-        runtimes, rounding = self._deployment(cfg, ctx.pipeline, field)
+        where, rounding = self._deployment(cfg, ctx.pipeline, field)
+        runtimes = where.runtimes
+        if cfg.deployed_latency.min_iters is not None or cfg.deployed_latency.seconds is not None:
+            ctx.log(f"{field}.deployed_latency: min_iters and seconds are deprecated and ignored: the check runs "
+                    f"{cfg.deployed_latency.rounds} rounds (rounds, round_s)", style="yellow")
         ctx.log(f"channel counts rounded to multiples of {rounding['round_to'] or 1}: {rounding['reason']}")
         surgery = SurgerySettings(**{**cfg.model_dump(include=set(SurgerySettings.model_fields)),
                                      "round_to": rounding["round_to"]})
@@ -284,7 +293,8 @@ class PruneStage(Stage):
                                   "are random: give a number")
             steps = prune_in_steps(ctx, model, example, protected, surgery, cfg.auto, cfg.finetune, cfg.batchnorm,
                                    hooks_for, device, score, self._reference(ctx, inputs, cfg, device, before),
-                                   cfg.target.measure, Timing(runtimes, cfg.deployed_latency, rounding["auto"]))
+                                   cfg.target.measure, Timing(runtimes, cfg.deployed_latency, rounding["auto"],
+                                                              where))
             model = steps.model.to(device)
             result = steps.result or _unpruned(model, example.to(device))
         else:
@@ -298,11 +308,22 @@ class PruneStage(Stage):
         score, after_surgery = val_score(model, data, cfg.finetune, device, ctx.group)
         rounding.update(used=result.round_to, not_reached=result.rounding)
         if result.rounding:
-            ctx.log(f"channel counts rounded to multiples of {result.round_to or 1}, not {rounding['round_to']}: "
-                    f"{'; '.join(result.rounding)}", style="yellow")
+            ctx.log(f"channel counts rounded to multiples of {result.round_to or 1}"
+                    + (f", not {rounding['round_to']}" if result.round_to != rounding["round_to"] else "")
+                    + f": tried first: {'; '.join(result.rounding)}", style="yellow")
+        target_record = None
+        if result.target is not None:  # the target beside what the surgery reached, and whether within tolerance
+            target_record = {"measure": result.measure, "asked": result.target, "reached": round(result.reached(), 4),
+                             "tolerance": cfg.target_tolerance,
+                             "within": result.reached() >= result.target - cfg.target_tolerance}
+            if not target_record["within"]:
+                ctx.log(f"target {result.measure} {result.target:g}: reached {result.reached():.1%}, more than "
+                        f"{cfg.target_tolerance:.0%} under it at every multiple and step count tried; the closest is "
+                        "kept", style="yellow")
         heads = (f", attention heads {sum(result.heads_before.values())} → {sum(result.heads_after.values())}"
                  if result.heads_before else "")
-        ctx.log(f"pruned to {_kept(result, cfg.target.measure)} "
+        asked = f" (target {result.target:.0%})" if result.target is not None else ""
+        ctx.log(f"pruned to {_kept(result, cfg.target.measure)}{asked} "
                 f"({result.params_after:,} of {result.params_before:,} params{heads}, {result.importance} importance); "
                 f"val {score} right after surgery {after_surgery:.2f}")
         ctx.log(f"not pruned: {_not_pruned_line(result)}")
@@ -327,15 +348,16 @@ class PruneStage(Stage):
         deployed: dict = {}
         try:
             if ctx.is_main:
-                deployed = deployed_latency.ratios(original, model, example, runtimes, cfg.deployed_latency,
+                deployed = deployed_latency.ratios(original, model, example, where, cfg.deployed_latency,
                                                    ctx.stage_dir)
         except deployed_latency.NotTimed as exc:
             ctx.log(f"the pruned model was not timed where it ships ({exc}); the bench measures the files",
                     style="yellow")
         ctx.log(f"{headline(test_metrics(test))} after finetune; p50 pruned/unpruned, both exported: "
-                f"{deployed_latency.words(deployed)}")
+                f"{deployed_latency.words(deployed)}" + (f"; {cost}" if (cost := deployed_latency.cost_words(deployed))
+                                                         else ""))
         if deployed and not deployed_latency.pays(deployed):
-            slower = [runtime_title(rt) for rt, r in deployed.items() if r["verdict"] != "faster"]
+            slower = [runtime_title(rt) for rt, r in deployed.items() if not deployed_latency.pays({rt: r})]
             ctx.log(f"pruning is not shown faster on {', '.join(slower)}: the pruned file may ship slower than the "
                     "unpruned one there (the bench measures it; round_to, a lighter target or not pruning may pay "
                     "more)", style="yellow")
@@ -350,6 +372,7 @@ class PruneStage(Stage):
                    f"val_{score}": round(after, 3),
                    **test_metrics(test),
                    "deployed_latency": deployed, "round_to": rounding,
+                   **({"target": target_record} if target_record else {}),
                    "importance": result.importance, "not_pruned": result.not_pruned,
                    "unwrapped_parameters": result.unwrapped,
                    **({"heads_before": sum(result.heads_before.values()), "heads_after": sum(result.heads_after.values())}

@@ -19,6 +19,7 @@ search only decides how far to prune. The test split is not read here.
 from __future__ import annotations
 
 import copy
+import time
 from contextlib import nullcontext
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -45,6 +46,11 @@ class AutoSettings(Strict):
     step: float = Field(0.75, gt=0, lt=1, description="step k keeps this share to the power k of the MACs (or parameters)")
     min_macs: float = Field(0.05, gt=0, lt=1, description="no step below this share of the input's MACs (or parameters)")
     max_steps: int = Field(8, ge=1, le=30, description="steps at most (each one prune, finetune and judge)")
+    max_probes: int = Field(3, ge=0, le=10, description="where a step breaks the red line, probes at most between "
+                            "it and the last step within (or the unpruned model), halving the bracket each time: a "
+                            "tight red line often breaks at the first step, and the model was handed on unpruned")
+    resolution: float = Field(0.05, gt=0, lt=1, description="no probe once the bracket is this narrow (a share of "
+                                                            "the MACs or parameters)")
     finetune_epochs: int | None = Field(
         None, ge=0, description="epochs of the stage's finetune after each step, before it is judged on the validation "
         "split; default: the finetune's own epochs (a step finetuned less than the kept model will be is judged "
@@ -61,6 +67,10 @@ class Timing:
     runtimes: list[str]
     settings: DeployedLatencySettings
     halve: bool = True  # round_to chosen for the user: halved where a step cannot be reached with it
+    where: deployed_latency.Deployment | None = None  # the bench's threads and options there (default: none set)
+
+    def deployment(self) -> deployed_latency.Deployment:
+        return self.where or deployed_latency.Deployment(list(self.runtimes))
 
 
 @dataclass
@@ -109,6 +119,18 @@ def prune_in_steps(ctx: StageContext, model: nn.Module, example: torch.Tensor, p
                       reference, measure, timing, unpruned)
 
 
+@dataclass
+class _Tried:
+    """One step or probe: its trajectory row, and the pruned model with its record where it was judged."""
+
+    row: dict
+    model: nn.Module | None = None
+    result: PruneResult | None = None
+    within: bool = False
+    faster: bool = False
+    stop: bool = False  # the pruner went no further, or the step could not be timed: the search ends here
+
+
 def _steps(ctx, model, example, protected, surgery, auto, finetune, batchnorm, hooks_for, device, metric, reference,
            measure, timing, unpruned) -> Steps:
     word = "MACs" if measure == "macs" else "parameters"
@@ -124,62 +146,112 @@ def _steps(ctx, model, example, protected, surgery, auto, finetune, batchnorm, h
             f"and judged on the validation split against the red line ({red.max_drop:g} points below the baseline's "
             f"{reference:.2f})" + (f" and by its p50 against the unpruned model's on {', '.join(timing.runtimes)}"
                                    if timing.runtimes else "")
-            + f"; at most {auto.max_steps * epochs} epochs before the finetune")
+            + f"; where a step breaks the line, up to {auto.max_probes} probes between it and the last step within, "
+              f"to {auto.resolution:.0%} of the {word}; at most {(auto.max_steps + auto.max_probes) * epochs} epochs "
+              "before the finetune")
     model.cpu()
     steps = Steps(copy.deepcopy(model), None, [{"step": 0, "macs_fraction": 1.0, "params_fraction": 1.0,
                                                 f"val_{metric}": round(start, 3),
                                                 "within": reference - start <= red.max_drop}], reference=reference,
                   timed_on=list(timing.runtimes))
+
+    def judge(k: int, target: float, probe: bool) -> _Tried:
+        began = time.perf_counter()
+        tried = _judged(ctx, model, example, protected, surgery, measure, target, k, probe, short, epochs, batchnorm,
+                        hooks_for, device, finetune, metric, reference, red.max_drop, timing, unpruned)
+        tried.row["seconds"] = round(time.perf_counter() - began, 1)
+        if tried.model is not None or tried.row.get("not_timed"):
+            steps.trajectory.append(tried.row)
+        if tried.within and tried.faster:
+            steps.model, steps.result, steps.chosen = tried.model.cpu(), tried.result, k
+        return tried
+
+    within_share, past_share, k = 1.0, None, 0  # the deepest share judged within the line, the shallowest past it
     for k in range(1, auto.max_steps + 1):
         target = auto.step ** k
         if target < auto.min_macs:
             break
-        try:
-            candidate, result = prune_rounded(model.eval(), example, PruneTarget(**{measure: target}), protected, surgery,
-                                              halve=timing.halve)
-        except PruningLimitReached as exc:
-            ctx.log(f"step {k}: the pruner goes no further ({exc}); the search stops")
+        tried = judge(k, target, probe=False)
+        if tried.stop:
             break
-        refresh_batchnorm(ctx, candidate.to(device), batchnorm, short, f"step {k}: after the surgery", device)
-        if epochs:
-            run = run_training(ctx, candidate, short, field=f"stages.{ctx.name}.finetune", label=f"{ctx.name}.step{k}",
-                               hooks=hooks_for(candidate), checkpoint_dir=ctx.stage_dir / f"checkpoints-step{k}")
-            refresh_batchnorm(ctx, candidate, batchnorm, short, f"step {k}: after its finetune", run.device)
-        _, val = val_score(candidate, ctx.data, finetune, device)
-        fractions = {"macs_fraction": round(result.macs_after / result.macs_before, 4),
-                     "params_fraction": round(result.params_after / result.params_before, 4),
-                     "round_to": result.round_to}
-        within = reference - val <= red.max_drop
-        row = {"step": k, **fractions, f"val_{metric}": round(val, 3), "within": within}
-        faster = True
-        if within and timing.runtimes:
-            try:
-                row["deployed_latency"] = deployed_latency.ratios(unpruned.path, candidate.cpu(), example,
-                                                                  timing.runtimes, timing.settings, ctx.stage_dir)
-                faster = row["faster"] = deployed_latency.pays(row["deployed_latency"])
-            except deployed_latency.NotTimed as exc:  # one rule for every step: stop rather than change it
-                ctx.log(f"step {k} could not be timed ({exc}): the search stops at the last step judged by both",
-                        style="yellow")
-                row["not_timed"] = str(exc)
-                steps.trajectory.append(row)
-                break
-        steps.trajectory.append(row)
-        verdict = ("past the red line, the search stops" if not within else "within the red line"
-                   + ("" if not timing.runtimes else ", faster where it ships" if faster
-                      else ", not shown faster where it ships: not kept, the search goes on"))
-        timed = f"; p50 vs unpruned {deployed_latency.words(row['deployed_latency'])}" if "deployed_latency" in row else ""
-        ctx.log(f"step {k}: {fractions[f'{measure}_fraction']:.1%} of the {word}, val {metric} {val:.2f} "
-                f"({reference - val:+.2f} points below the baseline){timed}: {verdict}",
-                style=None if within and faster else "yellow")
-        if not within:
+        if not tried.within:
+            past_share = tried.row[f"{measure}_fraction"]
             break
-        if faster:
-            steps.model, steps.result, steps.chosen = candidate.cpu(), result, k
+        within_share = tried.row[f"{measure}_fraction"]
+    probes = 0
+    while past_share is not None and probes < auto.max_probes and within_share - past_share > auto.resolution:
+        probes += 1
+        k += 1
+        target = (within_share + past_share) / 2
+        ctx.log(f"probe {probes}: between {within_share:.1%} (within the red line) and {past_share:.1%} (past it), "
+                f"{target:.1%} of the {word}")
+        tried = judge(k, target, probe=True)
+        if tried.stop:
+            break
+        reached = tried.row[f"{measure}_fraction"]
+        if not within_share > reached > past_share:  # the surgery's chunks landed outside the bracket: no finer
+            ctx.log(f"probe {probes} reached {reached:.1%}, outside the bracket: the search stops")
+            break
+        if tried.within:
+            within_share = reached
+        else:
+            past_share = reached
     if steps.result is None:
         ctx.log("no pruned step within the red line" + (" and faster where it ships" if timing.runtimes else "")
                 + ": the model is handed on unpruned", style="yellow")
     else:
         kept = steps.trajectory[steps.chosen]  # the trajectory holds step k at index k
-        ctx.log(f"kept step {steps.chosen}: {kept['macs_fraction']:.1%} of the MACs, "
-                f"{kept['params_fraction']:.1%} of the parameters")
+        ctx.log(f"kept step {steps.chosen}{' (a probe)' if kept.get('probe') else ''}: "
+                f"{kept['macs_fraction']:.1%} of the MACs, {kept['params_fraction']:.1%} of the parameters")
+    spent = sum(r.get("seconds", 0) for r in steps.trajectory)
+    timed = sum(c["took_s"] for r in steps.trajectory for c in
+                [v.get("cost") or {} for v in (r.get("deployed_latency") or {}).values()] if c)
+    ctx.log(f"the search judged {len(steps.trajectory) - 1} steps and probes in {spent:.0f} s"
+            + (f", {timed:.0f} s of it timing files" if timed else ""))
     return steps
+
+
+def _judged(ctx, model, example, protected, surgery, measure, target, k, probe, short, epochs, batchnorm, hooks_for,
+            device, finetune, metric, reference, max_drop, timing, unpruned) -> _Tried:
+    """Step (or probe) ``k``: ``model`` pruned to ``target`` of its ``measure``, finetuned briefly, judged on the
+    validation split against the red line and, within it, timed against the unpruned file."""
+    word, what = ("MACs" if measure == "macs" else "parameters"), "probe" if probe else "step"
+    try:
+        candidate, result = prune_rounded(model.eval(), example, PruneTarget(**{measure: target}), protected, surgery,
+                                          halve=timing.halve)
+    except PruningLimitReached as exc:
+        ctx.log(f"{what} {k}: the pruner goes no further ({exc}); the search stops")
+        return _Tried({"step": k}, stop=True)
+    refresh_batchnorm(ctx, candidate.to(device), batchnorm, short, f"{what} {k}: after the surgery", device)
+    if epochs:
+        run = run_training(ctx, candidate, short, field=f"stages.{ctx.name}.finetune", label=f"{ctx.name}.step{k}",
+                           hooks=hooks_for(candidate), checkpoint_dir=ctx.stage_dir / f"checkpoints-step{k}")
+        refresh_batchnorm(ctx, candidate, batchnorm, short, f"{what} {k}: after its finetune", run.device)
+    _, val = val_score(candidate, ctx.data, finetune, device)
+    fractions = {"macs_fraction": round(result.macs_after / result.macs_before, 4),
+                 "params_fraction": round(result.params_after / result.params_before, 4),
+                 "round_to": result.round_to, "target": round(target, 4)}
+    within = reference - val <= max_drop
+    row = {"step": k, **({"probe": True} if probe else {}), **fractions, f"val_{metric}": round(val, 3),
+           "within": within}
+    faster = True
+    if within and timing.runtimes:
+        try:
+            row["deployed_latency"] = deployed_latency.ratios(unpruned.path, candidate.cpu(), example,
+                                                              timing.deployment(), timing.settings, ctx.stage_dir)
+            faster = row["faster"] = deployed_latency.pays(row["deployed_latency"])
+        except deployed_latency.NotTimed as exc:  # one rule for every step: stop rather than change it
+            ctx.log(f"{what} {k} could not be timed ({exc}): the search stops at the last step judged by both",
+                    style="yellow")
+            row["not_timed"] = str(exc)
+            return _Tried(row, stop=True)
+    verdict = ("past the red line" + ("" if probe else ", the search stops") if not within else "within the red line"
+               + ("" if not timing.runtimes else ", faster where it ships" if faster
+                  else ", not shown faster where it ships: not kept" + ("" if probe else ", the search goes on")))
+    timed = (f"; p50 vs unpruned {deployed_latency.words(row['deployed_latency'])}"
+             + (f", {cost}" if (cost := deployed_latency.cost_words(row["deployed_latency"])) else "")
+             if "deployed_latency" in row else "")
+    ctx.log(f"{what} {k}: {fractions[f'{measure}_fraction']:.1%} of the {word}, val {metric} {val:.2f} "
+            f"({reference - val:+.2f} points below the baseline){timed}: {verdict}",
+            style=None if within and faster else "yellow")
+    return _Tried(row, candidate, result, within, faster)

@@ -127,6 +127,7 @@ def recipe(flavour: str, cfg: QuantizeConfig, meta: dict, nncf: dict | None = No
 
 class QuantizeStage(Stage):
     kind = "quantize"
+    makes_files_from_model = True
     Config = QuantizeConfig
     input_roles = ("model", "baseline", "teacher")
     required_inputs = ("model",)

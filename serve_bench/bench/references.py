@@ -8,12 +8,20 @@ from serve_bench.runners import RUNNERS
 
 def fp32_reference(spec: ArtifactSpec, specs: list[ArtifactSpec]) -> ArtifactSpec | None:
     """The fp32 file of the model an INT8 file was quantized from, on the same runtime (its fp32 ONNX; for a torch
-    INT8 file, the torch model compiled)."""
+    INT8 file, the torch model compiled). Where that runtime has no such file, the baseline's own file there, made as
+    it is (export alone, compile alone): an INT8 file of the baseline in a pipeline with no export stage, PyTorch's
+    own INT8 file of the baseline or of a pruned model whose fp32 file is not measured compiled. One rule for every
+    INT8 file, whichever stage made its float counterpart: shown no faster than the float file the user could ship
+    instead, quantization buys nothing."""
     if spec.precision != "int8" or not spec.source_model:
         return None
-    return next((r for r in specs if r.precision == "fp32" and r.runtime == spec.runtime
-                 and r.source_model == spec.source_model and r.extra.get("role") != "reference"
-                 and r.extra.get("run") == spec.extra.get("run")), None)  # compare: the same run's
+    run = spec.extra.get("run")  # compare: the same run's
+    same = [r for r in specs if r.precision == "fp32" and r.runtime == spec.runtime and r.extra.get("run") == run
+            and r.extra.get("role") != "reference" and r.source_model == spec.source_model]
+    as_is = [r for r in specs if r.precision == "fp32" and r.runtime == spec.runtime and r.extra.get("run") == run
+             and r.extra.get("role") == "reference" and not r.extra.get("variant")]
+    own = [r for r in as_is if r.source_model == spec.source_model]  # the baseline's INT8 file: its own reference
+    return (same or own or as_is or [None])[0]
 
 
 def reference_on_runtime(spec: ArtifactSpec, specs: list[ArtifactSpec]) -> ArtifactSpec | None:

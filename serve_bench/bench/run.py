@@ -101,8 +101,7 @@ def _answers(specs: list[ArtifactSpec], tests: dict[str, TestSet], test: TestSet
         traffic, traffic_facts = {}, None
         if wanted(settings.traffic, settings.scenario):
             expected = {name: float(np.percentile(b.flat, 50)) for name, b in measured["blocked"].items()}
-            swept = settings.traffic if settings.traffic.sweep_artifacts is not None else settings.traffic.model_copy(
-                update={"sweep_artifacts": [s.name for s in specs if s.extra.get("role") != "reference"]})
+            swept = settings.traffic  # every candidate, the baseline's own files too: each may be released
             traffic, traffic_facts = measure_traffic(
                 workers, scenario=settings.scenario, target_qps=settings.target_qps,
                 budget_ms=limits.p99_budget_ms if limits else None, decision=limits.decision if limits else "point",

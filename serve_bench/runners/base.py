@@ -81,6 +81,9 @@ class Runner:
     # a kind's former name → today's (a manifest or card written before the rename is read, with a warning)
     former_kinds: ClassVar[dict[str, str]] = {}
     measured_by_default: ClassVar[bool] = True  # False: a bench measures files on it only where its runtimes say so
+    # True for the framework running the model as written (torch eager): what a user has before deploying anything,
+    # so the gate releases a file on it only where no exported or compiled file of any model passes
+    eager: ClassVar[bool] = False
     install_hint: ClassVar[str] = ""  # the command that installs it, for every message that says it is missing
     profile_note: ClassVar[str] = ""  # how to read its operator profile (what its times include)
     bundle_folder: ClassVar[str] = "model"  # where a release bundle puts a file it is the home runtime of

@@ -18,6 +18,7 @@ class TorchRunner(Runner):
 
     runtime = "torch"
     title = "torch eager"
+    eager = True
     formats = {"torch-model": "torch"}
     install_hint = "pip install compress (torch is a core dependency)"
     library, smoke_tolerance = "torch", 1e-5
