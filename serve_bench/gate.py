@@ -255,12 +255,36 @@ def yields_to_float(art: Entry, candidates: list[Entry]) -> str | None:
     passed = {c.name: c for c in candidates}
     if ratio is None or ratio.verdict == "faster" or reference not in passed:
         return None
-    same = passed[reference].source_model == art.source_model and not baseline_file(passed[reference])
+    same = passed[reference].source_model == art.source_model
     what = "same model and runtime" if same else "the baseline model as it is, same runtime"
     return (f"{art.name} (int8) gives way to {reference} (fp32, {what}, also within both "
             f"limits): its p99 over that file's, {how}, is ×{ratio.ratio:.2f} "
-            f"({level:.0%} CI {ratio.ci[0]:.2f}–{ratio.ci[1]:.2f}, {ratio.verdict}), so quantization buys "
-            "no latency this run can show")
+            f"({level:.0%} CI {ratio.ci[0]:.2f}–{ratio.ci[1]:.2f}, {ratio.verdict}), so "
+            f"{'quantization' if same else 'compression'} buys no latency this run can show")
+
+
+def yields_to_baseline_file(art: Entry, candidates: list[Entry]) -> str | None:
+    """Why a compressed candidate gives way to the baseline's own file on its runtime (export alone, compile alone),
+    or None: the rule INT8 files follow, for every compression step. Pruning and distillation are accuracy risks
+    taken for speed too; where the candidate's p99 over the baseline as it is, block-paired (``vs_export_alone``),
+    does not show it faster and that file passed the gate, the baseline as it is ships. Closed loop only: ranked
+    under traffic, the candidates' own traffic runs decide."""
+    pair = art.vs_export_alone
+    if baseline_file(art) or pair is None or server_run(art) is not None:
+        return None
+    passed = {c.name: c for c in candidates}
+    if pair.reference not in passed or pair.p99.verdict == "faster":
+        return None
+    ratio = pair.p99
+    return (f"{art.name} gives way to {pair.reference} (the baseline model as it is, same runtime, also within "
+            f"both limits): its p99 over that file's, block-paired, is ×{ratio.ratio:.2f} (95% CI "
+            f"{ratio.ci[0]:.2f}–{ratio.ci[1]:.2f}, {ratio.verdict}), so compression buys no latency this run can "
+            "show")
+
+
+def gives_way(art: Entry, candidates: list[Entry]) -> str | None:
+    """Why ``art`` gives way to a float file that passed (its fp32 file, or the baseline as it is), or None."""
+    return yields_to_float(art, candidates) or yields_to_baseline_file(art, candidates)
 
 
 def unpaired_int8(candidates: list[Entry]) -> list[str]:
@@ -334,14 +358,15 @@ def evaluate(artifacts: list[Entry], limits: Limits, accuracy_meaningful: bool =
             reasons.append(f"{art.name}: " + "; ".join(problems))
         else:
             candidates.append(art)
-    # The INT8/fp32 ratio decides where the release is ranked by p99 (at the pipeline's traffic, or closed loop),
-    # not where it is ranked by the load each file carried within the budget (a sweep).
-    by_p99 = not candidates or not all(carried_load(a, p99_budget_ms, decision) is not None for a in candidates)
-    yields = {a.name: yields_to_float(a, candidates) for a in candidates} if by_p99 else {}
-    gave_way = [why for why in yields.values() if why] + (unpaired_int8(candidates) if by_p99 else [])
-    ranked = [a for a in candidates if not yields.get(a.name)]
-    pool = release_order(ranked or candidates)
-    release = preferred(pool, p99_budget_ms, decision).name if candidates else None
+    # The release is chosen among the exported and compiled files that passed (torch eager only where none did).
+    # The INT8/fp32 ratio decides where that pool is ranked by p99 (at the pipeline's traffic, or closed loop), not
+    # where it is ranked by the load each file carried within the budget (every file in it swept).
+    pool = release_order(candidates)
+    by_p99 = not pool or not all(carried_load(a, p99_budget_ms, decision) is not None for a in pool)
+    yields = {a.name: gives_way(a, pool) for a in pool} if by_p99 else {}
+    gave_way = [why for why in yields.values() if why] + (unpaired_int8(pool) if by_p99 else [])
+    ranked = [a for a in pool if not yields.get(a.name)]
+    release = preferred(ranked or pool, p99_budget_ms, decision).name if candidates else None
     if release is None:
         what = "the accuracy red line and the p99 budget" if accuracy_meaningful else "the p99 budget"
         reasons.insert(0, f"no artifact meets {'both ' if accuracy_meaningful else ''}{what}"
@@ -360,7 +385,7 @@ def evaluate(artifacts: list[Entry], limits: Limits, accuracy_meaningful: bool =
             "notes": notes + gave_way + _capacity_notes(candidates, p99_budget_ms, decision)
             + release_notes(release, artifacts, candidates, reasons), "decision": decision,
             "confidence": LEVEL, "family_error_bound": family["bound"] if family else None,
-            **_latency_basis(artifacts, candidates, p99_budget_ms, decision)}
+            **_latency_basis(artifacts, pool, p99_budget_ms, decision)}
 
 
 def release_order(candidates: list[Entry]) -> list[Entry]:
@@ -387,18 +412,27 @@ def release_notes(release: str | None, artifacts: list[Entry], candidates: list[
     if chosen is None:
         return []
     passed = {c.name for c in candidates}
-    if baseline_file(chosen):
-        base = chosen.source_model  # the baseline's weights: as they are in any float file made of them
-        compressed = [a for a in artifacts if not baseline_file(a)
-                      and not (base in (a.name, a.source_model) and a.precision != "int8")]
+    base = next((a.name for a in artifacts if a.accuracy_paired is not None and a.accuracy_paired.reference), None)
+
+    def as_is(art: Entry) -> bool:  # the baseline's weights as they are, in any float file made of them
+        return baseline_file(art) or (base is not None and base in (art.name, art.source_model)
+                                      and art.precision != "int8")
+
+    if as_is(chosen) and not in_eager(chosen):
+        compressed = [a for a in artifacts if not as_is(a)]
         if not compressed:
             return [f"{release} is the baseline model as it is ({chosen.precision} on {chosen.runtime}); no "
                     "compressed file was measured beside it"]
         within = [a for a in compressed if a.name in passed]
         if within:
             best = min(within, key=gated_p99)
+            pair = next((p for p in (best.int8_vs_fp32, best.vs_export_alone) if p is not None and p.reference == release),
+                        None)
+            how = (f"×{pair.p99.ratio:.2f} the released file's, block-paired (95% CI {pair.p99.ci[0]:.2f}–"
+                   f"{pair.p99.ci[1]:.2f}, {pair.p99.verdict})" if pair is not None else
+                   f"×{gated_p99(best) / gated_p99(chosen):.2f} the released file's (point p99s, not paired)")
             missed = (f"the fastest compressed file within both limits, {best.name}, has p99 "
-                      f"{gated_p99(best):.3f} ms, ×{gated_p99(best) / gated_p99(chosen):.2f} the released file's")
+                      f"{gated_p99(best):.3f} ms: {how}")
         else:
             best = min(compressed, key=gated_p99)
             missed = (f"no compressed file passed; the fastest, {best.name} (p99 {gated_p99(best):.3f} ms), "
@@ -409,7 +443,7 @@ def release_notes(release: str | None, artifacts: list[Entry], candidates: list[
         deployable = [a for a in artifacts if not in_eager(a)]
         if not deployable:
             return [f"{release} runs in torch eager: no exported or compiled file was measured (add an export "
-                    "stage, or keep the bench's export_alone on)"]
+                    "stage; the bench's export alone is off, or could not be made: its log says why)"]
         best = min(deployable, key=gated_p99)
         return [f"{release} runs in torch eager because no exported or compiled file of any model passed; the "
                 f"fastest, {best.name} (p99 {gated_p99(best):.3f} ms), failed: {_missed(best, reasons)}"]

@@ -148,7 +148,10 @@ def test_picking_among_candidates_at_the_budget_releases_one_past_it_at_most_as_
 
 
 def _eager(name, drop, p99):
-    return {**_art(name, drop, p99), "runtime": "torch", "format": "torch", "source_model": name}
+    """A torch model in eager mode; ``train.model`` is the baseline, its paired accuracy the reference."""
+    baseline = {"accuracy_paired": {"reference": True, "n": 1000, "baseline_only": 0, "artifact_only": 0,
+                                    "discordant": 0, "drop": 0.0, "drop_ci": [0.0, 0.0]}} if name == "train.model" else {}
+    return {**_art(name, drop, p99), "runtime": "torch", "format": "torch", "source_model": name, **baseline}
 
 
 def _as_it_is(name, drop, p99, runtime="onnxruntime"):
@@ -178,8 +181,8 @@ def test_a_compressed_file_within_the_limits_but_slower_than_the_baseline_export
             _as_it_is("export-alone:train.model", 0.0, 1.2)]
     gate = evaluate(as_entries(arts), Limits(max_drop=1.0, p99_budget_ms=20.0))
     assert gate["release"] == "export-alone:train.model"
-    assert any("the fastest compressed file within both limits, export.onnx, has p99 1.800 ms, ×1.50 the released"
-               in n for n in gate["notes"])
+    assert any("the fastest compressed file within both limits, export.onnx, has p99 1.800 ms: ×1.50 the released "
+               "file's (point p99s, not paired)" in n for n in gate["notes"])
     # faster and within the line: the compressed file ships, and nothing is said about the baseline's export
     faster = evaluate(as_entries([*arts[:1], {**arts[1], "latency_ms": {"p99": 0.9}}, arts[2]]),
                       Limits(max_drop=1.0, p99_budget_ms=20.0))
@@ -211,5 +214,42 @@ def test_an_int8_file_whose_only_float_counterpart_is_the_baseline_exported_give
                      reference="export-alone:train.model"), "source_model": "train.model"}]
     gate = evaluate(as_entries(arts), Limits(max_drop=0.5, p99_budget_ms=2.0))
     assert gate["release"] == "export-alone:train.model"
-    assert any("quantize.onnx_cpu (int8) gives way to export-alone:train.model (fp32, the baseline model as it is"
-               in n for n in gate["notes"])
+    assert any("quantize.onnx_cpu (int8) gives way to export-alone:train.model (fp32, same model and runtime"
+               in n and "so quantization buys no latency" in n for n in gate["notes"])
+
+
+def test_a_compressed_file_not_shown_faster_than_the_baseline_exported_gives_way_to_it():
+    """The rule INT8 files follow, for every compression step: a pruned file whose p99 over the baseline exported as
+    it is, block-paired, reaches 1 gives way to it, however its point p99 falls; shown faster, it ships."""
+    def pruned(verdict, ci):
+        pair = {"ratio": 0.93, "ci": ci, "verdict": verdict}
+        return {**_art("export.onnx", 0.4, 1.10), "source_model": "prune.model",
+                "vs_export_alone": {"reference": "export-alone:train.model", "p50": pair, "p99": pair}}
+
+    arts = [_eager("train.model", 0.0, 9.0), _as_it_is("export-alone:train.model", 0.0, 1.2)]
+    limits = Limits(max_drop=1.0, p99_budget_ms=5.0)
+    tie = evaluate(as_entries([*arts, pruned("not distinguishable", [0.80, 1.08])]), limits)
+    assert tie["release"] == "export-alone:train.model"
+    assert any("export.onnx gives way to export-alone:train.model (the baseline model as it is" in n and
+               "compression buys no latency" in n for n in tie["notes"])
+    note = next(n for n in tie["notes"] if n.startswith("compression bought nothing"))
+    assert "×0.93 the released file's, block-paired (95% CI 0.80–1.08, not distinguishable)" in note
+    faster = evaluate(as_entries([*arts, pruned("faster", [0.85, 0.97])]), limits)
+    assert faster["release"] == "export.onnx" and not any("gives way" in n for n in faster["notes"])
+
+
+def test_an_unswept_eager_model_does_not_turn_a_swept_release_into_one_ranked_by_p99():
+    """The sweep ranks the release where every file it is chosen among was swept; torch eager, left out of the sweep
+    and out of the release while an exported file passes, does not count, and the basis says so."""
+    from tests.test_load_scenarios import run_at
+
+    def swept(name, p99, qps):
+        config = {"label": "b1", "serving": {"max_batch": 1, "max_queue_delay_us": 0, "instances": 1, "threads": 1},
+                  "curve": [run_at(qps, p99, (p99 * 0.9, p99 * 1.1))],
+                  "capacity": {"qps": qps, "budget_ms": 5.0, "rule": "point"}}
+        return {**_art(name, 0.0, p99), "traffic": {"scenario": "single-stream",
+                                                    "sweep": {"configs": [config], "best": config}}}
+
+    arts = [_eager("train.model", 0.0, 3.0), swept("export.onnx", 1.2, 200.0), swept("other.onnx", 1.6, 400.0)]
+    gate = evaluate(as_entries(arts), Limits(max_drop=1.0, p99_budget_ms=5.0))
+    assert gate["release"] == "other.onnx" and gate["ranked_by"].startswith("most traffic within the p99 budget")

@@ -292,7 +292,7 @@ def test_a_step_past_a_tight_red_line_is_bisected_back_towards_the_last_step_wit
     assert [r["macs_fraction"] for r in rows[1:]] == [0.75, 0.875, 0.8125, 0.8438]  # each probe halves the bracket
     assert steps.chosen == 4 and steps.result is not None
     assert steps.result.macs_after / steps.result.macs_before == pytest.approx(rows[4]["macs_fraction"], abs=1e-3)
-    assert any(line.startswith("probe 1: between 100.0% (within the red line) and") for line in said)
+    assert any(line.startswith("probe 2 (1 of at most 3): between 100.0% (within the red line) and") for line in said)
     assert any("kept step 4 (a probe)" in line for line in said)
     assert all("seconds" in r for r in rows[1:]) and any("the search judged 4 steps and probes in" in l for l in said)
 
@@ -397,8 +397,12 @@ def test_the_prune_stage_is_keyed_on_the_multiple_and_runtimes_it_resolved(monke
 
     where = deployment_of(DeployedLatencySettings(), "f", [{"kind": "bench", "runtimes": ["onnxruntime"], "threads": 1}])
     assert (where.runtimes, where.threads) == (["onnxruntime"], 1)
-    assert set(wide) >= {"deployed_on", "versions", "threads", "options", "machine"}  # keyed as the quantize stage is
-    assert wide["versions"] == {rt: ver for rt, ver in wide["versions"].items() if ver}  # each timed runtime's version
+    assert set(wide) == {"deployed_on", "round_to"}  # a fixed target's timing only reports
+    auto = cfg.model_copy(update={"target": prune_stage.PruneTarget(macs="auto")})
+    keyed = prune_stage.PruneStage.key_extra(auto, pipeline)  # under auto the timing keeps or drops steps
+    assert set(keyed) >= {"deployed_on", "versions", "threads", "options", "machine"}
+    assert keyed["versions"] == {rt: ver for rt, ver in keyed["versions"].items() if ver}  # each timed runtime's
+    assert keyed["machine"]["avx2"] is True and "physical_cores" in keyed["machine"]
     with pytest.raises(ValueError, match="deployed_on: tensorrt cannot run here"):
         runtimes_of(DeployedLatencySettings(deployed_on=["tensorrt"]), "f", [])
 
@@ -469,3 +473,21 @@ def test_a_ratio_timed_in_rounds_runs_exactly_its_rounds_and_says_what_it_cost()
     assert ratios["pruned"]["rounds"] == 10 and cost["rounds"] == 10
     assert 3 <= cost["block"] <= 5 and 2.5 <= cost["reference_ms"] <= 4.5  # 15 ms of 3-ms requests
     assert ratios["pruned"]["ci"][0] <= 1.0 <= ratios["pruned"]["ci"][1] or abs(ratios["pruned"]["ratio"] - 1) < 0.1
+
+
+def test_a_probe_whose_surgery_lands_outside_the_bracket_is_never_kept(tmp_path, monkeypatch):
+    """A surgery's chunks can land a probe as deep as the step already past the line: it is recorded, never
+    finetuned, judged or kept (it is no finer than what failed), and the search stops there."""
+    from compress.pruning.channel_pruning import PruneResult
+    from compress.stages import prune_steps
+
+    def coarse(model, example, target, protected, surgery, halve=True):  # a probe lands under the failed step
+        share = target.budget if target.budget in (0.75,) else 0.70
+        return copy.deepcopy(model), PruneResult([], 10_000, round(10_000 * share), 10_000, round(10_000 * share),
+                                                 target=target.budget, measure="macs")
+
+    monkeypatch.setattr(prune_steps, "prune_rounded", coarse)
+    steps, said = _steps_of(tmp_path, monkeypatch, [95.0, 93.5, 94.6], "macs", probes=3)
+    assert steps.result is None and steps.chosen == 0  # handed on unpruned, as no finer model was found
+    assert steps.trajectory[2]["outside_bracket"] and "val_top1" not in steps.trajectory[2]
+    assert any("reached 70.0% of the MACs, outside the bracket: not judged, the search stops" in line for line in said)

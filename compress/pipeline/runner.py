@@ -370,47 +370,74 @@ class Runner:
                              record.size_bytes, record.sha256)
 
     def _judge_models(self, stage: str, outputs: list[Output], refs: dict[str, str]) -> None:
-        """Each torch model the stage made, other than the baseline, judged on the validation split against the red
-        line (kept in its record's meta, read by :meth:`_fall_back` of the stages after it)."""
+        """Each torch model the stage made, judged on the validation split against the red line (kept in its
+        record's meta, read by :meth:`_fall_back` of the stages after it). Only stages after the baseline's own:
+        an earlier one would be judged against a baseline of the last run. A model that cannot be judged is left
+        without a verdict, which no stage reads as within the line."""
         red = self.pipeline.config.red_line
-        models = [o for o in outputs if o.kind == "torch-model" and red_line_check.RECORD_KEY not in o.meta]
+        models = [o for o in outputs if o.kind == "torch-model"]
         if not red.fall_back or not models or not self._load_data().meaningful_accuracy:
             return
         baseline = self._baseline(refs)
-        if baseline is None:
+        names = [s.name for s in self.pipeline.stages]
+        if baseline is None or baseline.name.split(".", 1)[0] not in names[:names.index(stage)]:
             return
         for out in models:
             name = f"{stage}.{out.role}"
-            if name == baseline.name:
-                continue
             digest, size = digest_path(out.path)
             made = InputArtifact(name, out.kind, out.path, out.meta, size, digest)
-            verdict = red_line_check.judged(made, baseline, self._load_data(), red.max_drop, self._val_cache)
+            try:
+                verdict = red_line_check.judged(made, baseline, self._load_data(), red.max_drop, self._val_cache)
+            except Exception as exc:  # noqa: BLE001 - the stage's work stands; only the verdict is missing, said
+                logger.warning(f"{name} could not be judged on validation ({type(exc).__name__}: {exc}); a stage "
+                               "that makes files from it uses it as it is", extra={"stage": stage})
+                continue
             out.meta[red_line_check.RECORD_KEY] = verdict
             logger.info(f"{name} on validation: {red_line_check.verdict_words(verdict)}: "
                         f"{'within' if verdict['within'] else 'PAST'} the red line", extra={"stage": stage})
 
     def _fall_back(self, stage: str, cls: type, inputs: dict[str, InputArtifact]):
         """Where the stage makes deployable files from a model past the red line, the last model within it in
-        that model's place (said in the log with what it costs); None where nothing changes."""
+        that model's place (said in the log with what it costs); None where nothing changes. Verdicts are read
+        against today's line and baseline, and judged here where a record has none that fits."""
         model = inputs.get("model")
-        if not cls.makes_files_from_model or model is None or not self.pipeline.config.red_line.fall_back:
+        red = self.pipeline.config.red_line
+        if not cls.makes_files_from_model or model is None or model.kind != "torch-model" or not red.fall_back:
+            return None
+        baseline = self._baseline({})
+        if baseline is None or model.name == baseline.name or not self._load_data().meaningful_accuracy:
             return None
         assert self.manifest is not None
+        manifest = self.manifest
 
         def source_of(artifact: InputArtifact) -> InputArtifact | None:
-            maker = self.manifest.stages.get(self.manifest.artifacts[artifact.name].stage) \
-                if artifact.name in self.manifest.artifacts else None
+            maker = manifest.stages.get(manifest.artifacts[artifact.name].stage) \
+                if artifact.name in manifest.artifacts else None
             name = ((maker.key_material or {}).get("input_names") or {}).get("model") if maker else None
-            record = self.manifest.artifacts.get(name or "")
-            if record is None:
+            record = manifest.artifacts.get(name or "")
+            if record is None or record.kind != "torch-model":
                 return None
-            return InputArtifact(name, record.kind, self.manifest.resolve_path(self.run_dir, record), record.meta,
+            return InputArtifact(name, record.kind, manifest.resolve_path(self.run_dir, record), record.meta,
                                  record.size_bytes, record.sha256)
 
-        found = red_line_check.fallback_for(model, source_of)
+        def verdict_of(artifact: InputArtifact) -> dict | None:
+            if artifact.name == baseline.name:
+                return {"within": True}
+            verdict = red_line_check.current(artifact.meta.get(red_line_check.RECORD_KEY), baseline, red.max_drop)
+            if verdict is None:
+                try:
+                    verdict = red_line_check.judged(artifact, baseline, self._load_data(), red.max_drop,
+                                                    self._val_cache)
+                except Exception as exc:  # noqa: BLE001 - not judged: never taken as within, said
+                    logger.warning(f"{artifact.name} could not be judged on validation ({type(exc).__name__}: "
+                                   f"{exc})", extra={"stage": stage})
+                    return None
+            return verdict
+
+        found = red_line_check.fallback_for(model, source_of, verdict_of)
         if found is None:
-            if red_line_check.past(model.meta):
+            verdict = verdict_of(model)
+            if verdict is not None and not verdict["within"]:
                 logger.warning(f"{model.name} is past the red line on validation, and no model within it is behind "
                                "it: this stage uses it", extra={"stage": stage})
             return None

@@ -7,6 +7,7 @@ torch simulation of the quantized model.
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import time
 from collections.abc import Iterator
@@ -21,6 +22,8 @@ from serve_bench.runners import RUNNER_OF_KIND, make_runner, predict
 from serve_bench.stats.summary import percentile
 from serve_bench.latency.worker import BenchWorker, all_ready
 from serve_bench.stats.latency_intervals import paired_ratio
+
+log = logging.getLogger(__name__)
 
 ONNX_RUNTIME = RUNNER_OF_KIND["onnx"]  # the runtime that loads an ONNX file unless another is named
 
@@ -78,6 +81,7 @@ class RoundPlan:
     min_block: int
     settle_s: float = 0.2  # the harness's pause before each block (the previous runtime's threads go quiet)
     warmup_iters: int = 5
+    budget_s: float | None = None  # what one run may take: a plan past it is said before it runs (it still runs)
 
     def block(self, per_request_s: float) -> int:
         return max(self.min_block, math.ceil(self.round_s / max(per_request_s, 1e-9)))
@@ -97,9 +101,15 @@ def p50_ratios_in_rounds(reference: Path, candidates: dict[str, Path], pool: np.
     started = time.perf_counter()
     with _workers({"reference": reference, **candidates}, pool, runtime, batch_size,
                   {**({"threads": threads} if threads else {}), **(options or {})}) as workers:
+        workers["reference"].call("warmup", plan.warmup_iters, 0.0)  # first calls pay for kernels and caches
         done, seconds = workers["reference"].call("warmup", plan.warmup_iters, 0.0)
         per_request = seconds / max(done, 1)
         block = plan.block(per_request)
+        planned = plan.seconds([per_request] * (1 + len(candidates)), block)
+        if plan.budget_s is not None and planned > plan.budget_s:
+            log.warning("timing %s on %s: %d rounds of %d requests a file at %.1f ms a request take about %.0f s, "
+                        "over the %.0f s budget; it runs them all (fewer rounds would give no verdict)",
+                        ", ".join(candidates), runtime, plan.rounds, block, per_request * 1e3, planned, plan.budget_s)
         settings = HarnessSettings(warmup_iters=plan.warmup_iters, warmup_s=0.0, min_iters=plan.rounds * block,
                                    min_duration_s=0.0, block_iters=block, block_s=0.0, settle_s=plan.settle_s,
                                    max_iters=plan.rounds * block + 1)  # the cap never cuts a round off
@@ -107,7 +117,7 @@ def p50_ratios_in_rounds(reference: Path, candidates: dict[str, Path], pool: np.
     ratios = {name: paired_ratio(measured[name].blocked, measured["reference"].blocked, 50, level=level).as_dict()
               for name in candidates}
     cost = {"rounds": plan.rounds, "block": block, "reference_ms": round(per_request * 1e3, 3),
-            "planned_s": round(plan.seconds([per_request] * (1 + len(candidates)), block), 1),
+            "planned_s": round(planned, 1),
             "took_s": round(time.perf_counter() - started, 1)}
     return ratios, cost
 

@@ -26,7 +26,7 @@ from compress.release.model_card import build_card, render_markdown
 from export.external_data import UnsafeModelError, check_external_data
 from export.onnx_metadata import CLASSES_KEY, PREPROCESSING_KEY, input_description, read_deployment
 from export.tensorrt_engine import ENGINE_KIND
-from serve_bench.gate import preferred
+from serve_bench.gate import preferred, release_order
 from serve_bench.report.files import environment_line
 from serve_bench.report_model import Entry, Report
 from train.atomic_io import atomic_dir
@@ -103,7 +103,7 @@ def _chosen(report: Report, artifact: str | None, anyway: bool, report_path: Pat
     candidates = [a for a in report.artifacts if a.name != report.baseline and not a.refused]  # each has its latency
     if not candidates:
         raise ConfigError(f"{report_path}: no measured artifact besides the baseline; name one with --artifact")
-    return preferred(candidates).name
+    return preferred(release_order(candidates)).name  # an exported or compiled file before torch eager
 
 
 def _decisive_config(manifest: Manifest, run_dir: Path, report_path: Path) -> Path:

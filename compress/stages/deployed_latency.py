@@ -27,7 +27,7 @@ from compress.quantization.measure import RoundPlan, p50_ratios_in_rounds
 from compress.stages.runtime_choice import bench_plan
 from export.onnx_export import export_onnx
 from serve_bench.stats.latency_intervals import MIN_BLOCKS
-from serve_bench.runners import runtime_title, runtime_versions, usable_onnx_runtimes
+from serve_bench.runners import RUNNER_OF_KIND, runtime_title, runtime_versions, usable_onnx_runtimes
 
 log = logging.getLogger(__name__)
 
@@ -53,8 +53,10 @@ class DeployedLatencySettings(Strict):
     seconds: float | None = Field(None, gt=0, description="deprecated and ignored: the check is sized by rounds "
                                                           "(round_s)")
 
-    def plan(self) -> RoundPlan:
-        return RoundPlan(rounds=self.rounds, round_s=self.round_s, min_block=self.min_block)
+    def plan(self, runtimes: int = 1) -> RoundPlan:
+        """The rounds of one runtime's timing, with its share of the check's budget."""
+        return RoundPlan(rounds=self.rounds, round_s=self.round_s, min_block=self.min_block,
+                         budget_s=self.budget_s / max(runtimes, 1))
 
 
 @dataclass
@@ -84,7 +86,12 @@ def deployment_of(settings: DeployedLatencySettings, field: str, stages: list | 
     benches = [s if isinstance(s, dict) else s.model_dump(mode="json", exclude_unset=True)
                for s in stages or [] if _named(s, "kind") == "bench"]
     plan = bench_plan(benches)
-    return Deployment(runtimes, plan["threads"], {r: plan[r] for r in runtimes if plan.get(r)})
+    options = {r: dict(plan[r]) for r in runtimes if plan.get(r)}
+    onnx_home = RUNNER_OF_KIND["onnx"]  # the bench gives each ONNX file on its home runtime its inter-op threads
+    if onnx_home in runtimes:
+        inter_op = (benches[-1].get("inter_op_threads") if benches else None) or 1
+        options[onnx_home] = {**options.get(onnx_home, {}), "inter_op_threads": inter_op}
+    return Deployment(runtimes, plan["threads"], options)
 
 
 def runtimes_of(settings: DeployedLatencySettings, field: str, stages: list | None = None) -> list[str]:
@@ -136,7 +143,8 @@ def _ratios(unpruned: nn.Module | Path, pruned: nn.Module, example: torch.Tensor
         pool = np.random.default_rng(0).standard_normal((8, *example.shape[1:])).astype(np.float32)
         out = {}
         for runtime in where.runtimes:
-            measured, cost = p50_ratios_in_rounds(reference, {"pruned": candidate}, pool, settings.plan(),
+            measured, cost = p50_ratios_in_rounds(reference, {"pruned": candidate}, pool,
+                                                  settings.plan(len(where.runtimes)),
                                                   runtime=runtime, threads=where.threads,
                                                   options=where.options.get(runtime))
             ratio = measured["pruned"]

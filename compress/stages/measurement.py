@@ -116,8 +116,8 @@ def artifact_spec(artifact: InputArtifact, cfg) -> ArtifactSpec:
 
 def compile_alone(specs: list[ArtifactSpec], baseline: str) -> list[ArtifactSpec]:
     """``specs`` with the baseline torch model's candidates on an optional compiling runtime (torch.compile) marked
-    as references, never released: what a PyTorch user gets without compressing, which every candidate's latency is
-    then also divided by (``vs_compile_alone``)."""
+    as the baseline's own files (role ``reference``, judged and releasable like any other): what a PyTorch user
+    gets without compressing, which every candidate's latency is then also divided by (``vs_compile_alone``)."""
     for spec in specs:
         if spec.artifact == baseline and spec.format == "torch" and spec.name != baseline \
                 and not RUNNERS[spec.runtime].measured_by_default:

@@ -202,13 +202,19 @@ class PruneStage(Stage):
 
     @classmethod
     def key_extra(cls, config: PruneConfig, pipeline) -> dict | None:  # type: ignore[override]
-        """What the settings do not say: the runtimes the model is timed on, their versions and the bench's threads
-        and options there, the machine's instruction set and cores (the verdicts that keep or drop a step are
-        this machine's), and the multiple ``round_to: auto`` resolves to on it (a run directory moved to a CPU of
-        another class prunes again)."""
+        """What the settings do not say: the runtimes the model is timed on, the multiple ``round_to: auto``
+        resolves to on this machine (a run directory moved to a CPU of another class prunes again), and under
+        ``target: auto``, where the timing decides which step is kept, the runtimes' versions, the bench's threads
+        and options there, and the machine's instruction set and physical cores. A fixed target's timing only
+        reports, so a runtime upgrade or another core count does not prune and finetune it again."""
         where, rounding = cls._deployment(config, pipeline, f"stages.{config.name}")
-        timed = {**where.key(), "machine": isa_facts()} if where.runtimes else {"deployed_on": []}
-        return {**timed, "round_to": rounding["round_to"]}
+        key = {"deployed_on": where.runtimes, "round_to": rounding["round_to"]}
+        if config.target.auto and where.runtimes:
+            facts = isa_facts()
+            machine = {k: v for k, v in facts.items() if isinstance(v, bool)} | {"physical_cores": facts.get(
+                "physical_cores")}
+            key.update(where.key(), machine=machine)
+        return key
 
     @staticmethod
     def _deployment(cfg: PruneConfig, pipeline, field: str) -> tuple[deployed_latency.Deployment, dict]:

@@ -155,14 +155,20 @@ def _steps(ctx, model, example, protected, surgery, auto, finetune, batchnorm, h
                                                 "within": reference - start <= red.max_drop}], reference=reference,
                   timed_on=list(timing.runtimes))
 
-    def judge(k: int, target: float, probe: bool) -> _Tried:
+    def judge(k: int, target: float, probe: bool, bracket: tuple[float, float] | None = None) -> _Tried:
+        """Step or probe ``k``, recorded, and kept where it is within the line and faster where it ships; a probe
+        only where its surgery landed inside ``bracket`` (never as deep as a step already past the line)."""
         began = time.perf_counter()
-        tried = _judged(ctx, model, example, protected, surgery, measure, target, k, probe, short, epochs, batchnorm,
-                        hooks_for, device, finetune, metric, reference, red.max_drop, timing, unpruned)
+        # a probe's surgery must land in the bracket's deeper half at most: the default tolerance could land it as
+        # deep as the step already past the line
+        cut = surgery if bracket is None else surgery.model_copy(update={"target_tolerance": min(
+            surgery.target_tolerance, max(target - bracket[1], 0.0) / 2)})
+        tried = _judged(ctx, model, example, protected, cut, measure, target, k, probe, short, epochs, batchnorm,
+                        hooks_for, device, finetune, metric, reference, red.max_drop, timing, unpruned, bracket)
         tried.row["seconds"] = round(time.perf_counter() - began, 1)
-        if tried.model is not None or tried.row.get("not_timed"):
+        if tried.model is not None or tried.row.get("not_timed") or tried.row.get("outside_bracket"):
             steps.trajectory.append(tried.row)
-        if tried.within and tried.faster:
+        if tried.within and tried.faster and not tried.row.get("outside_bracket"):
             steps.model, steps.result, steps.chosen = tried.model.cpu(), tried.result, k
         return tried
 
@@ -183,15 +189,12 @@ def _steps(ctx, model, example, protected, surgery, auto, finetune, batchnorm, h
         probes += 1
         k += 1
         target = (within_share + past_share) / 2
-        ctx.log(f"probe {probes}: between {within_share:.1%} (within the red line) and {past_share:.1%} (past it), "
-                f"{target:.1%} of the {word}")
-        tried = judge(k, target, probe=True)
+        ctx.log(f"probe {k} ({probes} of at most {auto.max_probes}): between {within_share:.1%} (within the red "
+                f"line) and {past_share:.1%} (past it), {target:.1%} of the {word}")
+        tried = judge(k, target, probe=True, bracket=(within_share, past_share))
         if tried.stop:
             break
         reached = tried.row[f"{measure}_fraction"]
-        if not within_share > reached > past_share:  # the surgery's chunks landed outside the bracket: no finer
-            ctx.log(f"probe {probes} reached {reached:.1%}, outside the bracket: the search stops")
-            break
         if tried.within:
             within_share = reached
         else:
@@ -212,9 +215,11 @@ def _steps(ctx, model, example, protected, surgery, auto, finetune, batchnorm, h
 
 
 def _judged(ctx, model, example, protected, surgery, measure, target, k, probe, short, epochs, batchnorm, hooks_for,
-            device, finetune, metric, reference, max_drop, timing, unpruned) -> _Tried:
+            device, finetune, metric, reference, max_drop, timing, unpruned, bracket=None) -> _Tried:
     """Step (or probe) ``k``: ``model`` pruned to ``target`` of its ``measure``, finetuned briefly, judged on the
-    validation split against the red line and, within it, timed against the unpruned file."""
+    validation split against the red line and, within it, timed against the unpruned file. A probe whose surgery
+    lands outside its ``bracket`` (no finer than what was judged already) is recorded and stops the search before
+    any finetune."""
     word, what = ("MACs" if measure == "macs" else "parameters"), "probe" if probe else "step"
     try:
         candidate, result = prune_rounded(model.eval(), example, PruneTarget(**{measure: target}), protected, surgery,
@@ -222,6 +227,14 @@ def _judged(ctx, model, example, protected, surgery, measure, target, k, probe, 
     except PruningLimitReached as exc:
         ctx.log(f"{what} {k}: the pruner goes no further ({exc}); the search stops")
         return _Tried({"step": k}, stop=True)
+    share = (result.macs_after / result.macs_before if measure == "macs"
+             else result.params_after / result.params_before)
+    if bracket is not None and not bracket[0] > share > bracket[1]:
+        ctx.log(f"{what} {k}: the surgery reached {share:.1%} of the {word}, outside the bracket: not judged, the "
+                "search stops (the channel steps are coarser than the bracket here)")
+        return _Tried({"step": k, "probe": True, "macs_fraction": round(result.macs_after / result.macs_before, 4),
+                       "params_fraction": round(result.params_after / result.params_before, 4),
+                       "target": round(target, 4), "outside_bracket": True}, stop=True)
     refresh_batchnorm(ctx, candidate.to(device), batchnorm, short, f"{what} {k}: after the surgery", device)
     if epochs:
         run = run_training(ctx, candidate, short, field=f"stages.{ctx.name}.finetune", label=f"{ctx.name}.step{k}",

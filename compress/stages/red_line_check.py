@@ -22,7 +22,8 @@ from compress.stages.training_run import TrainingSettings, val_score
 
 logger = logging.getLogger(__name__)
 
-RECORD_KEY = "red_line"  # where a model artifact's verdict is kept in its manifest record
+# where a model artifact's verdict is kept in its manifest record (``red_line`` is the quantize stage's own record)
+RECORD_KEY = "validation_red_line"
 
 
 def judged(model: InputArtifact, baseline: InputArtifact, data, max_drop: float,
@@ -43,8 +44,18 @@ def judged(model: InputArtifact, baseline: InputArtifact, data, max_drop: float,
     metric, base = figure(baseline)
     _, value = figure(model)
     drop = base - value
-    return {"metric": f"val_{metric}", "baseline": baseline.name, "baseline_val": round(base, 3),
-            "val": round(value, 3), "drop": round(drop, 3), "max_drop": max_drop, "within": drop <= max_drop}
+    return {"metric": f"val_{metric}", "baseline": baseline.name, "baseline_sha256": baseline.sha256,
+            "baseline_val": round(base, 3), "val": round(value, 3), "drop": round(drop, 3), "max_drop": max_drop,
+            "within": drop <= max_drop}
+
+
+def current(verdict: object, baseline: InputArtifact, max_drop: float) -> dict | None:
+    """A recorded verdict read against today's red line: None where it was judged against another baseline (or by
+    an older version), so it must be judged again; ``within`` re-decided from its drop where ``max_drop`` changed
+    since (a stage whose key holds no red line keeps its record)."""
+    if not isinstance(verdict, dict) or "drop" not in verdict or verdict.get("baseline_sha256") != baseline.sha256:
+        return None
+    return {**verdict, "max_drop": max_drop, "within": verdict["drop"] <= max_drop}
 
 
 @dataclass
@@ -66,30 +77,25 @@ class Fallback:
                 f"{self.used}, the last model within it, instead{cost} (red_line.fall_back: false keeps {self.wired})")
 
 
-def past(meta: dict) -> dict | None:
-    """The verdict of a model past the red line (None where it is within, or was never judged)."""
-    verdict = meta.get(RECORD_KEY)
-    return verdict if isinstance(verdict, dict) and verdict.get("within") is False else None
-
-
 def verdict_words(verdict: dict) -> str:
     return (f"{verdict['metric']} {verdict['val']:g} against {verdict['baseline']}'s {verdict['baseline_val']:g}, "
             f"{verdict['drop']:.2f} points down, red line {verdict['max_drop']:g}")
 
 
-def fallback_for(model: InputArtifact, source_of) -> tuple[InputArtifact, Fallback] | None:
+def fallback_for(model: InputArtifact, source_of, verdict_of) -> tuple[InputArtifact, Fallback] | None:
     """The last model within the red line behind ``model``, where ``model`` is past it: its own input model, and
     that one's, until one is within (the baseline always is). ``source_of(artifact)`` gives the model input an
-    artifact was made from (None where it has none)."""
-    verdict = past(model.meta)
-    if verdict is None:
+    artifact was made from (None where it has none); ``verdict_of(artifact)`` its verdict against today's line
+    (None where it cannot be judged: never taken as within)."""
+    verdict = verdict_of(model)
+    if verdict is None or verdict["within"]:
         return None
-    current = model
-    while past(current.meta) is not None:
-        previous = source_of(current)
-        if previous is None:
-            return None  # nothing within behind it: the stage uses what it was given
-        current = previous
-    macs = (model.meta.get("macs"), current.meta.get("macs"))
-    ratio = round(macs[1] / macs[0], 3) if all(macs) else None
-    return current, Fallback(model.name, current.name, verdict_words(verdict), ratio)
+    current_model = source_of(model)
+    while current_model is not None:
+        found = verdict_of(current_model)
+        if found is not None and found["within"]:
+            macs = (model.meta.get("macs"), current_model.meta.get("macs"))
+            ratio = round(macs[1] / macs[0], 3) if all(macs) else None
+            return current_model, Fallback(model.name, current_model.name, verdict_words(verdict), ratio)
+        current_model = source_of(current_model)
+    return None  # nothing within behind it: the stage uses what it was given

@@ -42,10 +42,15 @@ def quantized_not_faster(artifacts: list[Entry], isa: dict | None = None) -> lis
                 continue
             slower = "slower" in verdicts
             ref = next((e for e in artifacts if e.name == paired.reference), None)
+            same = ref is None or ref.source_model == art.source_model
+            # paired with the baseline's own file (its model has no fp32 file there): pruning and INT8 together
+            what = "of the same model" if same else "(the baseline as it is, the only fp32 file on its runtime)"
+            why = why_int8_not_faster(isa) if same else ("the ratio covers every compression step together, so no "
+                                                         "instruction set explains it alone")
             flags.append(f"{art.name} (int8) is {'slower than' if slower else 'not shown faster than'} "
-                         f"{paired.reference} (fp32) of the same model, latency int8/fp32 "
+                         f"{paired.reference} (fp32) {what}, latency int8/fp32 "
                          f"{_ratio_words('p50', paired.p50)}, {_ratio_words('p99', paired.p99)}; "
-                         f"{why_int8_not_faster(isa)}{_profile_words(art, ref)}")
+                         f"{why}{_profile_words(art, ref)}")
             continue
         for ref in artifacts:
             if (ref.format == "onnx" and ref.precision == "fp32" and ref.run == art.run  # one run's model names
