@@ -123,8 +123,9 @@ class Entry(_Open):
                                                                     "what), timed apart from the file's latency")
     traffic: EntryTraffic | None = None
     contender: dict[str, Any] | None = Field(None, description="a search's split bench: the trial it stands for")
-    role: str | None = Field(None, description="reference: measured to compare against, never judged or released "
-                                               "(the unpruned model's fp32 ONNX, export alone)")
+    role: str | None = Field(None, description="reference: the baseline's own file, made as it is (export alone, "
+                                               "compile alone): every compressed file is divided by it, and the gate "
+                                               "judges and may release it like any other")
     vs_export_alone: RatioPair | None = Field(None, description="latency over the unpruned model's fp32 file on the "
                                                                 "same runtime (exported alone; on torch.compile, "
                                                                 "compiled alone): what compression earned there")
