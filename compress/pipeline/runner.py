@@ -432,6 +432,8 @@ class Runner:
                     logger.warning(f"{artifact.name} could not be judged on validation ({type(exc).__name__}: "
                                    f"{exc})", extra={"stage": stage})
                     return None
+                if artifact.name in manifest.artifacts:  # kept, so the next run reads it instead of judging again
+                    manifest.artifacts[artifact.name].meta[red_line_check.RECORD_KEY] = verdict
             return verdict
 
         found = red_line_check.fallback_for(model, source_of, verdict_of)
