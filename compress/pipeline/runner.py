@@ -32,7 +32,8 @@ from compress.pipeline.rerun_reason import why_rerun
 from compress.pipeline.run_lock import RunLock, check_owner
 from compress.pipeline.torch_threads import torch_threads
 from compress.pipeline.tracking import tracked
-from compress.stages import red_line_check, registry
+from compress.pipeline.red_line_wiring import RedLineWiring
+from compress.stages import registry
 from compress.stages.base import InputArtifact, Output, StageContext
 from compress.stages.data_match import check_same_data
 from compress.stages.model_source import model_sources
@@ -85,7 +86,8 @@ class Runner:
         self.selected_names: list[str] = []
         self.current_stage: str | None = None  # the stage running now (what an interruption stopped)
         self._config_file: str | None = None
-        self._val_cache: dict[str, tuple[str, float]] = {}  # validation figures by model digest (the baseline's once)
+        self._red_line = RedLineWiring(pipeline.config, pipeline.stages, self.run_dir, lambda: self.manifest,
+                                       self._load_data)
 
     def _load_data(self) -> DataBundle:
         if self._data is None:
@@ -281,7 +283,7 @@ class Runner:
         assert cls is not None
         left_out: dict[str, str] = {}
         inputs = self._inputs(cfg.name, refs, left_out)
-        fallback = self._fall_back(cfg.name, cls, inputs)
+        fallback = self._red_line.fall_back(cfg.name, cls, inputs)
         material = self._key_material(cfg, cls, inputs)
         if fallback is not None:  # in the record, and so in the key: switching fall_back off re-runs the stage
             material["fallback"] = fallback.record()
@@ -349,103 +351,13 @@ class Runner:
             raise from_library(exc, cfg.name, cfg.kind) from exc
 
         sources = list(dict.fromkeys(i.name for i in inputs.values()))  # one artifact may fill two roles
-        self._judge_models(cfg.name, result.outputs, refs)
+        self._red_line.judge_models(cfg.name, result.outputs, refs)
         record.outputs = self._register_outputs(cfg.name, result.outputs, sources)
         record.status, record.ended, record.duration_s = "completed", now(), round(duration, 3)
         record.metrics = result.metrics
         manifest.stages[cfg.name] = record
         manifest.save(self.run_dir)
         logger.info(f"done in {duration:.1f}s", extra={"stage": cfg.name})
-
-    def _baseline(self, refs: dict[str, str]) -> InputArtifact | None:
-        """The red line's baseline, as the bench measures against it: the first train stage's model, else the model
-        the user brought."""
-        assert self.manifest is not None
-        name = refs.get("baseline") or next(
-            (f"{s.name}.model" for kind in ("train", "model") for s in self.pipeline.stages if s.kind == kind), None)
-        record = self.manifest.artifacts.get(name or "")
-        if record is None or record.kind != "torch-model":
-            return None
-        return InputArtifact(name, record.kind, self.manifest.resolve_path(self.run_dir, record), record.meta,
-                             record.size_bytes, record.sha256)
-
-    def _judge_models(self, stage: str, outputs: list[Output], refs: dict[str, str]) -> None:
-        """Each torch model the stage made, judged on the validation split against the red line (kept in its
-        record's meta, read by :meth:`_fall_back` of the stages after it). Only stages after the baseline's own:
-        an earlier one would be judged against a baseline of the last run. A model that cannot be judged is left
-        without a verdict, which no stage reads as within the line."""
-        red = self.pipeline.config.red_line
-        models = [o for o in outputs if o.kind == "torch-model"]
-        if not red.fall_back or not models or not self._load_data().meaningful_accuracy:
-            return
-        baseline = self._baseline(refs)
-        names = [s.name for s in self.pipeline.stages]
-        if baseline is None or baseline.name.split(".", 1)[0] not in names[:names.index(stage)]:
-            return
-        for out in models:
-            name = f"{stage}.{out.role}"
-            digest, size = digest_path(out.path)
-            made = InputArtifact(name, out.kind, out.path, out.meta, size, digest)
-            try:
-                verdict = red_line_check.judged(made, baseline, self._load_data(), red.max_drop, self._val_cache)
-            except Exception as exc:  # noqa: BLE001 - the stage's work stands; only the verdict is missing, said
-                logger.warning(f"{name} could not be judged on validation ({type(exc).__name__}: {exc}); a stage "
-                               "that makes files from it uses it as it is", extra={"stage": stage})
-                continue
-            out.meta[red_line_check.RECORD_KEY] = verdict
-            logger.info(f"{name} on validation: {red_line_check.verdict_words(verdict)}: "
-                        f"{'within' if verdict['within'] else 'PAST'} the red line", extra={"stage": stage})
-
-    def _fall_back(self, stage: str, cls: type, inputs: dict[str, InputArtifact]):
-        """Where the stage makes deployable files from a model past the red line, the last model within it in
-        that model's place (said in the log with what it costs); None where nothing changes. Verdicts are read
-        against today's line and baseline, and judged here where a record has none that fits."""
-        model = inputs.get("model")
-        red = self.pipeline.config.red_line
-        if not cls.makes_files_from_model or model is None or model.kind != "torch-model" or not red.fall_back:
-            return None
-        baseline = self._baseline({})
-        if baseline is None or model.name == baseline.name or not self._load_data().meaningful_accuracy:
-            return None
-        assert self.manifest is not None
-        manifest = self.manifest
-
-        def source_of(artifact: InputArtifact) -> InputArtifact | None:
-            maker = manifest.stages.get(manifest.artifacts[artifact.name].stage) \
-                if artifact.name in manifest.artifacts else None
-            name = ((maker.key_material or {}).get("input_names") or {}).get("model") if maker else None
-            record = manifest.artifacts.get(name or "")
-            if record is None or record.kind != "torch-model":
-                return None
-            return InputArtifact(name, record.kind, manifest.resolve_path(self.run_dir, record), record.meta,
-                                 record.size_bytes, record.sha256)
-
-        def verdict_of(artifact: InputArtifact) -> dict | None:
-            if artifact.name == baseline.name:
-                return {"within": True}
-            verdict = red_line_check.current(artifact.meta.get(red_line_check.RECORD_KEY), baseline, red.max_drop)
-            if verdict is None:
-                try:
-                    verdict = red_line_check.judged(artifact, baseline, self._load_data(), red.max_drop,
-                                                    self._val_cache)
-                except Exception as exc:  # noqa: BLE001 - not judged: never taken as within, said
-                    logger.warning(f"{artifact.name} could not be judged on validation ({type(exc).__name__}: "
-                                   f"{exc})", extra={"stage": stage})
-                    return None
-                if artifact.name in manifest.artifacts:  # kept, so the next run reads it instead of judging again
-                    manifest.artifacts[artifact.name].meta[red_line_check.RECORD_KEY] = verdict
-            return verdict
-
-        found = red_line_check.fallback_for(model, source_of, verdict_of)
-        if found is None:
-            verdict = verdict_of(model)
-            if verdict is not None and not verdict["within"]:
-                logger.warning(f"{model.name} is past the red line on validation, and no model within it is behind "
-                               "it: this stage uses it", extra={"stage": stage})
-            return None
-        inputs["model"], fallback = found
-        logger.warning(fallback.words(stage), extra={"stage": stage, "style": "yellow"})
-        return fallback
 
     def _register_outputs(self, stage: str, outputs: list[Output], input_names: list[str]) -> list[str]:
         manifest = self.manifest

@@ -26,7 +26,8 @@ from compress.release.model_card import build_card, render_markdown
 from export.external_data import UnsafeModelError, check_external_data
 from export.onnx_metadata import CLASSES_KEY, PREPROCESSING_KEY, input_description, read_deployment
 from export.tensorrt_engine import ENGINE_KIND
-from serve_bench.gate import preferred, release_order
+from serve_bench.gate import preferred
+from serve_bench.release_choice import release_order
 from serve_bench.report.files import environment_line
 from serve_bench.report_model import Entry, Report
 from train.atomic_io import atomic_dir
