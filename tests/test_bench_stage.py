@@ -510,7 +510,7 @@ def test_the_unpruned_model_exported_alone_is_a_candidate_the_gate_judges_and_a_
     if compiled:
         alone = entries["train.model@inductor"]
         assert (alone["role"], alone["runtime"], alone["artifact"]) == ("reference", "inductor", "train.model")
-        assert set(alone["runner"]["compile_s"]) >= {"batch 1"} and gate["release"] != alone["name"]
+        assert set(alone["runner"]["compile_s"]) >= {"batch 1"}  # a candidate: the gate may release it too
         assert alone["runtime_parity"]["reference"] == "train.model"  # the same file, eager and compiled
         for name in ("export.onnx", "train.model"):
             assert entries[name]["vs_compile_alone"]["reference"] == "train.model@inductor"
