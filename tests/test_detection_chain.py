@@ -75,7 +75,10 @@ def test_the_chain_trains_a_detector_keeps_its_tail_float_and_benches_map_with_i
         assert lo <= entry["accuracy"]["map"] <= hi and hi - lo > 0
         assert entry["postprocess_ms"]["p99"] > 0
     # the pruned weights through onnxruntime: the same boxes, so the same mAP
-    assert abs(by_name["export.onnx"]["accuracy"]["map"] - by_name["prune.model"]["accuracy"]["map"]) < 0.05
+    # the exported file answers as the model it was made from (the pruned one, or the trained one where the chain
+    # fell back because the pruned detector was past the red line on validation)
+    source = by_name["export.onnx"]["source_model"]
+    assert abs(by_name["export.onnx"]["accuracy"]["map"] - by_name[source]["accuracy"]["map"]) < 0.05
     int8 = by_name["quantize.onnx_cpu"]["accuracy_paired"]
     assert int8["method"] == "paired-bootstrap" and int8["drop_ci"][0] <= int8["drop"] <= int8["drop_ci"][1]
     assert report["gate"]["decided_on"]

@@ -69,7 +69,10 @@ def _interrupt_after_first_measured(proc: subprocess.Popen) -> str:
 
 def _deployables(run_dir):
     manifest = json.loads((run_dir / "manifest.json").read_text())
-    return {name: a["sha256"] for name, a in manifest["artifacts"].items() if a["kind"] in ("torch-model", "onnx")}
+    # the stages' files: a bench's own (the baseline exported as it is) is made where a bench runs, not in a trial
+    benches = {name for name, st in manifest["stages"].items() if st["kind"] == "bench"}
+    return {name: a["sha256"] for name, a in manifest["artifacts"].items()
+            if a["kind"] in ("torch-model", "onnx") and a["stage"] not in benches}
 
 
 def test_a_search_runs_on_ray_continues_after_an_interruption_and_its_choice_reproduces(tmp_path):
