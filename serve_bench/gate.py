@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from serve_bench.limits import Limits
 from serve_bench.load.capacity import capacity, interval_trusted, loadgen_valid_for, passes
-from serve_bench.release_choice import gated_p99, gives_way, release_notes, release_order, unpaired_int8
+from serve_bench.release_choice import (gated_p99, gives_way, release_notes, release_order, server_run,  # noqa: F401
+                                       unpaired_int8)
 from serve_bench.report_model import Entry, Paired, ServerRun, SweepConfig
 from train.detection.coco_map import needed_for_bootstrap
 from serve_bench.stats.paired import (LEVEL, POWER, PairedCounts, drop_interval, needed_test_images,
@@ -94,11 +95,6 @@ def _accuracy_problems(art: Entry, max_drop: float, decision: str, notes: list[s
                      f"shown within it at 95% (upper bound {upper:.2f}): " + _needed_words(art.accuracy_paired,
                                                                                          max_drop))
     return problems
-
-
-def server_run(art: Entry) -> ServerRun | None:
-    """The artifact's run at the pipeline's traffic when the pipeline gates on the server scenario."""
-    return art.server_run()
 
 
 def _server_problems(run: ServerRun, budget: float | None, decision: str) -> list[str]:

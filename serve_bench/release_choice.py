@@ -4,11 +4,11 @@ than, and the notes that say what compression bought. The gate (:mod:`serve_benc
 the limits; this module chooses among those that passed and says why."""
 from __future__ import annotations
 
-from serve_bench.report_model import Entry
+from serve_bench.report_model import Entry, ServerRun
 from serve_bench.runners import RUNNERS
 
 
-def server_run(art: Entry):
+def server_run(art: Entry) -> ServerRun | None:
     """The artifact's run at the pipeline's traffic when the pipeline gates on the server scenario."""
     return art.server_run()
 

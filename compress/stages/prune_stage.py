@@ -27,6 +27,8 @@ from compress.stages.base import InputArtifact, Output, Stage, StageContext, Sta
 from compress.stages.deployed_latency import DeployedLatencySettings
 from compress.stages.model_source import model_from_artifact, model_meta, trained_on
 from compress.stages.prune_steps import AutoSettings, Timing, prune_in_steps
+from compress.stages.prune_words import collapse_hint as _collapse_hint
+from compress.stages.prune_words import epochs_words as _epochs, kept as _kept, not_pruned_line as _not_pruned_line
 from compress.stages.training_run import (BatchNormSettings, Distributable, TrainingRun, TrainingSettings, headline,
                                           refresh_batchnorm, resolve_device, run_training, stop_if_collapsed,
                                           teacher_loss, test_accuracy, test_metrics, val_score)
@@ -109,22 +111,6 @@ def _check_criterion(cfg: PruneConfig, model: nn.Module, field: str) -> None:
                           f"no BatchNorm layers ({what}); set sparsity.epochs: 0")
 
 
-def _kept(result, measure: str | None, short: bool = False) -> str:
-    """What the pruned model kept, led by the measure its budget was set on (a params target names the params)."""
-    macs, params = result.macs_after / result.macs_before, result.params_after / result.params_before
-    if short:
-        return f"params {params:.1%}, MACs {macs:.1%}" if measure == "params" else f"MACs {macs:.1%}"
-    return (f"{params:.1%} of the params ({macs:.1%} of the MACs)" if measure == "params"
-            else f"{macs:.1%} of the MACs")
-
-
-def _not_pruned_line(result: PruneResult) -> str:
-    """One line saying what kept its width and why (the report file lists every layer)."""
-    parts = [f"{reason}: {', '.join(names[:3])}{f' and {len(names) - 3} more' if len(names) > 3 else ''}"
-             for reason, names in result.not_pruned.items()]
-    return "; ".join(parts) or "nothing"
-
-
 def _surgery_once(ctx: StageContext, model: nn.Module, example: torch.Tensor, target: PruneTarget,
                   protected: list[nn.Module], surgery: SurgerySettings, description: dict,
                   halve: bool) -> tuple[nn.Module, PruneResult]:
@@ -168,21 +154,6 @@ def _rounding(cfg: PruneConfig, runtimes: list[str]) -> dict:
         return {"round_to": multiple if multiple > 1 else None, "reason": reason, "auto": True}
     return {"round_to": cfg.round_to, "auto": False,
             "reason": "set in the pipeline file" if cfg.round_to else "round_to: null in the pipeline file, no rounding"}
-
-
-def _epochs(n: int) -> str:
-    return f"{n} epoch{'s' if n != 1 else ''}"
-
-
-def _collapse_hint(cfg: PruneConfig) -> str:
-    """What to try when the pruned model collapsed, from the settings it ran with."""
-    tries = []
-    if cfg.batchnorm.reestimate_images == 0:
-        tries.append("re-estimate its BatchNorm statistics (batchnorm.reestimate_images, 0 now)")
-    tries.append("prune less (target)")
-    if cfg.finetune.epochs < 3:
-        tries.append(f"finetune longer (finetune.epochs, {cfg.finetune.epochs} now)")
-    return "Try to " + ", or ".join(tries) + "."
 
 
 class PruneStage(Stage):
