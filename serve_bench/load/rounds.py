@@ -24,8 +24,8 @@ from typing import Callable, Hashable, Sequence, TypeVar
 import numpy as np
 from scipy import stats
 
-from serve_bench.load.steady_state import (MIN_QUERIES, Segment, SteadyP99, bounded, complete_cycles, cycle_starts,
-                                           few_rounds_factor, rounds_differ_p, steady_p99)
+from serve_bench.load.steady_state import (MIN_QUERIES, Segment, SteadyP99, bounded, complete_cycles, counts_above,
+                                           cycle_starts, few_rounds_factor, rounds_differ_p, steady_p99)
 from serve_bench.stats.latency_intervals import Ratio
 
 log = logging.getLogger(__name__)
@@ -208,5 +208,5 @@ def _linearised(rounds: list[list[np.ndarray]], q: float) -> tuple[float, list[n
     low, high = np.percentile(values, [max(q - step, 0.0), min(q + step, 100.0)])
     slope = float(high - low) / (2 * step / 100)  # dQ/dF: latency per unit of probability
     scale = slope / (len(values) * point)
-    return point, [np.array([(np.count_nonzero(c > point) - (1 - q / 100) * len(c)) * scale for c in cycles])
-                   for cycles in rounds]
+    return point, [(counts_above(cycles, point) - (1 - q / 100) * np.fromiter(map(len, cycles), dtype=np.float64))
+                   * scale for cycles in rounds]
