@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import onnx
 import pytest
 import yaml
@@ -131,9 +132,13 @@ def test_release_then_verify_on_the_held_out_images_reproduces_the_card(finished
     # a deployer's own check, without this project
     assert subprocess.run(["sha256sum", "-c", "--quiet", "SHA256SUMS"], cwd=bundle).returncode == 0
 
+    servers = card["servers"]  # the model servers' files, from the settings the bench measured
+    assert (bundle / "serving" / servers["triton_config"]).is_file() and servers["runtime"] == entry["runtime"]
+    assert (bundle / "serving" / servers["served_file"]).read_bytes() == (bundle / card["released"]["file"]).read_bytes()
+
     result = run_cli("verify", str(bundle), str(folder / "test-images"))
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "same digest), same accuracy" in result.stdout
+    assert "same digest), same accuracy" in result.stdout and "parses with Triton's schema" in result.stdout
     assert f"top1 {card['accuracy']['top1']}% on {card['accuracy']['test_images']} images" in result.stdout
 
 
@@ -459,3 +464,64 @@ def test_a_release_on_openvino_names_its_runtime_verifies_in_it_and_serves_with_
     order = [int(p.stem.split("-")[1]) for p in images]
     expected = load_predictions(run / "bench" / "report").topk[candidate["name"]][order, 0]
     assert answers == [card["classes"][c] for c in expected]  # OpenVINO's own answers, as the bench recorded them
+
+
+def test_serve_refuses_a_bundle_whose_checksums_fail_and_starts_nothing(finished, tmp_path, capsys):
+    _, _, run_dir = finished
+    bundle = tmp_path / "bundle"
+    assert main(["release", str(run_dir), "--to", str(bundle)]) == 0
+    with open(bundle / "MODEL_CARD.md", "a") as fh:
+        fh.write("edited\n")
+    assert main(["serve", str(bundle)]) == 2
+    err = capsys.readouterr().err
+    assert "does not match its SHA256SUMS" in err and "MODEL_CARD.md has changed" in err
+    assert main(["serve", str(bundle), "--artifact", "train.model"]) == 2  # a bundle holds one file
+    assert main(["serve", str(run_dir), "--artifact", "train.model"]) == 2  # a torch model: no server here runs it
+    assert "compress serve serves ONNX files" in capsys.readouterr().err
+
+
+@pytest.mark.slow  # a real server: about 20 s to start and stop
+def test_compress_serve_answers_a_plain_http_client_as_the_bench_recorded_and_stops_on_sigterm(finished, tmp_path):
+    """``compress serve BUNDLE`` in one process, a client with nothing but the standard library in this one: the
+    answers to the test images are the released file's own, as the bench recorded them; SIGTERM stops it, exit 0."""
+    import json as json_module
+    import signal
+    import time
+    import urllib.request
+
+    from serve_bench.accuracy.image_folder import read_labelled_folder
+    from serve_bench.servers.base import free_port
+
+    folder, _, run_dir = finished
+    bundle = tmp_path / "bundle"
+    assert main(["release", str(run_dir), "--to", str(bundle)]) == 0
+    card = json.loads((bundle / "model_card.json").read_text())
+    port = free_port()
+    server = subprocess.Popen([sys.executable, "-m", "compress.cli", "serve", str(bundle), "--port", str(port)],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        url = f"http://127.0.0.1:{port}/{card['servers']['model']}"
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:
+            try:
+                urllib.request.urlopen(url, timeout=2)
+                break
+            except OSError:
+                assert server.poll() is None, server.stdout.read()
+                time.sleep(0.5)
+        images = read_labelled_folder(folder / "test-images", card["input"], card["classes"]).images[:20]
+        answers = []
+        for image in images:
+            request = urllib.request.Request(f"{url}/infer", data=json_module.dumps({"inputs": image.tolist()}).encode(),
+                                             headers={"Content-Type": "application/json"})
+            with urllib.request.urlopen(request, timeout=30) as answer:
+                answers.append(int(np.argmax(json_module.loads(answer.read())["outputs"])))
+        recorded = load_predictions(run_dir / "bench" / "report").topk[card["released"]["artifact"]][:20, 0]
+        assert answers == [int(c) for c in recorded]
+        server.send_signal(signal.SIGTERM)
+        assert server.wait(timeout=120) == 0
+        out = server.stdout.read()
+        assert "serving http://127.0.0.1" in out and "stopping" in out
+    finally:
+        if server.poll() is None:
+            server.kill()

@@ -1,5 +1,5 @@
-"""``compress release | verify | images``: ship what the gate released: the bundle, its verification, a split as
-image files.
+"""``compress release | verify | serve | images``: ship what the gate released: the bundle, its verification, the
+file served on a model server, a split as image files.
 
 Each command registers itself (``add_parsers``); the heavy imports are inside the commands, so
 ``compress --help`` stays fast."""
@@ -37,6 +37,16 @@ def _cmd_images(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from compress.release.serving import served_target
+    from serve_bench.servers.registry import serve_until_stopped
+
+    target = served_target(Path(args.target), args.artifact)
+    return serve_until_stopped(target.file, target.runtime, target.settings, model=target.model, host=args.host,
+                               port=args.port, runner_options=target.runner_options, source=target.source,
+                               say=print)
+
+
 def add_parsers(sub) -> None:
     release = sub.add_parser("release", help="bundle the released artifact with its model card and checksums",
                              description="Copies the artifact the run's release gate released (and the TensorRT "
@@ -61,6 +71,20 @@ def add_parsers(sub) -> None:
                                                   "reproduce the card's accuracy on, e.g. from compress images")
     verify.add_argument("--threads", type=int, help="inference threads (default: physical cores)")
     verify.set_defaults(func=_cmd_verify)
+
+    serve = sub.add_parser("serve", help="serve the released file on a model server, as it was measured",
+                           description="Starts the file the run's gate released (or --artifact), or a bundle's file, "
+                                       "on Ray Serve with the serving settings the bench measured (largest batch, "
+                                       "queue delay, model copies, threads, queue limit), on 127.0.0.1 unless "
+                                       "--host says otherwise. Health: GET /-/healthz; the model: GET /MODEL; "
+                                       "answers: POST /MODEL/infer. Stops cleanly on Ctrl-C or SIGTERM. Exit 2: a "
+                                       "bundle whose checksums fail, or a file no server here runs.")
+    serve.add_argument("target", help="a run directory or a release bundle")
+    serve.add_argument("--artifact", help="a run's file other than the released one")
+    serve.add_argument("--host", default="127.0.0.1", help="the address to listen on (default 127.0.0.1: this "
+                                                           "machine only; 0.0.0.0 for every interface)")
+    serve.add_argument("--port", type=int, default=8000, help="the HTTP port (default 8000)")
+    serve.set_defaults(func=_cmd_serve)
 
     images = sub.add_parser("images", help="write a split of a run's data as image files, one folder per class")
     images.add_argument("run_dir")

@@ -33,6 +33,9 @@ from serve_bench.report_model import Entry, Report
 from train.atomic_io import atomic_dir
 from train.file_digest import file_sha256
 from serve_bench.runners import RUNNER_OF_KIND, RUNNERS
+from serve_bench.servers.deployment import (CPU_SERVED, SERVING_FOLDER, model_name, served_settings,
+                                            write_server_files)
+from serve_bench.servers.tensors import ServedFileError
 from train.model_io import DESCRIPTION_FILE, read_description
 
 logger = logging.getLogger(__name__)
@@ -149,6 +152,25 @@ def _engines_of(manifest: Manifest, record: ArtifactRecord) -> list[ArtifactReco
             if r.kind == ENGINE_KIND and r.name != record.name and related & set(r.made_from)]
 
 
+def _server_files(work: Path, source: Path, record: ArtifactRecord, entry: Entry, report: Report, files: list[str],
+                  folder: str) -> dict | None:
+    """The model servers' files for the released file (a Triton model repository and an OpenVINO Model Server
+    config, ``serving/``), written from the serving settings the bench measured it with; None for a file no CPU
+    model server here runs (a torch model, a TensorRT engine), said in the log."""
+    if record.kind != "onnx" or entry.runtime not in CPU_SERVED:
+        logger.info("no model-server files for %s: its %s file on %s has no CPU model server configured here",
+                    record.name, record.kind, entry.runtime)
+        return None
+    settings = served_settings(entry, report.gate.limits.p99_budget_ms)
+    extra = [work / folder / f for f in files if (work / folder / f) != work / folder / source.name]
+    try:
+        written = write_server_files(work / SERVING_FOLDER, source, entry.runtime, settings, model_name(record.name),
+                                     extra_files=extra)
+    except ServedFileError as exc:
+        raise ArtifactError(f"{record.name}: the model servers' files could not be written: {exc}") from exc
+    return {"folder": SERVING_FOLDER, **written}
+
+
 def _lineage(manifest: Manifest, name: str) -> list[dict]:
     seen, order, queue = set(), [], [name]
     while queue:
@@ -196,6 +218,7 @@ def _assemble(work: Path, run_dir: Path, manifest: Manifest, record: ArtifactRec
                 "files": [f"{folder}/{f}" for f in files], "runtime": entry.runtime, "candidate": entry.name,
                 "precision": entry.precision, "sha256": record.sha256, "size_bytes": record.size_bytes,
                 "run_dir": str(run_dir)}
+    servers = _server_files(work, source, record, entry, report, files, folder)
     engines = []
     for engine in choice.shipped:
         runtime = RUNNERS[RUNNER_OF_KIND[engine.kind]]  # where the bundle keeps its runtime's files
@@ -217,7 +240,7 @@ def _assemble(work: Path, run_dir: Path, manifest: Manifest, record: ArtifactRec
     card = build_card(report=report, entry=entry, released=released, input_spec=input_spec, classes=classes,
                       tensorrt=engines, tensorrt_withheld=withheld, pipeline=pipeline,
                       lineage=_lineage(manifest, record.name), anyway=anyway and not gate_passed, created=now(),
-                      version=__version__)
+                      version=__version__, servers=servers)
     (work / CARD_JSON).write_text(json.dumps(card, indent=2))
     (work / CARD_MD).write_text(render_markdown(card, environment_line(report.environment.written())))
     if card["released_anyway"]:

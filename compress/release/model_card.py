@@ -21,9 +21,10 @@ LATENCY_INTERVALS = ("p50_ci", "p99_ci", "p50_ci_blocks", "p99_ci_blocks")
 
 def build_card(*, report: Report, entry: Entry, released: dict, input_spec: dict, classes: list[str],
                tensorrt: list[dict], tensorrt_withheld: list[dict], pipeline: dict, lineage: list[dict],
-               anyway: bool, created: str, version: str) -> dict:
+               anyway: bool, created: str, version: str, servers: dict | None = None) -> dict:
     """``entry``: the released artifact's row of the report; ``released``: what the bundle holds of it;
-    ``tensorrt``: the engines of the same model it ships, ``tensorrt_withheld`` those it does not, with why."""
+    ``tensorrt``: the engines of the same model it ships, ``tensorrt_withheld`` those it does not, with why;
+    ``servers``: the model servers' files the bundle holds for it (serve_bench.servers.deployment)."""
     gate = report.gate
     return {"format": CARD_FORMAT, "name": report.pipeline, "created": created, "compress_version": version,
             "released": released, "released_anyway": anyway,
@@ -31,7 +32,7 @@ def build_card(*, report: Report, entry: Entry, released: dict, input_spec: dict
                      "confidence": gate.confidence, "limits": gate.limits.model_dump(), "reasons": gate.reasons,
                      "notes": gate.notes},
             "input": input_spec, "classes": classes, "accuracy": accuracy_of(report, entry),
-            "latency": latency_of(report, entry), "serving": serving_of(entry),
+            "latency": latency_of(report, entry), "serving": serving_of(entry), "servers": servers,
             "runtime": runtime_of(entry, report.environment), "size_bytes": entry.size_bytes, "params": entry.params,
             "macs": entry.macs, "quantization": entry.quantization.written() if entry.quantization else None,
             ENGINE_KIND: tensorrt, f"{ENGINE_KIND}_withheld": tensorrt_withheld, "pipeline": pipeline,
@@ -121,6 +122,23 @@ def _serving_lines(serving: dict | None) -> list[str]:
     if best:
         lines.append(f"- serve it as: {best['label']} ({json.dumps(best['serving'])}): the most traffic within the "
                      f"p99 budget, {best['capacity_qps']:,.1f} queries/s{_interval(best.get('capacity_ci'))}")
+    return lines
+
+
+def _server_file_lines(servers: dict | None) -> list[str]:
+    """Where the model servers' files are, what they were written from, and what does not carry over."""
+    if not servers:
+        return []
+    folder, settings = servers["folder"], servers["settings"]
+    limit = settings.get("max_queue")
+    lines = [f"- model servers: `{folder}/{servers['triton_repository']}/` is a Triton model repository "
+             f"(`{folder}/{servers['triton_config']}`) and `{folder}/{servers['ovms_config']}` an OpenVINO Model "
+             f"Server config, written from {settings.get('measured') or 'the given settings'}: batches of up to "
+             f"{settings['max_batch']}, {settings['max_queue_delay_us']} µs queue delay, {settings['instances']} "
+             f"cop{'y' if settings['instances'] == 1 else 'ies'} × {settings.get('threads') or 'default'} threads, "
+             f"queue limit {limit or 'none'}; "
+             f"`compress serve` serves it so"]
+    lines += [f"  - {note}" for note in servers.get("notes") or []]
     return lines
 
 
@@ -223,7 +241,8 @@ def render_markdown(card: dict, environment_line: str) -> str:
               "| " + " | ".join(f"{lat[k]:.4g}" for k in LATENCY_KEYS if k in lat) + " |", "",
               f"- p50 95% interval{_interval(lat.get('p50_ci'))} ms; p99{_interval(lat.get('p99_ci'))} ms "
               f"(across blocks: p99{_interval(lat.get('p99_ci_blocks'))} ms)",
-              f"- measured on: {environment_line}", *_serving_lines(card.get("serving")), "",
+              f"- measured on: {environment_line}", *_serving_lines(card.get("serving")),
+              *_server_file_lines(card.get("servers")), "",
               "## Limits it was released under", "",
               f"- red line: at most {gate['limits']['max_drop']} points of {metric} below `{acc['baseline']}`; "
               f"p99 budget: {gate['limits']['p99_budget_ms']} ms; decision rule: {gate['decision']}",

@@ -6,7 +6,8 @@ and states the input and classes the card states; and, given a folder of labelle
 file reproduces the card's accuracy. Given the very test images the card was judged on (same
 pixels, labels and order, recognised by the test split's digest), the accuracy must be equal;
 given other images it must agree within chance, both figures being samples: the 99% interval of
-the difference of the two accuracies must contain 0 (``card_agreement``).
+the difference of the two accuracies must contain 0 (``card_agreement``). Where the bundle holds model
+servers' files (``serving/``), they are checked with the servers' own schemas and against the released file.
 
 A check that was asked for and could not be made here (a TensorRT engine on a machine without
 TensorRT or its GPU, and then its accuracy) is said as such and leaves the bundle not verified:
@@ -30,6 +31,8 @@ from serve_bench.accuracy.classification import accuracy, accuracy_intervals
 from serve_bench.accuracy.image_folder import ImageFolderError, read_labelled_folder
 from serve_bench.accuracy.predictions import digest_of_test_split
 from serve_bench.runners import RUNNER_OF_KIND, RUNNERS, RunnerError, current_kind, make_runner, predict
+from serve_bench.servers.deployment import check_server_files
+from train.file_digest import file_sha256
 
 logger = logging.getLogger(__name__)
 
@@ -74,6 +77,7 @@ def verify_bundle(folder: Path, images: Path | None = None, threads: int | None 
     if kind == "onnx" and not _onnx_loads(path, card, result):
         result.unchecked += [accuracy_not_run] if images is not None else []
         return result
+    _check_servers(folder, path, card, result)
     runtime = runtime_named(released, "released") or RUNNER_OF_KIND[kind]  # the one the gate released it on
     try:
         options = runner_options(card)
@@ -95,6 +99,23 @@ def verify_bundle(folder: Path, images: Path | None = None, threads: int | None 
     finally:
         runner.close()
     return result
+
+
+def _check_servers(folder: Path, path: Path, card: dict, result: Verification) -> None:
+    """The model servers' files (``serving/``), where the bundle has them: Triton's schema and tensors against the
+    released file, OVMS's schema and layout, and the served copy byte for byte the released file."""
+    servers = card.get("servers")
+    if not servers:
+        return
+    where = folder / servers["folder"]
+    problems = check_server_files(where, path, servers)
+    served = where / servers["served_file"]
+    if served.suffix == ".onnx" and served.is_file() and file_sha256(served) != file_sha256(path):
+        problems.append(f"{served.relative_to(folder)} is not the released file {path.name} (their sha256 differ)")
+    result.problems += problems
+    if not problems:
+        result.checks.append(f"{servers['folder']}/: the Triton configuration parses with Triton's schema and names "
+                             "the file's tensors; the OpenVINO Model Server configuration fits its schema and layout")
 
 
 def runner_options(card: dict) -> dict:

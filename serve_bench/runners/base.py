@@ -95,6 +95,21 @@ class Runner:
     settings: ClassVar[type | None] = None  # its distributions, whose versions a run's fingerprint records
     smoke_tolerance: ClassVar[float] = 1e-3  # largest |Δlogit| from torch in the doctor's smoke run, as a share
     smoke_options: ClassVar[dict] = {}  # runner options of the smoke run (fp32 arithmetic, to compare with torch)
+    # How model servers run its files (serve_bench.servers): Triton's native backend for them (platform or backend,
+    # the model file's name, where instances run, the parameter setting its intra-op threads, fixed parameters);
+    # None: no model server here runs them. And whether OpenVINO Model Server runs them on this very runtime.
+    triton_backend: ClassVar[dict[str, Any] | None] = None
+    served_by_ovms: ClassVar[bool] = False
+
+    @classmethod
+    def write_served_file(cls, onnx_file: Path, target: Path, extra_files: tuple[Path, ...] = ()) -> None:
+        """Write the file a model server loads as ``target`` (named by ``triton_backend``): the ONNX file as it is,
+        its external-data files beside it."""
+        import shutil
+
+        shutil.copy2(onnx_file, target)
+        for extra in extra_files:
+            shutil.copy2(extra, target.parent / extra.name)
 
     def __init__(self, path: str | Path, *, threads: int | None = None, device: str = "cpu", **options: Any) -> None:
         self.path, self.device = Path(path), device

@@ -29,6 +29,9 @@ class OnnxRuntimeRunner(Runner):
     # NchwcBlockSize); a width off the block costs as much as the next whole block, and a depthwise width that is
     # not a multiple of 4 fell to a path 2.6× slower per MAC (pipelines/channel_multiples.py, AMX Xeon).
     channel_blocks = {"amx": 16, "avx512": 16, "avx2": 8}
+    # Triton's onnxruntime backend (its README: intra_op_thread_count)
+    triton_backend = {"platform": "onnxruntime_onnx", "model_file": "model.onnx", "kind": "KIND_CPU",
+                      "threads_parameter": "intra_op_thread_count"}
     _DEVICE_PROVIDERS = {"cpu": ["CPUExecutionProvider"], "cuda": ["CUDAExecutionProvider", "CPUExecutionProvider"],
                          "tensorrt": ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"]}
 

@@ -62,6 +62,19 @@ class OpenVinoRunner(Runner):
     # AVX2 (p50 rose with the width in steps of 8 under ONEDNN_MAX_CPU_ISA=AVX2); a dense 3×3 width off the block
     # cost up to 1.35× per MAC (pipelines/channel_multiples.py, AMX Xeon)
     channel_blocks = {"amx": 16, "avx512": 16, "avx2": 8}
+    # Triton's OpenVINO backend reads OpenVINO's IR (its README: INFERENCE_NUM_THREADS, NUM_STREAMS); OVMS runs
+    # files on OpenVINO itself
+    triton_backend = {"backend": "openvino", "model_file": "model.xml", "kind": "KIND_CPU",
+                      "threads_parameter": "INFERENCE_NUM_THREADS", "parameters": {"NUM_STREAMS": "1"}}
+    served_by_ovms = True
+
+    @classmethod
+    def write_served_file(cls, onnx_file, target, extra_files=()) -> None:
+        """OpenVINO's IR (``model.xml`` and ``.bin``) of the ONNX file, as OpenVINO reads it: both servers' OpenVINO
+        paths load it, and its tensors keep the ONNX file's names. Weights stay float32 (no fp16 compression)."""
+        import openvino as ov
+
+        ov.save_model(ov.Core().read_model(str(onnx_file)), str(target), compress_to_fp16=False)
 
     def _load(self) -> None:
         try:

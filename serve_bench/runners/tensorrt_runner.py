@@ -29,6 +29,7 @@ class TensorRTRunner(Runner):
     packages = ("tensorrt",)
     install_hint = "pip install 'compress[tensorrt]' (on a machine with an NVIDIA GPU)"
     profiler_device = "cuda"
+    triton_backend = {"platform": "tensorrt_plan", "model_file": "model.plan", "kind": "KIND_GPU"}
     profile_note = ("TensorRT per-layer GPU time reported by IProfiler; profiling adds overhead (a synchronisation "
                     "per layer), so the totals exceed the un-profiled latency.")
 

@@ -1,0 +1,102 @@
+"""Ray Serve behind the model-server interface: start, ready, client, statistics, stop.
+
+Chosen over Triton through PyTriton (the other server that installs from the package index here): PyTriton
+0.7's Python-backend stub is built against numpy 1's C interface and, in an environment with numpy 2 (this
+project's), answers every request with an empty output (HTTP 500 "output tensor shape does not match"), so
+it cannot serve in the project's own environment. Ray Serve installs beside Ray (already the search's
+engine), batches requests in its own batcher (``serve.batch``), runs a replica per model copy, refuses
+requests past a queue limit (HTTP 503), answers a health check (``/-/healthz``) and scales out to a
+cluster. What it costs over the file alone is what the served scenario measures. The Triton repository and
+OpenVINO Model Server config in a release are for those servers' native backends
+(serve_bench.servers.deployment).
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from serve_bench.servers.base import ModelServer, ServerError, ServerStatistics, first_output, wait_until_ready
+from serve_bench.servers.http_client import HttpClient, get_json
+from serve_bench.servers.tensors import onnx_tensors
+
+STOP_TIMEOUT_S = 60.0
+
+
+class RayServeServer(ModelServer):
+    name = "ray-serve"
+    title = "Ray Serve"
+    install_hint = "pip install 'ray[serve]'"
+
+    _process: subprocess.Popen | None = None
+
+    @classmethod
+    def unusable(cls) -> str | None:
+        try:
+            import ray.serve  # noqa: F401
+            import starlette  # noqa: F401
+        except ImportError as exc:
+            return f"Ray Serve is not installed ({exc}): {cls.install_hint}"
+        return None
+
+    def start(self) -> "RayServeServer":
+        problem = self.unusable()
+        if problem:
+            raise ServerError(problem)
+        inputs, outputs = onnx_tensors(self.file)
+        tensors = {"inputs": [_spec(t) for t in inputs], "outputs": [_spec(t) for t in first_output(outputs)]}
+        settings = self.settings.model_dump()
+        spec = {"file": str(self.file.resolve()), "runtime": self.runtime, "model": self.model, "host": self.host,
+                "http_port": self.http_port, "settings": settings, "tensors": tensors,
+                "threads": self.settings.threads or 1, "runner_options": self.runner_options,
+                "cpus": max(2, self.settings.instances + 1)}
+        self._folder = Path(tempfile.mkdtemp(prefix="compress-serve-"))
+        (self._folder / "spec.json").write_text(json.dumps(spec))
+        self._log = open(self._folder / "server.log", "wb")
+        self._process = subprocess.Popen([sys.executable, "-m", "serve_bench.servers.ray_serve.process",
+                                          str(self._folder / "spec.json")], stdout=self._log,
+                                         stderr=subprocess.STDOUT, start_new_session=True)
+        return self
+
+    @property
+    def log_file(self) -> Path:
+        return self._folder / "server.log"
+
+    def alive(self) -> bool:
+        return self._process is not None and self._process.poll() is None
+
+    def ready(self, timeout_s: float = 180.0) -> "RayServeServer":
+        what = f"{self.title} serving {self.file.name} (log: {self.log_file})"
+        wait_until_ready(f"{self.endpoint.http}/{self.model}", timeout_s, self.alive, what)
+        return self
+
+    def client(self) -> HttpClient:
+        return HttpClient(self.host, self.http_port, self.model)
+
+    def statistics(self) -> ServerStatistics:
+        totals = get_json(f"{self.endpoint.http}/{self.model}/stats")
+        return ServerStatistics(**{k: int(totals[k]) for k in ("success", "failed", "queue_ns", "compute_ns",
+                                                                "batches")})
+
+    def stop(self) -> None:
+        """SIGTERM to the server's process group (Serve and Ray shut down), then SIGKILL past the timeout."""
+        process = self._process
+        if process is None:
+            return
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGTERM)
+            try:
+                process.wait(timeout=STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+        self._log.close()
+        self._process = None
+
+
+def _spec(tensor) -> dict:
+    return {"name": tensor.name, "dtype": tensor.dtype, "shape": list(tensor.per_request())}

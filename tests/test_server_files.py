@@ -1,0 +1,148 @@
+"""The model servers' files of a release: a Triton model repository and an OpenVINO Model Server config, written
+from the measured serving settings, parsed with the servers' own schemas and checked against the file."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from serve_bench.report_model import Entry
+from serve_bench.servers.deployment import (ServedSettings, check_server_files, queue_limit, served_settings,
+                                            write_server_files)
+from serve_bench.servers.tensors import ServedFileError, onnx_tensors
+from serve_bench.servers.triton.model_repository import parse_config
+
+SETTINGS = ServedSettings(max_batch=8, max_queue_delay_us=2000, instances=2, threads=1, max_queue=40)
+
+
+def tiny_onnx(path: Path, batch: str | int = "batch") -> Path:
+    """A 1×8×8 image → 10 logits linear model, batch dimension open unless ``batch`` is a number."""
+    weights = numpy_helper.from_array(np.random.default_rng(0).normal(size=(64, 10)).astype(np.float32), "w")
+    shape = [helper.make_tensor_value_info("image", TensorProto.FLOAT, [batch, 1, 8, 8]),
+             helper.make_tensor_value_info("logits", TensorProto.FLOAT, [batch, 10])]
+    graph = helper.make_graph([helper.make_node("Flatten", ["image"], ["flat"]),
+                               helper.make_node("MatMul", ["flat", "w"], ["logits"])],
+                              "tiny", [shape[0]], [shape[1]], [weights])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    onnx.save(model, str(path))
+    return path
+
+
+@pytest.fixture
+def written(tmp_path):
+    model = tiny_onnx(tmp_path / "model.onnx")
+    record = write_server_files(tmp_path / "serving", model, "onnxruntime", SETTINGS, "tiny")
+    return tmp_path / "serving", model, record
+
+
+def test_the_triton_config_holds_the_files_tensors_and_the_measured_batcher_and_parses_with_tritons_schema(written):
+    folder, model, record = written
+    config = parse_config((folder / record["triton_config"]).read_text(), "config.pbtxt")
+    assert config.platform == "onnxruntime_onnx" and config.max_batch_size == 8
+    assert [(t.name, list(t.dims)) for t in config.input] == [("image", [1, 8, 8])]  # the batch dimension left out
+    assert [(t.name, list(t.dims)) for t in config.output] == [("logits", [10])]
+    assert config.dynamic_batching.max_queue_delay_microseconds == 2000
+    assert list(config.dynamic_batching.preferred_batch_size) == [8]
+    assert config.dynamic_batching.default_queue_policy.max_queue_size == 40
+    assert config.instance_group[0].count == 2 and config.parameters["intra_op_thread_count"].string_value == "1"
+    assert (folder / record["served_file"]).read_bytes() == model.read_bytes()
+    assert check_server_files(folder, model, record) == []
+    ovms = json.loads((folder / record["ovms_config"]).read_text())["model_config_list"][0]["config"]
+    assert ovms["base_path"] == "models/tiny" and ovms["plugin_config"]["INFERENCE_NUM_THREADS"] == 1
+    assert ovms["nireq"] == 2 and any("each request as it comes" in note for note in record["notes"])
+
+
+@pytest.mark.parametrize("edit, named", [
+    (lambda t: t.replace("max_batch_size: 8", "max_batch: 8"), "max_batch"),  # a field Triton does not know
+    (lambda t: t.replace("KIND_CPU", "KIND_CPUS"), "KIND_CPUS"),  # an enum value it does not know
+    (lambda t: t.replace("dims: 10", "dims: 12"), "output 'logits' dims [12], the file's [10]"),
+    (lambda t: t.replace("TYPE_FP32", "TYPE_FP16", 1), "input 'image' is TYPE_FP16, the file's float32"),
+    (lambda t: t.replace('name: "image"', 'name: "input"'), "inputs ['input'] are not the file's ['image']"),
+    (lambda t: t.replace('name: "tiny"', 'name: "other"'), "is not its folder's"),
+])
+def test_a_broken_triton_config_is_refused_by_the_same_check_naming_what_is_wrong(written, edit, named):
+    folder, model, record = written
+    path = folder / record["triton_config"]
+    path.write_text(edit(path.read_text()))
+    problems = check_server_files(folder, model, record)
+    assert problems and named in " ".join(problems) and str(path) in problems[0]
+
+
+@pytest.mark.parametrize("edit, named", [
+    (lambda c: c["model_config_list"][0]["config"].update(batch_sz=1), "batch_sz"),
+    (lambda c: c["model_config_list"][0]["config"].pop("base_path"), "'base_path' is a required property"),
+    (lambda c: c["model_config_list"][0]["config"].update(nireq=-1), "model_config_list/0/config/nireq"),
+    (lambda c: c["model_config_list"][0]["config"].update(base_path="../../elsewhere"), "leaves the configuration"),
+    (lambda c: c["model_config_list"][0]["config"].update(base_path="models"), "no numbered version folder"),
+])
+def test_a_broken_ovms_config_is_refused_by_its_schema_or_layout(written, edit, named):
+    folder, model, record = written
+    path = folder / record["ovms_config"]
+    document = json.loads(path.read_text())
+    edit(document)
+    path.write_text(json.dumps(document))
+    problems = check_server_files(folder, model, record)
+    assert problems and named in " ".join(problems)
+
+
+def test_an_openvino_file_is_served_as_its_ir_with_the_onnx_files_tensor_names(tmp_path):
+    import openvino as ov
+
+    model = tiny_onnx(tmp_path / "model.onnx")
+    record = write_server_files(tmp_path / "serving", model, "openvino", SETTINGS, "tiny")
+    folder = tmp_path / "serving"
+    assert record["served_file"] == "models/tiny/1/model.xml" and check_server_files(folder, model, record) == []
+    config = parse_config((folder / record["triton_config"]).read_text(), "config.pbtxt")
+    assert config.backend == "openvino" and config.parameters["INFERENCE_NUM_THREADS"].string_value == "1"
+    ir = ov.Core().read_model(str(folder / record["served_file"]))
+    assert [p.get_any_name() for p in ir.inputs] == ["image"] and [p.get_any_name() for p in ir.outputs] == ["logits"]
+
+
+def test_a_file_with_a_fixed_batch_is_served_unbatched_with_its_full_shape(tmp_path):
+    model = tiny_onnx(tmp_path / "model.onnx", batch=1)
+    record = write_server_files(tmp_path / "serving", model, "onnxruntime", SETTINGS, "tiny")
+    config = parse_config((tmp_path / "serving" / record["triton_config"]).read_text(), "config.pbtxt")
+    assert config.max_batch_size == 0 and list(config.input[0].dims) == [1, 1, 8, 8]
+    assert not config.HasField("dynamic_batching")
+
+
+def test_no_server_files_for_a_runtime_without_a_cpu_server_and_none_for_a_file_that_is_not_onnx(tmp_path):
+    model = tiny_onnx(tmp_path / "model.onnx")
+    with pytest.raises(ServedFileError, match="no CPU model-server configuration for 'tensorrt'"):
+        write_server_files(tmp_path / "serving", model, "tensorrt", SETTINGS, "tiny")
+    (tmp_path / "not.onnx").write_bytes(b"\x00garbage")
+    with pytest.raises(ServedFileError, match="not a readable ONNX file"):
+        onnx_tensors(tmp_path / "not.onnx")
+
+
+def test_the_queue_limit_is_what_the_copies_finish_within_the_budget():
+    assert queue_limit(5.0, 0.5, 1, 1) == 10  # ten 0.5 ms requests fit in 5 ms
+    assert queue_limit(5.0, 0.5, 8, 2) == 160  # each copy clears a batch of 8 per service time
+    assert queue_limit(0.3, 0.5, 1, 1) == 1  # slower than the budget: one may still wait
+    assert queue_limit(None, 0.5, 1, 1) is None and queue_limit(5.0, None, 1, 1) is None
+
+
+def _entry(traffic: dict | None) -> Entry:
+    return Entry.model_validate({"name": "f", "runtime": "onnxruntime", "precision": "int8", "format": "onnx",
+                                 "path": "f.onnx", "size_bytes": 1, "accuracy": {"top1": 90.0, "n": 10},
+                                 "accuracy_drop": 0.0, "latency_ms": {"p50": 0.5, "p99": 0.9, "n": 100}, "runner": {"threads": 2},
+                                 "traffic": traffic})
+
+
+def test_the_settings_are_the_sweeps_best_else_the_at_target_tests_else_one_copy_unbatched():
+    at_target = {"scenario": "server", "serving": {"max_batch": 4, "max_queue_delay_us": 500, "instances": 1,
+                                                   "threads": 1}}
+    best = {"label": "batch≤8", "serving": {"max_batch": 8, "max_queue_delay_us": 2000, "instances": 2,
+                                            "threads": 1}}
+    swept = served_settings(_entry({"scenario": "server", "at_target": at_target, "sweep": {"best": best}}), 5.0)
+    assert (swept.max_batch, swept.instances, swept.max_queue) == (8, 2, 160) and "sweep" in swept.measured
+    plain = served_settings(_entry({"scenario": "server", "at_target": at_target}), 5.0)
+    assert (plain.max_batch, plain.max_queue_delay_us, plain.max_queue) == (4, 500, 40)
+    none = served_settings(_entry(None), None)
+    assert (none.max_batch, none.instances, none.max_queue, none.threads) == (1, 1, None, 2) and "no traffic" in none.measured
