@@ -151,6 +151,10 @@ class Latency(Strict):
     scenario: Literal["single-stream", "server"] = Field(
         "single-stream", description="single-stream: closed loop; server: Poisson arrivals at target_qps")
     target_qps: float | None = Field(None, gt=0, description="server: the arrival rate the service must carry")
+    measured_at: Literal["in_process", "served"] = Field(
+        "in_process", description="server: where the gated p99 is measured. in_process: the file in the bench's "
+                                  "own serving loop; served: through the model server it ships on (Ray Serve, on "
+                                  "loopback), as a client sees it; a file no server here runs then cannot pass")
 
     @model_validator(mode="after")
     def _traffic(self) -> "Latency":
@@ -159,6 +163,9 @@ class Latency(Strict):
                              "e.g. latency: {scenario: server, target_qps: 1000}")
         if self.scenario != "server" and self.target_qps is not None:
             raise ValueError("target_qps applies to the server scenario: add scenario: server, or drop target_qps")
+        if self.measured_at == "served" and self.scenario != "server":
+            raise ValueError("measured_at served measures the p99 at target_qps through the model server: add "
+                             "scenario: server and target_qps, or drop measured_at")
         return self
 
 

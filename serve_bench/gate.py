@@ -138,6 +138,8 @@ def capacity_disagreement(art: Entry, run: ServerRun, budget: float | None, deci
     The at-target run is the one gated; the report says the two disagree instead of leaving the reader to find it."""
     rule = "confident" if decision == "confident" else "point"
     rate = run.offered_qps
+    if art.traffic is not None and art.traffic.measured_at == "served":
+        return None  # the capacity table is of the file in process, the gated run through its server
     for config in _configs(art):
         cap = config.capacity
         same = run.serving is not None and config.serving is not None and all(getattr(config.serving, k) == getattr(run.serving, k)
@@ -161,10 +163,16 @@ def _latency_problems(art: Entry, budget: float | None, decision: str) -> list[s
     run = server_run(art)
     if run is not None:
         problems = _server_problems(run, budget, decision)
+        if art.traffic.measured_at == "served":
+            problems = [f"through its model server, {p}" for p in problems]
         about_p99 = bool(problems) and problems[0].startswith("p99 ")  # not a failed model or an unknown queue
         why = capacity_disagreement(art, run, budget, decision) if about_p99 else None
         return [f"{problems[0]}; {why}", *problems[1:]] if why else problems
     if art.traffic is not None and art.traffic.scenario == "server":
+        if art.traffic.measured_at == "served":
+            served = art.traffic.served
+            why = served.failed if served is not None and served.failed else "not served"
+            return [f"no run through its model server (latency.measured_at served): {why}"]
         return ["no run at the pipeline's traffic (latency.scenario server) in the report: re-run the bench stage"]
     p99 = art.latency_ms.p99
     if budget is None:
@@ -217,6 +225,8 @@ def carried_load(art: Entry, budget_ms: float | None = None, decision: str | Non
     every configuration's capacity is judged again from its curve; LoadGen's validity then counts only where
     it was about this budget (serve_bench.load.capacity.passes)."""
     sweep = art.traffic.sweep if art.traffic is not None else None
+    if art.traffic is not None and art.traffic.measured_at == "served":
+        return None  # the sweep ran in process: what a file carries through its server is not known, so not ranked by
     best = sweep.best if sweep is not None else None
     if decision is None:
         return best.capacity.qps if best is not None else None
@@ -318,7 +328,9 @@ def _capacity_notes(candidates: list[Entry], budget_ms: float | None, decision: 
 def _latency_basis(artifacts: list[Entry], candidates: list[Entry], budget_ms: float | None, decision: str) -> dict:
     """What "p99" meant for this gate and how the release was chosen among the artifacts that pass."""
     server = [server_run(a) for a in artifacts if server_run(a) is not None]
+    served = any(a.traffic is not None and a.traffic.measured_at == "served" for a in artifacts)
     basis = (f"server scenario at {server[0].offered_qps:,.1f} queries/s (Poisson arrivals, MLPerf LoadGen)"
+             + (", through the model server each file ships on (the client's p99)" if served else "")
              if server else "single-stream (closed loop, one request at a time)")
     swept = bool(candidates) and all(carried_load(a, budget_ms, decision) is not None for a in candidates)
     return {"latency_basis": basis,

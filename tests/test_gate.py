@@ -253,3 +253,30 @@ def test_an_unswept_eager_model_does_not_turn_a_swept_release_into_one_ranked_by
     arts = [_eager("train.model", 0.0, 3.0), swept("export.onnx", 1.2, 200.0), swept("other.onnx", 1.6, 400.0)]
     gate = evaluate(as_entries(arts), Limits(max_drop=1.0, p99_budget_ms=5.0))
     assert gate["release"] == "other.onnx" and gate["ranked_by"].startswith("most traffic within the p99 budget")
+
+
+def test_measured_at_served_gates_on_the_run_through_the_server_and_fails_a_file_no_server_ran():
+    """The same two files: in process both pass and the faster ships; gated on the served p99, the one whose server
+    adds past the budget fails, and a file that was never served cannot pass (its reason names why)."""
+    from tests.test_load_scenarios import artifact_with_run, run_at
+
+    def file(name: str, inside: float, served: float | None, failed: str | None = None) -> dict:
+        entry = {**artifact_with_run(name, run_at(50, inside, (inside * 0.9, inside * 1.1))), "accuracy_drop": 0.0}
+        entry["traffic"]["served"] = ({"server": "ray-serve", "failed": failed} if served is None else
+                                      {"server": "ray-serve", "run": run_at(50, served, (served * 0.9, served * 1.1)),
+                                       "in_process": run_at(50, inside, (inside * 0.9, inside * 1.1))})
+        return entry
+
+    files = [file("fast", 0.5, 7.0), file("slow", 1.5, 3.0), file("eager", 1.0, None, "not served: no model server "
+                                                                                  "here runs this file")]
+    limits = Limits(max_drop=0.5, p99_budget_ms=5.0)
+    in_process = evaluate(as_entries(files), limits)
+    assert in_process["release"] == "fast"
+    for entry in files:
+        entry["traffic"]["measured_at"] = "served"
+    served = evaluate(as_entries(files), limits)
+    assert served["release"] == "slow"
+    assert "fast: through its model server, p99 7.000 ms at 50.0 queries/s > budget 5 ms" in served["reasons"]
+    assert any(r.startswith("eager: no run through its model server (latency.measured_at served): not served: no "
+                            "model server here runs this file") for r in served["reasons"])
+    assert "through the model server" in served["latency_basis"]

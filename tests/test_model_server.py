@@ -1,11 +1,9 @@
 """A file served on a real model server (Ray Serve) on loopback: its answers are the file's, a request that
 does not fit is refused naming the input while the server stays up, overload is refused by the queue limit and
-counted, and a server killed mid-test fails its requests at once instead of hanging. Each test starts a real
-server (about 15 s on 2 cores), so they are marked slow."""
+counted. A server killed mid-measurement is tested where the bench meets it (tests/test_served_scenario.py). A
+server takes about 15 s to start on 2 cores, so these are marked slow."""
 from __future__ import annotations
 
-import os
-import signal
 import threading
 
 import numpy as np
@@ -90,20 +88,3 @@ def test_overload_is_refused_by_the_queue_limit_and_counted_while_the_rest_are_a
         assert refused + answered == 48 * 25 and refused >= 50 and answered >= 50
         assert server.statistics().success == answered  # the server's count of what it served is the client's
         assert server.client().infer(np.ones((1, 8, 8), np.float32)).shape == (10,)  # and it still answers
-
-
-def test_a_server_killed_mid_test_fails_its_requests_at_once_and_is_seen_dead(tmp_path):
-    model = tiny_onnx(tmp_path / "model.onnx")
-    server = make_server(model, "onnxruntime", SETTINGS, model="tiny").start().ready()
-    try:
-        client = HttpClient(server.host, server.http_port, "tiny", timeout_s=10)
-        x = np.ones((1, 8, 8), np.float32)
-        client.infer(x)
-        os.killpg(server._process.pid, signal.SIGKILL)  # the whole server, Ray's processes too
-        server._process.wait(timeout=30)
-        with pytest.raises(ServerError, match="tiny|closed the connection|Connection refused"):
-            for _ in range(100):  # the first request after the kill, or one of the next, fails
-                client.infer(x)
-        assert not server.alive()
-    finally:
-        server.stop()

@@ -68,7 +68,9 @@ def test_every_problem_is_reported_at_once(tmp_path):
      r"data\.name: Input should be 'digits', 'mnist5k', 'imagefolder', 'cifar10', 'synthetic', 'coco' or 'shapes', got 'mnist'"),
     ("name: t\ndata: {name: digits}\nmodel: {name: resnet20}\nstages: []\n", r"stages: List should have at least 1 item"),
     ("name: t\ndata: {name: digits, colour: red}\nmodel: {name: resnet20}\nstages: [{name: a, kind: train}]\n",
-     r"data\.colour: unknown field; known fields: name, path, image_size"),
+     r"data\.colour: unknown field; known fields: name, path, image_size"),    ("name: t\ndata: {name: digits}\nmodel: {name: resnet20}\nlatency: {measured_at: served}\n"
+     "stages: [{name: a, kind: train}]\n", r"latency: .*measured_at served measures the p99 at target_qps through "
+                                           r"the model server: add scenario: server and target_qps"),
 ])
 def test_bad_files(tmp_path, text, expected):
     with pytest.raises(ConfigError, match=expected):

@@ -146,3 +146,37 @@ def test_the_settings_are_the_sweeps_best_else_the_at_target_tests_else_one_copy
     assert (plain.max_batch, plain.max_queue_delay_us, plain.max_queue) == (4, 500, 40)
     none = served_settings(_entry(None), None)
     assert (none.max_batch, none.instances, none.max_queue, none.threads) == (1, 1, None, 2) and "no traffic" in none.measured
+
+
+def test_the_card_and_the_report_state_the_served_and_in_process_p99_their_ratio_and_where_the_time_went():
+    from compress.release.model_card import _serving_lines, serving_of
+    from tests.report_entries import as_entry
+    from tests.test_load_scenarios import run_at
+
+    served = {**run_at(50, 21.0, (19.0, 24.0)),
+              "paired": {"in_process": {"reference": "export.onnx", "ratio": 30.0, "ci": [25.0, 36.0], "rounds": 6,
+                                        "verdict": "slower", "level": 0.99}}}
+    entry = as_entry({"name": "export.onnx", "accuracy_drop": 0.0, "latency_ms": {"p99": 0.6},
+                      "traffic": {"scenario": "server", "target_qps": 50, "at_target": run_at(50, 0.7, (0.6, 0.8)),
+                                  "measured_at": "served",
+                                  "served": {"server": "ray-serve", "run": served,
+                                             "in_process": run_at(50, 0.7, (0.6, 0.8)),
+                                             "split": {"queue_mean_ms": 9.5, "compute_mean_ms": 0.4,
+                                                       "rest_mean_ms": 5.1, "refused": 0}}}})
+    card = serving_of(entry)
+    assert card["measured_at"] == "served" and card["served"]["p99_ratio"] == {"ratio": 30.0, "ci": [25.0, 36.0]}
+    assert card["served"]["served"]["p99_ms"] == 21.0 and card["served"]["in_process"]["p99_ms"] == 0.7
+    line = next(x for x in _serving_lines(card) if "through its model server" in x)
+    assert "p99 21.0 ms" in line and "against p99 0.7 ms in process: ×30.00" in line
+    assert "9.5 ms in the server's queue, 0.4 ms in the model, 5.1 ms in HTTP" in line and "gate read the served" in line
+    from types import SimpleNamespace
+
+    from serve_bench.report.traffic import served_table
+    head, rows = served_table(SimpleNamespace(artifacts=[entry]))
+    row = dict(zip(head, rows[0]))
+    assert row["served / in process, paired [CI]"] == "×30.00 [25.00, 36.00] 99% (6 rounds)"
+    assert row["served p99 ms [CI]"] == "21.000 [19.000, 24.000]" and row["HTTP and hops mean ms"] == "5.100"
+    failed = as_entry({"name": "train.model", "accuracy_drop": 0.0, "latency_ms": {"p99": 9.0},
+                       "traffic": {"scenario": "server", "served": {"failed": "not served: no model server here "
+                                                                              "runs this file"}}})
+    assert any("not measured: not served: no model server" in x for x in _serving_lines(serving_of(failed)))

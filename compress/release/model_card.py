@@ -91,7 +91,9 @@ def serving_of(entry: Entry) -> dict | None:
         return None
     run, best = traffic.at_target, traffic.sweep.best if traffic.sweep is not None else None
     return {"scenario": traffic.scenario, "target_qps": traffic.target_qps,
+            "measured_at": traffic.measured_at or "in_process",
             "at_target": None if run is None else _at_target(run),
+            "served": _served(traffic.served),
             "best_configuration": None if best is None else {
                 "serving": best.serving.written(), "label": best.label, "capacity_qps": best.capacity.qps,
                 "capacity_ci": _listed(best.capacity.ci)}}
@@ -102,6 +104,26 @@ def _at_target(run: ServerRun) -> dict:
     return {"serving": run.serving.written() if run.serving else None, "p50_ms": run.latency("p50"),
             "p99_ms": run.latency("p99"), "p99_ci": _listed(run.p99_ci),
             "loadgen_valid": run.loadgen.valid if run.loadgen is not None else None, "queue_mean_ms": (run.queue_ms or {}).get("mean"), "model_mean_ms": (run.compute_ms or {}).get("mean")}
+
+
+def _served(served) -> dict | None:
+    """The file measured through its model server, beside itself in process in the same rounds: both p99s, their
+    paired ratio (what the server multiplies the p99 by) and where a served query's time went."""
+    if served is None:
+        return None
+    if served.run is None:
+        return {"server": served.server, "failed": served.failed}
+    ratio = (served.run.paired or {}).get("in_process")
+    split = served.split
+    return {"server": served.server, "settings": served.settings,
+            "served": {"p50_ms": served.run.latency("p50"), "p99_ms": served.run.latency("p99"),
+                       "p99_ci": _listed(served.run.p99_ci), "sustainable": served.run.sustainable},
+            "in_process": {"p50_ms": served.in_process.latency("p50"), "p99_ms": served.in_process.latency("p99"),
+                           "p99_ci": _listed(served.in_process.p99_ci)} if served.in_process is not None else None,
+            "p99_ratio": None if ratio is None else {"ratio": ratio.ratio, "ci": _listed(ratio.ci)},
+            "split_mean_ms": None if split is None else {"server_queue": split.queue_mean_ms,
+                                                         "model": split.compute_mean_ms, "rest": split.rest_mean_ms,
+                                                         "refused": split.refused}}
 
 
 def _listed(interval: Interval | tuple | None) -> list | None:
@@ -119,6 +141,19 @@ def _serving_lines(serving: dict | None) -> list[str]:
                      f"serving {json.dumps(run['serving'])}: p50 {run['p50_ms']} ms, p99 {run['p99_ms']} ms"
                      f"{_interval(run.get('p99_ci'))}; LoadGen {'VALID' if run['loadgen_valid'] else 'INVALID'}; "
                      f"mean {run['queue_mean_ms']} ms queued, {run['model_mean_ms']} ms in the model")
+    served = serving.get("served")
+    if served and served.get("failed"):
+        lines.append(f"- through its model server ({served['server']}): not measured: {served['failed']}")
+    elif served:
+        out, inside, ratio = served["served"], served["in_process"] or {}, served["p99_ratio"]
+        split = served["split_mean_ms"] or {}
+        lines.append(f"- through its model server ({served['server']}, the same rounds): p50 {out['p50_ms']} ms, "
+                     f"p99 {out['p99_ms']} ms{_interval(out.get('p99_ci'))} against p99 {inside.get('p99_ms')} ms in "
+                     f"process"
+                     + (f": ×{ratio['ratio']:.2f}{_interval(ratio.get('ci'))}" if ratio else "")
+                     + f"; mean {split.get('server_queue')} ms in the server's queue, {split.get('model')} ms in the "
+                       f"model, {split.get('rest')} ms in HTTP and the server's hops"
+                     + ("" if serving.get("measured_at") != "served" else "; the gate read the served p99"))
     if best:
         lines.append(f"- serve it as: {best['label']} ({json.dumps(best['serving'])}): the most traffic within the "
                      f"p99 budget, {best['capacity_qps']:,.1f} queries/s{_interval(best.get('capacity_ci'))}")

@@ -58,7 +58,8 @@ def bench_settings(cfg, pipeline: PipelineConfig, batch: int | None = None, repe
                          threads=cfg.threads, device=cfg.device, device_only=cfg.device_only,
                          min_samples=cfg.min_samples, per_class=cfg.per_class,
                          repeats=cfg.repeats if repeats is None else repeats, traffic=cfg.traffic,
-                         scenario=latency.scenario, target_qps=latency.target_qps, limits=limits_of(pipeline),
+                         scenario=latency.scenario, target_qps=latency.target_qps, measured_at=latency.measured_at,
+                         limits=limits_of(pipeline),
                          profile_iters=cfg.profile_iters,
                          nms=pipeline.nms.model_dump() if pipeline.task == "detection" else None)
 

@@ -102,11 +102,15 @@ def _answers(specs: list[ArtifactSpec], tests: dict[str, TestSet], test: TestSet
         if wanted(settings.traffic, settings.scenario):
             expected = {name: float(np.percentile(b.flat, 50)) for name, b in measured["blocked"].items()}
             swept = settings.traffic  # every candidate, the baseline's own files too: each may be released
+            if settings.measured_at == "served":  # the gate reads the served p99: every servable file is served
+                swept = swept.model_copy(update={"served": True})
             traffic, traffic_facts = measure_traffic(
                 workers, scenario=settings.scenario, target_qps=settings.target_qps,
                 budget_ms=limits.p99_budget_ms if limits else None, decision=limits.decision if limits else "point",
                 settings=swept, settle_s=settings.harness.settle_s,
-                expected_ms=expected, null_pool=pool_of(test, 1)[:16], progress=say, pairs=traffic_pairs(specs))
+                expected_ms=expected, null_pool=pool_of(test, 1)[:16], progress=say, pairs=traffic_pairs(specs),
+                servable=servable_files(specs, settings), served_pool=pool_of(test, 1),
+                measured_at=settings.measured_at)
         profiles = {name: operator_profile(worker, settings) for name, worker in workers.items()}
         served = {spec.name: batch for spec in specs
                   if (batch := served_batch(spec, traffic.get(spec.name), eval_batches[spec.name]))}
@@ -114,6 +118,16 @@ def _answers(specs: list[ArtifactSpec], tests: dict[str, TestSet], test: TestSet
                          for name, batch in served.items() if tests[name].targets is None}
     return _Answers(measured, per_repeat, logits, eval_batches, infos, traffic, traffic_facts, profiles, served,
                     served_logits)
+
+
+def servable_files(specs: list[ArtifactSpec], settings: BenchSettings) -> dict[str, dict]:
+    """The files a model server here can run (an ONNX file on a CPU runtime), with the options the bench ran them
+    with: the served scenario's candidates."""
+    from serve_bench.servers.deployment import CPU_SERVED
+
+    return {spec.name: {"runtime": spec.runtime, "path": spec.path,
+                        "options": dict(spec.options)}
+            for spec in specs if spec.format == "onnx" and spec.runtime in CPU_SERVED}
 
 
 def _accuracies(specs: list[ArtifactSpec], tests: dict[str, TestSet], baseline: str, logits: dict[str, np.ndarray],

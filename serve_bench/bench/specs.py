@@ -93,6 +93,7 @@ class BenchSettings:
     traffic: TrafficSettings | None = None  # latency under traffic (LoadGen); None: closed loop only
     scenario: str = "single-stream"  # the pipeline's latency scenario and the rate it must carry
     target_qps: float | None = None
+    measured_at: str = "in_process"  # where the gated server p99 is measured: in_process, or served (its server)
     limits: Limits | None = None  # what the gate judges by: the capacity search reads its budget and rule
     profile_iters: int = 0  # per-operator profile of each artifact over this many runs (0: none)
     nms: dict | None = None  # a detector's NmsSettings: every timed request ends after NMS

@@ -89,6 +89,13 @@ class TrafficSettings(BaseModel):
     confirm: bool = Field(True, description="after the sweep, measure each configuration at its capacity with the "
                                             "at-target test's length: the capacity's p99 and interval are that run's")
     seed: int = Field(0, ge=0, description="LoadGen's schedule seed")
+    served: bool = Field(False, description="also measure each ONNX file through the model server it ships on "
+                                            "(Ray Serve, on loopback), at the pipeline's rate in rounds alternating "
+                                            "with the same file in process: what the server adds to the p99, with "
+                                            "its interval, and where the time goes (the served scenario)")
+    served_artifacts: list[str] | None = Field(None, description="the files the served scenario measures; default: "
+                                                                 "every ONNX file a server here runs (each starts "
+                                                                 "its own server, about 15 s)")
 
 
 Progress = Callable[[str], None]
@@ -228,16 +235,29 @@ def measure_traffic(workers: dict[str, BenchWorker], *, scenario: Scenario, targ
                     budget_ms: float | None, decision: str, settings: TrafficSettings, settle_s: float,
                     expected_ms: dict[str, float], null_pool: np.ndarray | None = None,
                     progress: Progress | None = None,
-                    pairs: dict[str, dict[str, str]] | None = None) -> tuple[dict[str, dict], dict]:
+                    pairs: dict[str, dict[str, str]] | None = None,
+                    servable: dict[str, dict] | None = None,
+                    served_pool: np.ndarray | None = None,
+                    measured_at: str = "in_process") -> tuple[dict[str, dict], dict]:
     """Per artifact its ``traffic`` report entry, and the report-level ``traffic`` facts (the harness overhead).
-    ``pairs[file]`` names the files its server runs are paired with, by role ("fp32": an INT8 file's float file)."""
+    ``pairs[file]`` names the files its server runs are paired with, by role ("fp32": an INT8 file's float file).
+    ``servable[file]`` (runtime, path, runner options) names the files a model server here can run: the served
+    scenario measures them (``settings.served``), each through its server, one at a time, with requests drawn from
+    ``served_pool`` (one image each). ``measured_at`` "served" marks every entry so its gated run is the served
+    one."""
     say = progress or log.info
     names = list(workers)
     with LiveBar("traffic tests", planned_tests(names, scenario, settings)) as bar:
         entries = _measure_traffic(_Turns(workers, settle_s, bar), names, scenario=scenario, target_qps=target_qps,
                                    budget_ms=budget_ms, decision=decision, settings=settings,
                                    expected_ms=expected_ms, say=say, pairs=pairs or {})
-    facts = {"scenario": scenario, "target_qps": target_qps, "p99_budget_ms": budget_ms,
+    if settings.served and scenario == "server" and target_qps and served_pool is not None:
+        _measure_served(entries, workers, servable or {}, target_qps=target_qps, budget_ms=budget_ms,
+                        settings=settings, settle_s=settle_s, expected_ms=expected_ms, pool=served_pool, say=say)
+    if measured_at == "served":
+        for entry in entries.values():
+            entry["measured_at"] = "served"
+    facts = {"scenario": scenario, "target_qps": target_qps, "p99_budget_ms": budget_ms, "measured_at": measured_at,
              "settings": settings.model_dump(mode="json"), "sut_overhead": None}
     if settings.overhead and null_pool is not None:
         facts["sut_overhead"] = harness_overhead(null_pool, scenario, target_qps, settings, settle_s)
@@ -286,6 +306,33 @@ def _measure_traffic(turns: _Turns, names: list[str], *, scenario: Scenario, tar
     for name in names:
         entries[name]["machine_load"] = load_summary(turns.loads[name])
     return entries
+
+
+def _measure_served(entries: dict[str, dict], workers: dict[str, BenchWorker], servable: dict[str, dict], *,
+                    target_qps: float, budget_ms: float | None, settings: TrafficSettings, settle_s: float,
+                    expected_ms: dict[str, float], pool: np.ndarray, say: Progress) -> None:
+    """Each servable file's ``served`` record (serve_bench.latency.served), after every in-process figure."""
+    from serve_bench.latency.served import measure_served
+
+    wanted_files = [n for n in workers if n in servable and entries[n]["at_target"] is not None
+                    and (settings.served_artifacts is None or n in settings.served_artifacts)]
+    for name in workers:
+        if name not in wanted_files and (settings.served_artifacts is None or name in settings.served_artifacts):
+            entries[name]["served"] = {"failed": "not served: " + (
+                "no model server here runs this file (an ONNX file on a CPU runtime is served)"
+                if name not in servable else "no at-target test to take the serving settings from")}
+    if not wanted_files:
+        return
+    rule = RoundsRule(min_rounds=settings.rounds, max_queries=settings.max_queries, budget_ms=budget_ms,
+                      min_tail_cycles=settings.min_tail_cycles, precision=settings.precision)
+    served = measure_served(workers, {n: servable[n] for n in wanted_files},
+                            scenario=_scenario("server", settings, budget_ms, target_qps), rule=rule,
+                            budget_ms=budget_ms, serving={n: entries[n]["at_target"]["serving"] for n in wanted_files},
+                            service_ms=expected_ms, pool=pool, round_s=settings.round_s, settle_s=settle_s, say=say)
+    for name, record in served.items():
+        entries[name]["served"] = record
+        if "run" in record:
+            say(_words(f"{name} served", record["run"]))
 
 
 def harness_overhead(pool: np.ndarray, scenario: Scenario, target_qps: float | None, settings: TrafficSettings,

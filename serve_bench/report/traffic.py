@@ -19,6 +19,7 @@ Table = tuple[list[str], list[list[str]]]
 
 TRAFFIC_TITLE = "Latency under traffic (LoadGen, latency from the scheduled send time)"
 CAPACITY_TITLE = "Serving capacity: highest load within the p99 budget"
+SERVED_TITLE = "Through the model server: served against in process, the same rounds"
 BEST_MARK = "★"
 
 
@@ -243,6 +244,34 @@ def capacity_table(report: Report) -> Table | None:
     return (head, rows) if rows else None
 
 
+def served_table(report: Report) -> Table | None:
+    """One row per file the served scenario measured (or could not): its p99 through the server and in process in
+    the same rounds, their paired ratio (what the server multiplies the p99 by), and where a served query's time
+    went by the server's own count; None when no file was served."""
+    head = ["artifact", "server", "served p50 ms", "served p99 ms [CI]", "in process p99 ms [CI]",
+            "served / in process, paired [CI]", "server queue mean ms", "server model mean ms",
+            "HTTP and hops mean ms", "refused", "sustainable"]
+    rows = []
+    for art in report.artifacts:
+        served = art.traffic.served if art.traffic is not None else None
+        if served is None:
+            continue
+        if served.run is None:
+            rows.append([art.name, served.server or "—", "—", "—", "—", served.failed or "—", "—", "—", "—", "—",
+                         "—"])
+            continue
+        run, inside, split = served.run, served.in_process, served.split
+        lat, inside_lat = run.latency_ms or {}, (inside.latency_ms if inside is not None else None) or {}
+        ratio = (run.paired or {}).get("in_process")
+        rows.append([art.name, served.server or "—", _num(lat.get("p50")), _num(lat.get("p99")) + _bounds(run.p99_ci),
+                     _num(inside_lat.get("p99")) + (_bounds(inside.p99_ci) if inside is not None else ""),
+                     "—" if ratio is None else f"×{ratio.ratio:.2f} [{ratio.ci[0]:.2f}, {ratio.ci[1]:.2f}]"
+                                               f"{_level(ratio.level)} ({ratio.rounds} rounds)",
+                     _num(given(split, "queue_mean_ms")), _num(given(split, "compute_mean_ms")),
+                     _num(given(split, "rest_mean_ms")), _num(given(split, "refused"), 0), _sustainable(run)])
+    return (head, rows) if rows else None
+
+
 def _run_words(run: ServerRun | None) -> str | None:
     lat = (run.latency_ms if run is not None else None) or {}
     if lat.get("p50") is None and lat.get("p99") is None:
@@ -270,7 +299,8 @@ def overhead_line(report: Report) -> str | None:
 
 def traffic_sections(report: Report) -> list[tuple[str, Table]]:
     """The traffic tables with their headings, for ``report_tables.sections``; empty when there is no traffic."""
-    out = [(TRAFFIC_TITLE, traffic_table(report)), (CAPACITY_TITLE, capacity_table(report))]
+    out = [(TRAFFIC_TITLE, traffic_table(report)), (CAPACITY_TITLE, capacity_table(report)),
+           (SERVED_TITLE, served_table(report))]
     return [(title, table) for title, table in out if table]
 
 

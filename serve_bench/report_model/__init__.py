@@ -138,9 +138,15 @@ class Entry(_Open):
                                                                     "beside the unpruned file's (file, unpruned)")
 
     def server_run(self) -> ServerRun | None:
-        """The run at the pipeline's traffic when the pipeline gates on the server scenario."""
+        """The run at the pipeline's traffic when the pipeline gates on the server scenario: the served run where
+        the pipeline measures it through the model server (``latency.measured_at: served``), else the at-target run
+        in process. None where there is none (a file no server here ran, under served)."""
         traffic = self.traffic
-        return traffic.at_target if traffic is not None and traffic.scenario == "server" else None
+        if traffic is None or traffic.scenario != "server":
+            return None
+        if traffic.measured_at == "served":
+            return traffic.served.run if traffic.served is not None else None
+        return traffic.at_target
 
 
 class Gate(_Open):
@@ -200,6 +206,8 @@ class Traffic(_Open):
     scenario: str | None = None
     target_qps: float | None = None
     p99_budget_ms: float | None = None
+    measured_at: str | None = Field(None, description="where the gated p99 was measured: in_process, or served "
+                                                      "(through the model server)")
     settings: dict[str, Any] | None = None
     sut_overhead: dict[str, ServerRun | None] | None = None
 

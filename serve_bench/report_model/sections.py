@@ -250,6 +250,38 @@ class Sweep(_Open):
                                                                    "over batch 1's: ratio, ci, over, config")
 
 
+class ServedSplit(_Open):
+    """Where a served query's time went, per request (ms): the server's own statistics against the client's view."""
+
+    success: int | None = Field(None, description="requests the server answered (its own count)")
+    failed: int | None = None
+    refused: int | None = Field(None, description="queries the server refused past its queue limit (HTTP 503)")
+    refused_share: float | None = None
+    batches: int | None = None
+    mean_batch: float | None = Field(None, description="the server's batcher: requests over batches")
+    queue_mean_ms: float | None = Field(None, description="the server's queue (its batcher), mean per request")
+    compute_mean_ms: float | None = Field(None, description="the model in the server, mean per request")
+    client_mean_ms: float | None = Field(None, description="what the client saw, mean per query (LoadGen's)")
+    rest_mean_ms: float | None = Field(None, description="the client's mean less the server's queue and model: HTTP, "
+                                                         "the server's proxy, the hops between processes")
+    client_wait_ms: dict[str, float | None] | None = Field(None, description="a query's wait for a free client "
+                                                                             "thread (near 0 unless the client lags)")
+    round_trip_ms: dict[str, float | None] | None = Field(None, description="a request's HTTP round trip")
+
+
+class Served(_Open):
+    """The file measured through the model server it ships on, at the pipeline's rate, in rounds alternating with
+    itself in process at the same arrivals; ``run.paired.in_process`` is what the server multiplies the p99 by."""
+
+    server: str | None = None
+    settings: dict[str, Any] | None = Field(None, description="the server's settings: batcher, copies, threads, "
+                                                              "queue limit")
+    run: ServerRun | None = Field(None, description="the served run, as the client saw it")
+    in_process: ServerRun | None = Field(None, description="the same file in process in the same rounds")
+    split: ServedSplit | None = None
+    failed: str | None = Field(None, description="why it was not served, or why its served measurement stopped")
+
+
 class EntryTraffic(_Open):
     """A candidate under traffic: the run at the pipeline's rate, the load curve and the serving sweep."""
 
@@ -258,5 +290,8 @@ class EntryTraffic(_Open):
     at_target: ServerRun | None = None
     loads: list[ServerRun] | None = None
     sweep: Sweep | None = None
+    served: Served | None = None
+    measured_at: str | None = Field(None, description="served: the gate reads the served run (latency.measured_at), "
+                                                      "not the at-target run in process")
     machine_load: dict[str, Any] | None = Field(None, description="other processes' share of the CPU during these "
                                                                   "tests")

@@ -1,0 +1,208 @@
+"""The served scenario: a file measured through the model server it ships on, beside itself in process.
+
+Per file, one at a time: its server is started with the serving settings the bench measured (the at-target
+configuration, a queue limit from the budget), then LoadGen's server scenario drives a client process that sends
+each query over HTTP at its scheduled time, in rounds alternating with the same file's in-process worker at the
+same rate and arrivals (serve_bench.latency.traffic_rounds). Both take the same rounds, steady-state p99, interval
+and drift test; their ratio is paired round by round, so what the server adds comes with its own interval. The
+server's own statistics (its queue and model time) are read around every served test, so the report splits the
+client's latency into the server's queue, its model and the rest (HTTP, the proxy, the hop between processes).
+
+Only one server runs at a time: a Ray Serve instance holds about 1.4 GB and a dozen processes, and the other
+files' closed-loop and traffic figures are measured before any server starts. A server that dies or stops
+answering ends that file's served measurement with the reason, within the client's timeout; what was measured
+before stays.
+"""
+from __future__ import annotations
+
+import logging
+import multiprocessing as mp
+import threading
+import time
+import traceback
+from typing import Callable
+
+import numpy as np
+
+from serve_bench.latency.traffic_rounds import measure_in_rounds, pair_runs
+from serve_bench.latency.worker import BenchWorker, WorkerError
+from serve_bench.load.capacity import within_budget
+from serve_bench.load.rounds import RoundsRule
+from serve_bench.servers.base import ServerError, ServerStatistics
+from serve_bench.servers.deployment import ServedSettings, model_name, queue_limit
+from serve_bench.servers.http_client import HttpClient, Refused
+from serve_bench.servers.registry import DEFAULT_SERVER, make_server
+
+log = logging.getLogger(__name__)
+
+SERVED = "@served"  # a served file's name in the rounds: the file's own name and this
+CLIENTS = 16  # client threads, each one request in flight: more than the server's batcher and copies take at once
+CLIENT_TIMEOUT_S = 10.0  # a request the server has not answered by then fails the test: a hung server, not a slow one
+MOST_REFUSED = 0.01  # past this share of queries refused (the queue limit), no p99 of the answered ones holds
+
+
+def served_worker_main(conn, host: str, port: int, model: str, pool: np.ndarray, clients: int,
+                       timeout_s: float) -> None:
+    """The client side of the served scenario, in its own process as a file's worker is: LoadGen's server scenario
+    hands each query to one of ``clients`` threads, which sends it over HTTP (raw bytes, one keep-alive connection
+    per thread) and completes it when the answer is back. The first failure other than a refusal marks the server
+    gone, and every query after it fails at once instead of waiting out its timeout."""
+    from serve_bench.load.loadgen_scenarios import ScenarioSettings, one_turn, warm_up
+    from serve_bench.load.serving_loop import ServingLoop, ServingSettings
+
+    client = HttpClient(host, port, model, timeout_s=timeout_s)
+    gone: list[str] = []
+    refused = [0]
+    lock = threading.Lock()
+
+    def forward(batch: np.ndarray) -> None:
+        if gone:
+            raise ServerError(f"the server is gone: {gone[0]}")
+        try:
+            client.infer(batch[0])
+        except Refused:
+            with lock:
+                refused[0] += 1
+        except ServerError as exc:
+            gone.append(str(exc))
+            raise
+
+    def statistics() -> ServerStatistics:
+        from serve_bench.servers.http_client import get_json
+
+        totals = get_json(f"http://{host}:{port}/{model}/stats", timeout_s)
+        return ServerStatistics(**{k: int(totals[k]) for k in ("success", "failed", "queue_ns", "compute_ns",
+                                                                "batches")})
+
+    try:
+        client.metadata()
+        conn.send(("ready", {"served_at": f"http://{host}:{port}/{model}", "clients": clients}))
+    except Exception as exc:
+        conn.send(("error", f"{type(exc).__name__}: {exc}"))
+        return
+    while True:
+        command, *args = conn.recv()
+        try:
+            if command == "turn":
+                _, scenarios = args  # the server's own settings serve: the in-process ones do not apply
+                loop = ServingLoop([forward] * clients, pool, ServingSettings(max_batch=1, instances=clients),
+                                   done=lambda tags: None)
+                tests = [ScenarioSettings(**s) for s in scenarios]
+                if tests and tests[0].warmup_s > 0:  # warmed apart, so the server's count is the tests' alone
+                    warm_up(loop, len(pool), tests[0])
+                before, refused[0] = statistics(), 0
+                answer = one_turn(loop, len(pool), [t.model_copy(update={"warmup_s": 0.0}) for t in tests])
+                if gone:
+                    raise ServerError(f"the server stopped answering mid-test: {gone[0]}")
+                answer["server"] = {**statistics().since(before).__dict__, "refused": refused[0]}
+                conn.send(("ok", answer))
+            elif command == "close":
+                client.close()
+                conn.send(("ok", None))
+                return
+            else:
+                conn.send(("error", f"unknown command {command!r}"))
+        except Exception as exc:
+            conn.send(("error", f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=2)}"))
+
+
+class ServedWorker(BenchWorker):
+    """Parent-side handle of the served scenario's client process: the same calls as a file's worker."""
+
+    def __init__(self, name: str, host: str, port: int, model: str, pool: np.ndarray, clients: int = CLIENTS,
+                 timeout_s: float = CLIENT_TIMEOUT_S, answer_timeout_s: float = 600.0) -> None:
+        ctx = mp.get_context("spawn")
+        self.name, self.timeout_s = name, answer_timeout_s
+        self._conn, child = ctx.Pipe()
+        self.process = ctx.Process(target=served_worker_main, daemon=True,
+                                   args=(child, host, port, model, pool, clients, timeout_s))
+        self.process.start()
+        self.info = None
+        self.ready()
+
+
+def served_name(name: str) -> str:
+    return name + SERVED
+
+
+def served_server_settings(serving: dict, budget_ms: float | None, service_ms: float | None) -> ServedSettings:
+    """The settings a file is served with in the bench: the at-target test's configuration (its threads as the
+    worker resolved them) and the queue limit a release would ship with."""
+    values = {k: serving[k] for k in ("max_batch", "max_queue_delay_us", "instances", "threads") if k in serving}
+    settings = ServedSettings(**values, measured="the configuration of the test at the pipeline's traffic")
+    return settings.model_copy(update={"max_queue": queue_limit(budget_ms, service_ms, settings.max_batch,
+                                                                settings.instances)})
+
+
+def server_split(tests_stats: list[dict], run: dict) -> dict:
+    """Where a served query's time went: the server's queue and model (its own statistics, summed over the tests
+    pooled), the client's mean, and the rest (HTTP, the proxy, the hop between processes), per request in ms; and
+    how many queries the server refused past its queue limit."""
+    totals = {k: sum(s[k] for s in tests_stats) for k in ("success", "failed", "queue_ns", "compute_ns", "batches",
+                                                          "refused")}
+    stats = ServerStatistics(*(totals[k] for k in ("success", "failed", "queue_ns", "compute_ns", "batches")))
+    split = stats.per_request_ms()
+    client_mean = (run.get("latency_ms") or {}).get("mean")
+    known = [split["queue_mean_ms"], split["compute_mean_ms"], client_mean]
+    rest = None if None in known else round(client_mean - split["queue_mean_ms"] - split["compute_mean_ms"], 6)
+    return {**totals, **split, "client_mean_ms": client_mean, "rest_mean_ms": rest,
+            "mean_batch": round(totals["success"] / totals["batches"], 4) if totals["batches"] else None,
+            "refused_share": round(totals["refused"] / max(1, run.get("queries") or 0), 6)}
+
+
+def measure_served(workers: dict[str, BenchWorker], files: dict[str, dict], *, scenario: dict, rule: RoundsRule,
+                   budget_ms: float | None, serving: dict[str, dict], service_ms: dict[str, float],
+                   pool: np.ndarray, round_s: float, settle_s: float, say: Callable[[str], None],
+                   server: str = DEFAULT_SERVER) -> dict[str, dict]:
+    """Per file in ``files`` (name → runtime, path, runner options) its ``served`` record: the served run and the
+    in-process run of the same rounds at ``scenario``'s rate (a server test as ``ScenarioSettings`` fields), their
+    paired p99 ratio, and the server's split; or ``failed`` with the reason where its server could not start or
+    stopped answering. ``serving[name]`` is the at-target configuration the file's worker resolved: the server is
+    started with it, and the in-process turns use it too."""
+    out: dict[str, dict] = {}
+    for name, file in files.items():
+        settings = served_server_settings(serving[name], budget_ms, service_ms.get(name))
+        record: dict = {"server": server, "settings": settings.model_dump(mode="json")}
+        out[name] = record
+        say(f"{name}: served on {server} [{settings.label()}, queue limit {settings.max_queue or 'none'}]")
+        try:
+            with make_server(file["path"], file["runtime"], settings, server=server, model=model_name(name),
+                             runner_options=file.get("options") or {}) as started:
+                with ServedWorker(served_name(name), started.host, started.http_port, started.model, pool) as client:
+                    record.update(_served_rounds(workers[name], client, serving[name], scenario, rule, round_s,
+                                                 budget_ms, settle_s, say))
+        except (ServerError, WorkerError, OSError) as exc:
+            record["failed"] = str(exc).splitlines()[0]
+            say(f"{name}: served measurement stopped: {record['failed']}")
+    return out
+
+
+def _served_rounds(worker: BenchWorker, client: ServedWorker, serving: dict, scenario: dict, rule: RoundsRule,
+                   round_s: float, budget_ms: float | None, settle_s: float, say: Callable[[str], None]) -> dict:
+    name, served = worker.name, client.name
+    stats: list[dict] = []
+
+    def turn(who: str, asked: list[dict]) -> list:
+        time.sleep(settle_s)  # the other process's threads go quiet first, as between any two files' turns
+        answer = (client if who == served else worker).call("turn", serving, asked)
+        if who == served:
+            stats.append(answer["server"])
+        return answer["tests"]
+
+    measured = measure_in_rounds(turn, [name, served], [scenario], rule, together={name: name, served: name},
+                                 say=say, round_s=round_s)
+    pair_runs(measured, {served: {"in_process": name}})
+    run, _ = measured[(served, 0)]
+    in_process, _ = measured[(name, 0)]
+    split = server_split(stats, run)
+    # the client's own loop: its wait for a free client thread and each request's round trip, not a server's queue
+    split["client_wait_ms"], split["round_trip_ms"] = run.pop("queue_ms", None), run.pop("compute_ms", None)
+    run.pop("service_ms", None)
+    run["mean_batch"], run["serving"], in_process["serving"] = split["mean_batch"], serving, serving
+    if split["refused_share"] > MOST_REFUSED:
+        run["sustainable"] = False
+        run["sustainable_reason"] = (f"the server refused {split['refused']} of {run['queries']} queries past its "
+                                     f"queue limit ({split['refused_share']:.1%}): no p99 of the answered ones holds")
+    for r in (run, in_process):
+        r["within_budget"] = within_budget(r, budget_ms)
+    return {"run": run, "in_process": in_process, "split": split}
