@@ -111,7 +111,11 @@ def unpaired_int8(candidates: list[Entry]) -> list[str]:
             continue
         if art.precision != "int8" or run is None or pair is None or pair.reference not in names:
             continue
-        if (run.paired or {}).get("fp32") is None:
+        if (run.paired or {}).get("fp32") is None and art.traffic.measured_at == "served":
+            out.append(f"{art.name} (int8) is not paired with {pair.reference} (fp32) through their servers: each "
+                       "file is served in rounds of its own (latency.measured_at served), so it is ranked by its "
+                       "served p99 alone, without asking whether quantization bought latency")
+        elif (run.paired or {}).get("fp32") is None:
             out.append(f"{art.name} (int8) is not paired with {pair.reference} (fp32) at {run.offered_qps:g} "
                        "queries/s (too few rounds with 100 queries in complete busy periods in both): ranked by "
                        "its p99 alone, without asking whether quantization bought latency")

@@ -13,7 +13,7 @@ import math
 import numpy as np
 import pytest
 
-from serve_bench.load.steady_state import bounded
+from serve_bench.load.queue_growth import bounded
 from serve_bench.load.queue_simulation import (closed_loop, exponential_service, fixed_service, poisson_arrivals,
                                                runner_service, simulate)
 from serve_bench.load.serving_loop import ServingSettings

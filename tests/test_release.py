@@ -486,11 +486,10 @@ def test_compress_serve_answers_a_plain_http_client_as_the_bench_recorded_and_st
     answers to the test images are the released file's own, as the bench recorded them; SIGTERM stops it, exit 0."""
     import json as json_module
     import signal
-    import time
     import urllib.request
 
     from serve_bench.accuracy.image_folder import read_labelled_folder
-    from serve_bench.servers.base import free_port
+    from serve_bench.servers.base import free_port, wait_until_ready
 
     folder, _, run_dir = finished
     bundle = tmp_path / "bundle"
@@ -501,14 +500,7 @@ def test_compress_serve_answers_a_plain_http_client_as_the_bench_recorded_and_st
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         url = f"http://127.0.0.1:{port}/{card['servers']['model']}"
-        deadline = time.monotonic() + 180
-        while time.monotonic() < deadline:
-            try:
-                urllib.request.urlopen(url, timeout=2)
-                break
-            except OSError:
-                assert server.poll() is None, server.stdout.read()
-                time.sleep(0.5)
+        wait_until_ready(url, 180, lambda: server.poll() is None, "compress serve")  # a ServerError names a dead one
         images = read_labelled_folder(folder / "test-images", card["input"], card["classes"]).images[:20]
         answers = []
         for image in images:

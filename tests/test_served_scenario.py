@@ -19,7 +19,8 @@ from tests.test_server_files import tiny_onnx
 
 pytestmark = pytest.mark.slow
 
-RATE = 40.0  # Ray Serve answers about 115 requests a second on 2 cores (a 17-ms round trip unloaded)
+RATE = 25.0  # Ray Serve answers about 115 requests a second on 2 cores unloaded (a 17-ms round trip), far fewer
+# beside another test: a rate near its limit leaves the busy periods too long to pair
 SCENARIO = {"scenario": "server", "target_qps": RATE, "duration_s": 1.0, "min_queries": 200, "seed": 3,
             "target_latency_ms": 200.0, "warmup_s": 0.5, "min_tail_cycles": 20, "precision": 0.25,
             "max_queries": 2000, "expected_latency_ms": 1.0}
@@ -45,6 +46,7 @@ def test_a_file_measured_through_its_server_beside_itself_in_process_paired_by_r
     assert record.settings["max_batch"] == 4 and record.settings["max_queue"] == 4 * 400  # the budget over the service time, per batch
     assert run.steady_state.rounds == in_process.steady_state.rounds >= 3  # the same rounds, stopped together
     assert run.queries == in_process.queries  # the same arrivals, round by round
+    assert run.paired is not None, (run.steady_state, run.sustainable_reason)  # pairs need complete busy periods
     ratio = run.paired["in_process"]
     assert ratio.reference == "tiny.onnx"
     # a 64×10 matrix product takes microseconds in process; through HTTP and the server's proxy it takes
@@ -52,7 +54,8 @@ def test_a_file_measured_through_its_server_beside_itself_in_process_paired_by_r
     assert ratio.ci[0] > 3 and ratio.ratio > 3
     assert split.success + split.refused == run.queries and split.failed == 0  # the server's count is the client's
     assert split.queue_mean_ms > 0 and split.compute_mean_ms > 0 and split.rest_mean_ms > 0
-    assert split.client_mean_ms == pytest.approx(split.queue_mean_ms + split.compute_mean_ms + split.rest_mean_ms)
+    assert split.client_mean_ms == pytest.approx(split.queue_mean_ms + split.compute_mean_ms + split.rest_mean_ms
+                                                 + split.client_wait_ms["mean"])
     assert 1.0 <= split.mean_batch <= 4.0
     assert any("served on ray-serve" in line for line in said)
 

@@ -167,7 +167,7 @@ def test_the_card_and_the_report_state_the_served_and_in_process_p99_their_ratio
     assert card["measured_at"] == "served" and card["served"]["p99_ratio"] == {"ratio": 30.0, "ci": [25.0, 36.0]}
     assert card["served"]["served"]["p99_ms"] == 21.0 and card["served"]["in_process"]["p99_ms"] == 0.7
     line = next(x for x in _serving_lines(card) if "through its model server" in x)
-    assert "p99 21.0 ms" in line and "against p99 0.7 ms in process: ×30.00" in line
+    assert "p99 21.0 ms" in line and "against p99 0.7 ms in process in the same rounds: ×30.00" in line
     assert "9.5 ms in the server's queue, 0.4 ms in the model, 5.1 ms in HTTP" in line and "gate read the served" in line
     from types import SimpleNamespace
 

@@ -19,7 +19,8 @@ from serve_bench.load.capacity import capacity, confirmed, passes
 from serve_bench.load.loadgen_scenarios import LoadGenTest, ScenarioSettings, run_scenario
 from serve_bench.load.queue_simulation import poisson_arrivals, simulate, single_server_fifo
 from serve_bench.load.serving_loop import ServedRecords, ServingSettings, mean_batch
-from serve_bench.load.steady_state import MIN_QUERIES, bounded, cycle_starts, steady_p99
+from serve_bench.load.queue_growth import bounded
+from serve_bench.load.steady_state import MIN_QUERIES, cycle_starts, steady_p99
 from serve_bench.load.steady_state_check import SERVICE_S, coverage, true_p99_ms
 
 

@@ -147,10 +147,12 @@ def _serving_lines(serving: dict | None) -> list[str]:
     elif served:
         out, inside, ratio = served["served"], served["in_process"] or {}, served["p99_ratio"]
         split = served["split_mean_ms"] or {}
-        lines.append(f"- through its model server ({served['server']}, the same rounds): p50 {out['p50_ms']} ms, "
-                     f"p99 {out['p99_ms']} ms{_interval(out.get('p99_ci'))} against p99 {inside.get('p99_ms')} ms in "
-                     f"process"
-                     + (f": ×{ratio['ratio']:.2f}{_interval(ratio.get('ci'))}" if ratio else "")
+        settings = served.get("settings") or {}
+        lines.append(f"- through its model server ({served['server']}, {json.dumps(settings)}): p50 {out['p50_ms']} "
+                     f"ms, p99 {out['p99_ms']} ms{_interval(out.get('p99_ci'))} against p99 {inside.get('p99_ms')} ms "
+                     f"in process in the same rounds"
+                     + (f": ×{ratio['ratio']:.2f}{_interval(ratio.get('ci'))} at 99%, paired by round" if ratio
+                        else ": not paired (too few queries in complete busy periods)")
                      + f"; mean {split.get('server_queue')} ms in the server's queue, {split.get('model')} ms in the "
                        f"model, {split.get('rest')} ms in HTTP and the server's hops"
                      + ("" if serving.get("measured_at") != "served" else "; the gate read the served p99"))

@@ -23,7 +23,8 @@ OBJECTIVES = ("fastest_within_red_line", "most_accurate_within_budget", "most_tr
 # Settings a trial may not change: they name the run or pin what every trial must share.
 FIXED_PATHS = ("name", "run_dir", "threads")
 # The limits every trial and the final gate are judged against: the search's question, not a setting to vary.
-LIMIT_PATHS = ("red_line", "latency.p99_budget_ms", "latency.scenario", "latency.target_qps", "gate")
+LIMIT_PATHS = ("red_line", "latency.p99_budget_ms", "latency.scenario", "latency.target_qps", "latency.measured_at",
+               "gate")
 # Data settings that change where or how images are decoded, not which pixels a model sees.
 DATA_LOCATION_FIELDS = ("decode_cache", "decode_cache_check", "cache_dir", "decode_workers")
 

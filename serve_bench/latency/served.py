@@ -16,7 +16,6 @@ before stays.
 from __future__ import annotations
 
 import logging
-import multiprocessing as mp
 import threading
 import time
 import traceback
@@ -25,7 +24,8 @@ from typing import Callable
 import numpy as np
 
 from serve_bench.latency.traffic_rounds import measure_in_rounds, pair_runs
-from serve_bench.latency.worker import BenchWorker, WorkerError
+from serve_bench.errors import BenchError
+from serve_bench.latency.worker import BenchWorker
 from serve_bench.load.capacity import within_budget
 from serve_bench.load.rounds import RoundsRule
 from serve_bench.servers.base import ServerError, ServerStatistics
@@ -38,7 +38,6 @@ log = logging.getLogger(__name__)
 SERVED = "@served"  # a served file's name in the rounds: the file's own name and this
 CLIENTS = 16  # client threads, each one request in flight: more than the server's batcher and copies take at once
 CLIENT_TIMEOUT_S = 10.0  # a request the server has not answered by then fails the test: a hung server, not a slow one
-MOST_REFUSED = 0.01  # past this share of queries refused (the queue limit), no p99 of the answered ones holds
 
 
 def served_worker_main(conn, host: str, port: int, model: str, pool: np.ndarray, clients: int,
@@ -49,6 +48,7 @@ def served_worker_main(conn, host: str, port: int, model: str, pool: np.ndarray,
     gone, and every query after it fails at once instead of waiting out its timeout."""
     from serve_bench.load.loadgen_scenarios import ScenarioSettings, one_turn, warm_up
     from serve_bench.load.serving_loop import ServingLoop, ServingSettings
+    from serve_bench.servers.http_client import get_json
 
     client = HttpClient(host, port, model, timeout_s=timeout_s)
     gone: list[str] = []
@@ -68,11 +68,20 @@ def served_worker_main(conn, host: str, port: int, model: str, pool: np.ndarray,
             raise
 
     def statistics() -> ServerStatistics:
-        from serve_bench.servers.http_client import get_json
-
         totals = get_json(f"http://{host}:{port}/{model}/stats", timeout_s)
         return ServerStatistics(**{k: int(totals[k]) for k in ("success", "failed", "queue_ns", "compute_ns",
                                                                 "batches")})
+
+    def settled(before: ServerStatistics, answered: int, tries: int = 20) -> ServerStatistics:
+        """The server's count since ``before``, read again (50 ms apart, a second at most) until it holds the
+        ``answered`` requests: the replica records each batch with a message that may land after its answer."""
+        counted = statistics().since(before)
+        for _ in range(tries):
+            if counted.success + counted.failed >= answered:
+                break
+            time.sleep(0.05)
+            counted = statistics().since(before)
+        return counted
 
     try:
         client.metadata()
@@ -94,7 +103,8 @@ def served_worker_main(conn, host: str, port: int, model: str, pool: np.ndarray,
                 answer = one_turn(loop, len(pool), [t.model_copy(update={"warmup_s": 0.0}) for t in tests])
                 if gone:
                     raise ServerError(f"the server stopped answering mid-test: {gone[0]}")
-                answer["server"] = {**statistics().since(before).__dict__, "refused": refused[0]}
+                issued = sum(len(t.latencies_ms) for t in answer["tests"])
+                answer["server"] = {**settled(before, issued - refused[0]).__dict__, "refused": refused[0]}
                 conn.send(("ok", answer))
             elif command == "close":
                 client.close()
@@ -111,13 +121,7 @@ class ServedWorker(BenchWorker):
 
     def __init__(self, name: str, host: str, port: int, model: str, pool: np.ndarray, clients: int = CLIENTS,
                  timeout_s: float = CLIENT_TIMEOUT_S, answer_timeout_s: float = 600.0) -> None:
-        ctx = mp.get_context("spawn")
-        self.name, self.timeout_s = name, answer_timeout_s
-        self._conn, child = ctx.Pipe()
-        self.process = ctx.Process(target=served_worker_main, daemon=True,
-                                   args=(child, host, port, model, pool, clients, timeout_s))
-        self.process.start()
-        self.info = None
+        self._spawn(name, answer_timeout_s, served_worker_main, (host, port, model, pool, clients, timeout_s))
         self.ready()
 
 
@@ -134,20 +138,23 @@ def served_server_settings(serving: dict, budget_ms: float | None, service_ms: f
                                                                 settings.instances)})
 
 
-def server_split(tests_stats: list[dict], run: dict) -> dict:
-    """Where a served query's time went: the server's queue and model (its own statistics, summed over the tests
-    pooled), the client's mean, and the rest (HTTP, the proxy, the hop between processes), per request in ms; and
-    how many queries the server refused past its queue limit."""
+def server_split(tests_stats: list[dict], client_ms: np.ndarray, client_wait_ms: float | None) -> dict:
+    """Where a served query's time went, per request in ms, over the same queries on both sides (every query of
+    the tests pooled, not only the complete busy periods the p99 rests on): the server's queue (from the request
+    reaching its replica to its batch's start) and model, by its own statistics; the client's mean (LoadGen's
+    latencies ``client_ms``) and its wait for a free client thread; and the rest (Ray's router queue, HTTP, the
+    proxy, the hops between processes). Also how many queries the server refused past its queue limit."""
     totals = {k: sum(s[k] for s in tests_stats) for k in ("success", "failed", "queue_ns", "compute_ns", "batches",
                                                           "refused")}
     stats = ServerStatistics(*(totals[k] for k in ("success", "failed", "queue_ns", "compute_ns", "batches")))
     split = stats.per_request_ms()
-    client_mean = (run.get("latency_ms") or {}).get("mean")
+    client_mean = round(float(client_ms.mean()), 6) if len(client_ms) else None
     known = [split["queue_mean_ms"], split["compute_mean_ms"], client_mean]
-    rest = None if None in known else round(client_mean - split["queue_mean_ms"] - split["compute_mean_ms"], 6)
+    rest = (None if None in known else
+            round(client_mean - split["queue_mean_ms"] - split["compute_mean_ms"] - (client_wait_ms or 0.0), 6))
     return {**totals, **split, "client_mean_ms": client_mean, "rest_mean_ms": rest,
             "mean_batch": round(totals["success"] / totals["batches"], 4) if totals["batches"] else None,
-            "refused_share": round(totals["refused"] / max(1, run.get("queries") or 0), 6)}
+            "refused_share": round(totals["refused"] / max(1, len(client_ms)), 6)}
 
 
 def measure_served(workers: dict[str, BenchWorker], files: dict[str, dict], *, scenario: dict, rule: RoundsRule,
@@ -171,8 +178,9 @@ def measure_served(workers: dict[str, BenchWorker], files: dict[str, dict], *, s
                 with ServedWorker(served_name(name), started.host, started.http_port, started.model, pool) as client:
                     record.update(_served_rounds(workers[name], client, serving[name], scenario, rule, round_s,
                                                  budget_ms, settle_s, say))
-        except (ServerError, WorkerError, OSError) as exc:
-            record["failed"] = str(exc).splitlines()[0]
+        except (BenchError, OSError, EOFError) as exc:  # this file's served record ends; every other figure stays
+            side = "the file in process" if not workers[name].process.is_alive() else "the server or its client"
+            record["failed"] = f"{side}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
             say(f"{name}: served measurement stopped: {record['failed']}")
     return out
 
@@ -192,17 +200,20 @@ def _served_rounds(worker: BenchWorker, client: ServedWorker, serving: dict, sce
     measured = measure_in_rounds(turn, [name, served], [scenario], rule, together={name: name, served: name},
                                  say=say, round_s=round_s)
     pair_runs(measured, {served: {"in_process": name}})
-    run, _ = measured[(served, 0)]
+    run, tests = measured[(served, 0)]
     in_process, _ = measured[(name, 0)]
-    split = server_split(stats, run)
     # the client's own loop: its wait for a free client thread and each request's round trip, not a server's queue
-    split["client_wait_ms"], split["round_trip_ms"] = run.pop("queue_ms", None), run.pop("compute_ms", None)
+    client_wait, round_trip = run.pop("queue_ms", None), run.pop("compute_ms", None)
+    split = server_split(stats, np.concatenate([t.latencies_ms for t in tests]), (client_wait or {}).get("mean"))
+    split["client_wait_ms"], split["round_trip_ms"] = client_wait, round_trip
     run.pop("service_ms", None)
     run["mean_batch"], run["serving"], in_process["serving"] = split["mean_batch"], serving, serving
-    if split["refused_share"] > MOST_REFUSED:
+    if split["refused"]:  # LoadGen counted each refusal as a quick answer: the p99 of what it counted is too low
         run["sustainable"] = False
-        run["sustainable_reason"] = (f"the server refused {split['refused']} of {run['queries']} queries past its "
-                                     f"queue limit ({split['refused_share']:.1%}): no p99 of the answered ones holds")
+        queries = sum(len(t.latencies_ms) for t in tests)
+        run["sustainable_reason"] = (f"the server refused {split['refused']} of {queries} queries (HTTP 503: its "
+                                     "queue limit, or a replica not ready): a refused query is a failed one, and "
+                                     "LoadGen counted each as a quick answer, so the p99 it gives is too low")
     for r in (run, in_process):
         r["within_budget"] = within_budget(r, budget_ms)
     return {"run": run, "in_process": in_process, "split": split}

@@ -317,10 +317,13 @@ def _measure_served(entries: dict[str, dict], workers: dict[str, BenchWorker], s
     wanted_files = [n for n in workers if n in servable and entries[n]["at_target"] is not None
                     and (settings.served_artifacts is None or n in settings.served_artifacts)]
     for name in workers:
-        if name not in wanted_files and (settings.served_artifacts is None or name in settings.served_artifacts):
-            entries[name]["served"] = {"failed": "not served: " + (
-                "no model server here runs this file (an ONNX file on a CPU runtime is served)"
-                if name not in servable else "no at-target test to take the serving settings from")}
+        if name in wanted_files:
+            continue
+        entries[name]["served"] = {"failed": "not served: " + (
+            "left out by traffic.served_artifacts" if settings.served_artifacts is not None
+            and name not in settings.served_artifacts else
+            "no model server here runs this file (an ONNX file on a CPU runtime is served)" if name not in servable
+            else "no at-target test to take the serving settings from")}
     if not wanted_files:
         return
     rule = RoundsRule(min_rounds=settings.rounds, max_queries=settings.max_queries, budget_ms=budget_ms,

@@ -225,15 +225,18 @@ class BenchWorker:
         """``wait=False`` returns once the process is started; :meth:`ready` then waits for it to load its artifact,
         so several workers start side by side (each one's interpreter, runtime import and model load is seconds
         of one core, and a bench starts one per candidate)."""
+        self._spawn(name, timeout_s, worker_main, (runtime, str(path), options, pool, batch_size, device_only))
+        if wait:
+            self.ready()
+
+    def _spawn(self, name: str, timeout_s: float, target, args: tuple) -> None:
+        """Start ``target(conn, *args)`` in a fresh interpreter, its end of the pipe first."""
         ctx = mp.get_context("spawn")
         self.name, self.timeout_s = name, timeout_s
         self._conn, child = ctx.Pipe()
-        self.process = ctx.Process(target=worker_main, daemon=True,
-                                   args=(child, runtime, str(path), options, pool, batch_size, device_only))
+        self.process = ctx.Process(target=target, daemon=True, args=(child, *args))
         self.process.start()
         self.info: Any = None
-        if wait:
-            self.ready()
 
     def ready(self) -> "BenchWorker":
         """Wait for the worker's artifact to load (once); its description is then :attr:`info`."""

@@ -31,8 +31,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from serve_bench.stats.latency_intervals import BlockedSamples, block_bootstrap_ci
 from serve_bench.load.percentiles import PERCENTILE_KEYS, percentiles_ms
 from serve_bench.load.serving_loop import ServedRecords, ServingLoop
-from serve_bench.load.steady_state import (MIN_QUERIES, Segment, SteadyP99, bounded, queries_wanted,
-                                           steady_p99)
+from serve_bench.load.queue_growth import bounded
+from serve_bench.load.steady_state import MIN_QUERIES, Segment, SteadyP99, queries_wanted, steady_p99
 
 log = logging.getLogger(__name__)
 

@@ -29,7 +29,7 @@ import numpy as np
 
 from serve_bench.load.percentiles import percentiles_ms
 from serve_bench.load.serving_loop import ServedRecords, ServingSettings
-from serve_bench.load.steady_state import bounded
+from serve_bench.load.queue_growth import bounded
 
 log = logging.getLogger(__name__)
 

@@ -24,8 +24,9 @@ from typing import Callable, Hashable, Sequence, TypeVar
 import numpy as np
 from scipy import stats
 
-from serve_bench.load.steady_state import (MIN_QUERIES, Segment, SteadyP99, bounded, complete_cycles, counts_above,
-                                           cycle_starts, few_rounds_factor, rounds_differ_p, steady_p99)
+from serve_bench.load.queue_growth import bounded
+from serve_bench.load.steady_state import (MIN_QUERIES, Segment, SteadyP99, complete_cycles, counts_above, cycle_starts,
+                                           few_rounds_factor, rounds_differ_p, steady_p99)
 from serve_bench.stats.latency_intervals import Ratio
 
 log = logging.getLogger(__name__)

@@ -39,8 +39,10 @@ __all__ = ["Capacity", "Comparison", "ComparedRun", "DataFacts", "Entry", "Entry
            "SteadyState", "Sweep", "SweepConfig", "Traffic", "REPORT_VERSION", "SCHEMA_FILE", "checked", "entries",
            "model_of", "read", "readable", "schema_text", "upgraded"]
 
-REPORT_VERSION = 4  # 3: an entry may be a reference (role), which no gate judges: an older reader must refuse it;
-# 4: an entry, its runner record and its profile name their runtime ``runtime`` (``backend`` before)
+REPORT_VERSION = 5  # 3: an entry may be a reference (role), which no gate judges: an older reader must refuse it;
+# 4: an entry, its runner record and its profile name their runtime ``runtime`` (``backend`` before);
+# 5: a file's traffic may be measured at its server (``measured_at: served``): an older reader would gate it on the
+# in-process run without a word, so it must refuse it
 SCHEMA_FILE = "report.schema.json"
 
 
@@ -322,8 +324,9 @@ def readable(data: dict, source: str) -> dict:
                                  f"versions 1 to {REPORT_VERSION}: upgrade compress or re-run the bench stage")
     if version < REPORT_VERSION:
         data = upgraded(data, version)
-        logger.warning("%s: a report of version %d, read in today's names (an entry's backend is now its runtime); "
-                       "re-run the bench stage to write version %d", source, version, REPORT_VERSION)
+        logger.warning("%s: a report of version %d, read in today's names%s; re-run the bench stage to write "
+                       "version %d", source, version, " (an entry's backend is now its runtime)" if version < 4 else "",
+                       REPORT_VERSION)
     try:
         Report.model_validate(data)
         return data

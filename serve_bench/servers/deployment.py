@@ -106,8 +106,13 @@ def queue_limit(budget_ms: float | None, service_ms: float | None, max_batch: in
 
 def served_settings(entry, budget_ms: float | None) -> ServedSettings:
     """The serving settings to deploy ``entry`` (a report entry) with: the sweep's best configuration where a
-    sweep ran (its highest load within the budget), else the at-target test's, else one copy unbatched."""
+    sweep ran (its highest load within the budget), else the at-target test's, else one copy unbatched. Where the
+    gate read the file's run through its server (``latency.measured_at: served``), the settings of that server, its
+    queue limit too: what ships is what was gated."""
     traffic = entry.traffic
+    served = traffic.served if traffic is not None else None
+    if traffic is not None and traffic.measured_at == "served" and served is not None and served.run is not None:
+        return ServedSettings(**{**served.settings, "measured": "the served run the gate read"})
     best = traffic.sweep.best if traffic is not None and traffic.sweep is not None else None
     run = traffic.at_target if traffic is not None else None
     if best is not None and best.serving is not None:
