@@ -180,3 +180,26 @@ def test_the_card_and_the_report_state_the_served_and_in_process_p99_their_ratio
                        "traffic": {"scenario": "server", "served": {"failed": "not served: no model server here "
                                                                               "runs this file"}}})
     assert any("not measured: not served: no model server" in x for x in _serving_lines(serving_of(failed)))
+
+
+def test_what_ships_under_measured_at_served_is_the_served_runs_settings_else_the_measured_in_process_ones():
+    from serve_bench.servers.deployment import served_settings
+    from tests.report_entries import as_entry
+    from tests.test_load_scenarios import run_at
+
+    at_target = {**run_at(50, 0.7, (0.6, 0.8)), "serving": {"max_batch": 8, "max_queue_delay_us": 2000,
+                                                            "instances": 1, "threads": 1}}
+    served = {"server": "ray-serve", "run": run_at(50, 21.0, (19.0, 24.0)),
+              "settings": {"max_batch": 4, "max_queue_delay_us": 500, "instances": 2, "threads": 1, "max_queue": 7,
+                           "measured": "the configuration of the test at the pipeline's traffic"}}
+
+    def entry(measured_at: str | None) -> object:
+        return as_entry({"name": "export.onnx", "accuracy_drop": 0.0, "latency_ms": {"p50": 0.5, "p99": 0.6},
+                         "traffic": {"scenario": "server", "at_target": at_target, "served": served,
+                                     **({"measured_at": measured_at} if measured_at else {})}})
+
+    gated_served = served_settings(entry("served"), budget_ms=5.0)
+    assert (gated_served.max_batch, gated_served.instances, gated_served.max_queue) == (4, 2, 7)
+    assert gated_served.measured == "the served run the gate read"
+    in_process = served_settings(entry(None), budget_ms=5.0)
+    assert (in_process.max_batch, in_process.instances) == (8, 1) and in_process.max_queue == 10 * 8
