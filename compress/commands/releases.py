@@ -82,7 +82,7 @@ def add_parsers(sub) -> None:
     serve.add_argument("target", help="a run directory or a release bundle")
     serve.add_argument("--artifact", help="a run's file other than the released one")
     serve.add_argument("--host", default="127.0.0.1", help="the address to listen on (default 127.0.0.1: this "
-                                                           "machine only; 0.0.0.0 for every interface)")
+                                                           "machine only; another address exposes the model there)")
     serve.add_argument("--port", type=int, default=8000, help="the HTTP port (default 8000)")
     serve.set_defaults(func=_cmd_serve)
 
