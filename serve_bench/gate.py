@@ -138,8 +138,6 @@ def capacity_disagreement(art: Entry, run: ServerRun, budget: float | None, deci
     The at-target run is the one gated; the report says the two disagree instead of leaving the reader to find it."""
     rule = "confident" if decision == "confident" else "point"
     rate = run.offered_qps
-    if art.traffic is not None and art.traffic.measured_at == "served":
-        return None  # the capacity table is of the file in process, the gated run through its server
     for config in _configs(art):
         cap = config.capacity
         same = run.serving is not None and config.serving is not None and all(getattr(config.serving, k) == getattr(run.serving, k)
@@ -154,8 +152,9 @@ def capacity_disagreement(art: Entry, run: ServerRun, budget: float | None, deci
 
 
 def _configs(art: Entry) -> list[SweepConfig]:
-    """The serving configurations the traffic sweep measured for ``art`` (none where it was not swept)."""
-    sweep = art.traffic.sweep if art.traffic is not None else None
+    """The serving configurations the traffic sweep measured for ``art`` (none where it was not swept): through its
+    server where the gate reads the served run."""
+    sweep = art.traffic.gated_sweep() if art.traffic is not None else None
     return sweep.configs if sweep is not None else []
 
 
@@ -224,9 +223,7 @@ def carried_load(art: Entry, budget_ms: float | None = None, decision: str | Non
     Given a rule (``decision``) and budget other than the ones the sweep was judged by (a report re-gated),
     every configuration's capacity is judged again from its curve; LoadGen's validity then counts only where
     it was about this budget (serve_bench.load.capacity.passes)."""
-    sweep = art.traffic.sweep if art.traffic is not None else None
-    if art.traffic is not None and art.traffic.measured_at == "served":
-        return None  # the sweep ran in process: what a file carries through its server is not known, so not ranked by
+    sweep = art.traffic.gated_sweep() if art.traffic is not None else None  # through its server, under served
     best = sweep.best if sweep is not None else None
     if decision is None:
         return best.capacity.qps if best is not None else None

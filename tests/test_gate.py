@@ -280,3 +280,31 @@ def test_measured_at_served_gates_on_the_run_through_the_server_and_fails_a_file
     assert any(r.startswith("eager: no run through its model server (latency.measured_at served): not served: no "
                             "model server here runs this file") for r in served["reasons"])
     assert "through the model server" in served["latency_basis"]
+
+
+def test_under_measured_at_served_files_are_ranked_by_the_load_their_server_sustains_not_the_load_in_process():
+    """Two swept files: in process the first carries twice the load, but through its server it keeps a quarter of
+    it, and the second more. Gated on the served run, the release is ranked by the sweep through the server."""
+    from tests.test_load_scenarios import artifact_with_run, run_at
+
+    def sweep(qps: float) -> dict:
+        config = {"label": "b1", "serving": {"max_batch": 1, "max_queue_delay_us": 0, "instances": 1, "threads": 1},
+                  "curve": [run_at(qps, 2.0, (1.8, 2.2))], "capacity": {"qps": qps, "budget_ms": 5.0, "rule": "point"}}
+        return {"configs": [config], "best": config}
+
+    def file(name: str, inside: float, through: float) -> dict:
+        entry = {**artifact_with_run(name, run_at(50, 1.0, (0.9, 1.1))), "accuracy_drop": 0.0}
+        entry["traffic"]["sweep"] = sweep(inside)
+        entry["traffic"]["served"] = {"server": "ray-serve", "run": run_at(50, 3.0, (2.7, 3.3)),
+                                      "in_process": run_at(50, 1.0, (0.9, 1.1)), "sweep": sweep(through)}
+        return entry
+
+    files = [file("quick", 400.0, 100.0), file("steady", 200.0, 150.0)]
+    limits = Limits(max_drop=0.5, p99_budget_ms=5.0)
+    assert evaluate(as_entries(files), limits)["release"] == "quick"
+    for entry in files:
+        entry["traffic"]["measured_at"] = "served"
+    served = evaluate(as_entries(files), limits)
+    assert served["release"] == "steady" and served["ranked_by"].startswith("most traffic within the p99 budget")
+    files[1]["traffic"]["served"].pop("sweep")  # one file not swept through its server: ranked by p99 again
+    assert evaluate(as_entries(files), limits)["ranked_by"] == "lowest p99"

@@ -21,7 +21,7 @@ from serve_bench.load.capacity import best_config, capacity, passes
 from serve_bench.load.loadgen_scenarios import ScenarioSettings, run_scenario
 from serve_bench.load.queue_growth import bounded
 from serve_bench.load.serving_loop import ServingLoop, ServingSettings
-from serve_bench.latency.traffic import batching_gain
+from serve_bench.latency.sweep import batching_gain
 from serve_bench.runners import make_runner, physical_cores
 from tests.conftest import TINY
 

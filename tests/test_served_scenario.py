@@ -87,3 +87,33 @@ def test_a_server_killed_mid_measurement_ends_that_files_served_record_with_the_
     assert "run" not in record and "stopped answering" in record["failed"] or "gone" in record["failed"]
     assert any("served measurement stopped" in line for line in said)
     assert not started[0].alive()
+
+
+def test_the_sweep_through_the_server_finds_the_load_it_sustains_on_the_servers_own_batcher(tmp_path):
+    """One configuration swept through a real server: its offline ceiling read through HTTP, probes at fractions
+    of it, every probe answered by the server started with that configuration and its queue limit."""
+    from serve_bench.latency.served import sweep_served
+    from serve_bench.latency.traffic import TrafficSettings, sweep_plan
+    from serve_bench.load.serving_loop import ServingSettings
+    from serve_bench.report_model.sections import Sweep
+
+    model = tiny_onnx(tmp_path / "model.onnx")
+    pool = np.random.default_rng(0).normal(size=(64, 1, 8, 8)).astype(np.float32)
+    config = ServingSettings(**SERVING)
+    # one probe, stopped at 400 queries (its p99 is not precise sooner at this rate), and the offline test sized by
+    # a served request's time (about 20 ms), as the bench sizes it: about 75 s with the server's start
+    settings = TrafficSettings(sweep=True, configs=[config], rates=[0.4], refine=0, confirm=False,
+                               duration_s=1.0, sweep_min_queries=200, sweep_max_queries=400, warmup_s=0.5)
+    said: list[str] = []
+    found = sweep_served({"tiny.onnx": {"runtime": "onnxruntime", "path": str(model)}}, [config],
+                         serving={"tiny.onnx": SERVING}, budget_ms=200.0, service_ms={"tiny.onnx": 0.5}, pool=pool,
+                         settle_s=0.0, say=said.append,
+                         plan=sweep_plan(settings, 200.0, "point", said.append, {"tiny.onnx": 20.0}))["tiny.onnx"]
+    sweep = Sweep.model_validate(found)
+    (swept,) = sweep.configs
+    assert swept.failed is None and swept.max_queue == 4 * 400 and swept.serving.max_batch == 4
+    assert swept.offline.completed_qps > 20  # the server's ceiling through HTTP, far under the file's own
+    assert [round(r.offered_qps / swept.offline.completed_qps, 2) for r in swept.curve] == [0.4]
+    assert all(r.serving.max_batch == 4 and r.sustainable for r in swept.curve)  # none refused at these rates
+    assert swept.capacity.qps == swept.curve[-1].offered_qps and swept.capacity.censored
+    assert sweep.best is not None and any("served sweep on ray-serve" in line for line in said)

@@ -203,3 +203,41 @@ def test_what_ships_under_measured_at_served_is_the_served_runs_settings_else_th
     assert gated_served.measured == "the served run the gate read"
     in_process = served_settings(entry(None), budget_ms=5.0)
     assert (in_process.max_batch, in_process.instances) == (8, 1) and in_process.max_queue == 10 * 8
+    best = {"label": "batch≤8, 2 copies", "serving": {"max_batch": 8, "max_queue_delay_us": 2000, "instances": 2,
+                                                      "threads": 1}, "capacity": {"qps": 90.0}, "max_queue": 12}
+    served["sweep"] = {"configs": [best], "best": best}
+    for measured_at in ("served", None):  # swept through its server: that sweep's best ships, with its queue limit
+        swept = served_settings(entry(measured_at), budget_ms=5.0)
+        assert (swept.max_batch, swept.instances, swept.max_queue) == (8, 2, 12) and "served sweep" in swept.measured
+
+
+def test_the_capacity_table_and_the_card_state_the_load_the_server_sustains_beside_the_same_configuration_in_process():
+    from types import SimpleNamespace
+
+    from compress.release.model_card import _serving_lines, serving_of
+    from serve_bench.report.traffic import capacity_table
+    from tests.report_entries import as_entry
+    from tests.test_load_scenarios import run_at
+
+    def config(qps: float | None, failed: str | None = None) -> dict:
+        return {"label": "batch 1", "serving": {"max_batch": 1, "max_queue_delay_us": 0, "instances": 1, "threads": 1},
+                "curve": [run_at(60.0, 4.0, (3.5, 4.5))], "max_queue": 4, "failed": failed,
+                "capacity": None if qps is None else {"qps": qps, "ci": [qps * 0.8, qps * 1.1], "budget_ms": 5.0,
+                                                      "rule": "point", "bracket": [qps, qps * 1.2]}}
+
+    served_best = config(60.0)
+    entry = as_entry({"name": "export.onnx", "accuracy_drop": 0.0, "latency_ms": {"p99": 0.6},
+                      "traffic": {"scenario": "server", "target_qps": 50, "at_target": run_at(50, 0.7, (0.6, 0.8)),
+                                  "sweep": {"configs": [config(240.0)], "best": config(240.0)},
+                                  "served": {"server": "ray-serve", "run": run_at(50, 3.0, (2.7, 3.3)),
+                                             "in_process": run_at(50, 0.7, (0.6, 0.8)),
+                                             "sweep": {"configs": [served_best, {**config(None, "ServerError: "
+                                                                                 "gone"), "label": "batch≤8"}],
+                                                       "best": served_best}}}})
+    head, rows = capacity_table(SimpleNamespace(artifacts=[entry]))
+    served_rows = [dict(zip(head, r)) for r in rows if r[0] == "export.onnx through ray-serve"]
+    assert len(rows) == 3 and len(served_rows) == 2
+    assert "in process 240.0/s: the server keeps 25% of it" in served_rows[0]["note"]
+    assert "queue limit 4" in served_rows[0]["serving"] and served_rows[1]["note"].startswith("ServerError: gone")
+    line = next(x for x in _serving_lines(serving_of(entry)) if "most traffic" in x and "model server" in x)
+    assert "60.0 queries/s [48, 66]" in line and "server's own batcher" in line

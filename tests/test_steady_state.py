@@ -248,7 +248,8 @@ def test_the_sweep_finds_the_known_capacity_of_an_mm1_server(monkeypatch):
     Over 30 schedule seeds the capacity is within 10% of λ* in most (measured 25 of 30; the median 7% below, the
     worst 22% below, where a probe at ρ 0.5 read its p99 past the budget), above it in 4 by at most 0.8%, and its
     range's confident end is never above it."""
-    from serve_bench.latency.traffic import TrafficSettings, _sweep
+    from serve_bench.latency.sweep import sweep
+    from serve_bench.latency.traffic import TrafficSettings, sweep_plan
 
     mu, budget = 500.0, 20.0
     analytic = mu - 1000 * math.log(100) / budget
@@ -274,8 +275,8 @@ def test_the_sweep_finds_the_known_capacity_of_an_mm1_server(monkeypatch):
     for seed in range(30):
         settings = TrafficSettings(sweep=True, configs=[ServingSettings()], warmup_s=0.0, sweep_min_queries=1000,
                                    seed=seed)
-        found = _sweep(turns, ["m"], settings, budget, "point", lambda words: None, {"m": 2.0})["m"]["configs"][0][
-            "capacity"]
+        plan = sweep_plan(settings, budget, "point", lambda words: None, {"m": 2.0})
+        found = sweep(turns, ["m"], settings.configs, **plan)["m"]["configs"][0]["capacity"]
         low, high = found["ci"]
         assert (low is None or low <= analytic) and high >= found["qps"] and found["confirmation"]["queries"] >= 1000
         errors.append(found["qps"] / analytic - 1)

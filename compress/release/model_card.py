@@ -115,7 +115,10 @@ def _served(served) -> dict | None:
         return {"server": served.server, "failed": served.failed}
     ratio = (served.run.paired or {}).get("in_process")
     split = served.split
+    best = served.sweep.best if served.sweep is not None else None
     return {"server": served.server, "settings": served.settings,
+            "capacity": None if best is None or best.capacity is None else {
+                "label": best.label, "qps": best.capacity.qps, "ci": _listed(best.capacity.ci)},
             "served": {"p50_ms": served.run.latency("p50"), "p99_ms": served.run.latency("p99"),
                        "p99_ci": _listed(served.run.p99_ci), "sustainable": served.run.sustainable},
             "in_process": {"p50_ms": served.in_process.latency("p50"), "p99_ms": served.in_process.latency("p99"),
@@ -156,6 +159,11 @@ def _serving_lines(serving: dict | None) -> list[str]:
                      + f"; mean {split.get('server_queue')} ms in the server's queue, {split.get('model')} ms in the "
                        f"model, {split.get('rest')} ms in HTTP and the server's hops"
                      + ("" if serving.get("measured_at") != "served" else "; the gate read the served p99"))
+        if served.get("capacity"):
+            cap = served["capacity"]
+            lines.append(f"- through its model server, the most traffic within the p99 budget: {cap['qps']:,.1f} "
+                         f"queries/s{_interval(cap.get('ci'))} ({cap['label']}, the sweep run on the server's own "
+                         "batcher)")
     if best:
         lines.append(f"- serve it as: {best['label']} ({json.dumps(best['serving'])}): the most traffic within the "
                      f"p99 budget, {best['capacity_qps']:,.1f} queries/s{_interval(best.get('capacity_ci'))}")

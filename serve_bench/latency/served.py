@@ -23,11 +23,13 @@ from typing import Callable
 
 import numpy as np
 
+from serve_bench.latency.sweep import summarized, sweep_config
 from serve_bench.latency.traffic_rounds import measure_in_rounds, pair_runs
 from serve_bench.errors import BenchError
 from serve_bench.latency.worker import BenchWorker
 from serve_bench.load.capacity import within_budget
 from serve_bench.load.rounds import RoundsRule
+from serve_bench.load.serving_loop import ServingSettings
 from serve_bench.servers.base import ServerError, ServerStatistics
 from serve_bench.servers.deployment import ServedSettings, model_name, queue_limit
 from serve_bench.servers.http_client import HttpClient, Refused
@@ -106,6 +108,20 @@ def served_worker_main(conn, host: str, port: int, model: str, pool: np.ndarray,
                 issued = sum(len(t.latencies_ms) for t in answer["tests"])
                 answer["server"] = {**settled(before, issued - refused[0]).__dict__, "refused": refused[0]}
                 conn.send(("ok", answer))
+            elif command == "serve":  # one test of the served sweep: LoadGen's own loop, refusals counted
+                from serve_bench.load.loadgen_scenarios import run_scenario
+
+                serving, scenario = args
+                loop = ServingLoop([forward] * clients, pool, ServingSettings(max_batch=1, instances=clients),
+                                   done=lambda tags: None)
+                test = ScenarioSettings(**scenario)
+                if test.scenario == "server" and test.warmup_s > 0:  # warmed apart: its refusals are not the test's
+                    warm_up(loop, len(pool), test)
+                refused[0] = 0
+                result = run_scenario(loop, len(pool), test.model_copy(update={"warmup_s": 0.0}))
+                if gone:
+                    raise ServerError(f"the server stopped answering mid-test: {gone[0]}")
+                conn.send(("ok", refusals_counted({**result, "serving": serving}, refused[0])))
             elif command == "close":
                 client.close()
                 conn.send(("ok", None))
@@ -114,6 +130,26 @@ def served_worker_main(conn, host: str, port: int, model: str, pool: np.ndarray,
                 conn.send(("error", f"unknown command {command!r}"))
         except Exception as exc:
             conn.send(("error", f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=2)}"))
+
+
+def refusals_counted(result: dict, refused: int) -> dict:
+    """One served test's result with the server's refusals (HTTP 503 past its queue limit) counted against it:
+    LoadGen took each refusal as a quick answer, so a server test that had any is not sustainable (its p99 is of
+    the answered queries and too low), and an offline test's throughput counts the answered queries only."""
+    if not refused:
+        return result
+    result = {**result, "refused": refused}
+    queries = result.get("queries") or 0
+    if result.get("scenario") == "offline":
+        issued = max(queries, refused)
+        if result.get("completed_qps") and issued:
+            result["completed_qps"] = result["completed_qps"] * (issued - refused) / issued
+        return result
+    result["sustainable"] = False
+    result["sustainable_reason"] = (f"the server refused {refused} of {queries or 'its'} queries (HTTP 503: its "
+                                    "queue limit): a refused query is a failed one, and LoadGen counted each as a "
+                                    "quick answer")
+    return result
 
 
 class ServedWorker(BenchWorker):
@@ -217,3 +253,42 @@ def _served_rounds(worker: BenchWorker, client: ServedWorker, serving: dict, sce
     for r in (run, in_process):
         r["within_budget"] = within_budget(r, budget_ms)
     return {"run": run, "in_process": in_process, "split": split}
+
+
+def sweep_served(files: dict[str, dict], configs: list[ServingSettings], *, serving: dict[str, dict],
+                 budget_ms: float | None, service_ms: dict[str, float], pool: np.ndarray, settle_s: float,
+                 say: Callable[[str], None], plan: dict, server: str = DEFAULT_SERVER) -> dict[str, dict]:
+    """Per file in ``files`` its served sweep: the serving sweep (serve_bench.latency.sweep) run on the model
+    server's own batcher and copies. A server's batching and copies are fixed when it starts, so each
+    configuration of ``configs`` gets a server of its own, with the queue limit a release of it would ship with;
+    its highest load within the budget is the load that server sustains (a probe the server refused queries in
+    is not sustainable). Threads a configuration leaves open are the at-target test's (``serving[name]``), as
+    in process. ``plan`` holds the rest of :func:`~serve_bench.latency.sweep.sweep_config`'s keywords. A
+    configuration whose server fails is recorded with the reason and no capacity; the others stand."""
+    out: dict[str, dict] = {}
+    for name, file in files.items():
+        records = []
+        for config in configs:
+            config = config.model_copy(update={"threads": config.threads or serving[name].get("threads")})
+            settings = ServedSettings(**config.model_dump(), measured=f"the served sweep's {config.label()}")
+            settings = settings.model_copy(update={"max_queue": queue_limit(
+                budget_ms, service_ms.get(name), settings.max_batch, settings.instances)})
+            say(f"{name}: served sweep on {server} [{settings.label()}, queue limit {settings.max_queue or 'none'}]")
+            try:
+                with make_server(file["path"], file["runtime"], settings, server=server, model=model_name(name),
+                                 runner_options=file.get("options") or {}) as started:
+                    with ServedWorker(served_name(name), started.host, started.http_port, started.model,
+                                      pool) as client:
+                        def turns(_who: str, *command, tests: int = 1) -> dict:
+                            time.sleep(settle_s)
+                            return client.call(*command)
+
+                        record = sweep_config(turns, [served_name(name)], config, **plan)[served_name(name)]
+            except (BenchError, OSError, EOFError) as exc:
+                reason = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+                record = {"label": config.label(), "serving": config.model_dump(), "capacity": None,
+                          "curve": [], "failed": reason}
+                say(f"{name}: served sweep of {config.label()} stopped: {reason}")
+            records.append({**record, "max_queue": settings.max_queue})
+        out[name] = summarized(records)
+    return out

@@ -5,9 +5,8 @@ for the closed-loop blocks); the parent only says which test to run next, pauses
 the previous runtime's threads sleep, and records how busy the machine was meanwhile. Three
 things can be asked for:
 - the pipeline's scenario at its traffic (``at_target``: what the gate reads for the server scenario);
-- a sweep: per serving configuration, an offline run (the throughput ceiling), then server runs at
-  fractions of it and a bisection between the last rate within the budget and the first past it,
-  giving the latency–load curve and the highest load within the budget (serve_bench.load.capacity);
+- a sweep (serve_bench.latency.sweep): per serving configuration, the latency–load curve and the highest load
+  within the budget; under the served scenario, again through each served file's model server;
 - the harness's own overhead: the same tests of a model that does nothing, reported beside every figure.
 """
 from __future__ import annotations
@@ -20,12 +19,13 @@ from typing import Callable
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from serve_bench.load.capacity import best_config, capacity, confirmed, next_rates, within_budget
+from serve_bench.load.capacity import within_budget
 from serve_bench.load.loadgen_scenarios import Scenario
 from serve_bench.load.rounds import RoundsRule
 from serve_bench.load.serving_loop import ServingSettings
 from serve_bench.runners import SimulatedRunner
 from serve_bench.latency.machine_load import LoadSampler, load_summary
+from serve_bench.latency.sweep import run_words, sweep
 from serve_bench.latency.traffic_rounds import groups_of, measure_in_rounds, pair_runs
 from serve_bench.latency.worker import BenchWorker
 from train.progress import LiveBar
@@ -92,14 +92,15 @@ class TrafficSettings(BaseModel):
     served: bool = Field(False, description="also measure each ONNX file through the model server it ships on "
                                             "(Ray Serve, on loopback), at the pipeline's rate in rounds alternating "
                                             "with the same file in process: what the server adds to the p99, with "
-                                            "its interval, and where the time goes (the served scenario)")
+                                            "its interval, and where the time goes (the served scenario); with "
+                                            "`sweep`, each served file is swept again on its server's own batcher, "
+                                            "one server per configuration, for the load the server sustains")
     served_artifacts: list[str] | None = Field(None, description="the files the served scenario measures; default: "
                                                                  "every ONNX file a server here runs (each starts "
                                                                  "its own server, about 15 s)")
 
 
 Progress = Callable[[str], None]
-CONFIRM_SEED = 1_000_003  # a confirmation run's own arrivals, not the probe's it checks
 
 
 class _Turns:
@@ -141,85 +142,15 @@ def _scenario(kind: Scenario, settings: TrafficSettings, budget_ms: float | None
     return out
 
 
-def _words(name: str, run: dict) -> str:
-    lat = run.get("latency_ms") or {}
-    rate = f" at {run['offered_qps']:,.0f}/s" if run.get("offered_qps") else ""
-    verdict = "valid" if run["loadgen"]["valid"] else "INVALID"
-    extra = {True: "", False: ", not sustainable", None: ", sustainability unknown"}[run.get("sustainable", True)]
-    return (f"{name}: {run['scenario']}{rate} [{ServingSettings(**run['serving']).label()}]: p50 "
-            f"{lat.get('p50', float('nan')):.3f} ms, p99 {lat.get('p99', float('nan')):.3f} ms ({verdict}{extra})")
+def sweep_plan(settings: TrafficSettings, budget_ms: float | None, decision: str, progress: Progress,
+               service_ms: dict[str, float]) -> dict:
+    """The sweep's keywords from the bench's traffic settings (serve_bench.latency.sweep.sweep_config)."""
+    def scenario(kind: Scenario, qps: float | None, expected_ms: float = 1.0, probe: bool = False) -> dict:
+        return _scenario(kind, settings, budget_ms, qps, expected_ms, probe)
 
-
-def _server_test(turns: _Turns, name: str, serving: dict, scenario: dict, budget_ms: float | None,
-                 progress: Progress) -> dict:
-    """One server-scenario test, judged against the budget and said."""
-    run = turns(name, "serve", serving, scenario)
-    run["within_budget"] = within_budget(run, budget_ms)
-    progress(_words(name, run))
-    return run
-
-
-def offline_guess(config: ServingSettings, service_ms: float) -> float:
-    """The throughput LoadGen sizes an offline test by (its sample count is this × the duration): one model
-    copy's closed-loop rate, more for batches and instances, so the test lasts about ``duration_s``."""
-    return 1000.0 / max(service_ms, 0.01) * max(1.0, config.max_batch / 2) * config.instances
-
-
-def _sweep(turns: _Turns, names: list[str], settings: TrafficSettings, budget_ms: float | None, decision: str,
-           progress: Progress, service_ms: dict[str, float]) -> dict[str, dict]:
-    out: dict[str, dict] = {name: {"configs": []} for name in names}
-    for config in settings.configs:
-        serving = config.model_dump()
-        offline = {n: turns(n, "serve", serving, _scenario("offline", settings, budget_ms,
-                                                           offline_guess(config, service_ms.get(n, 1.0)),
-                                                           probe=True))
-                   for n in names}
-        curves: dict[str, list[dict]] = {n: [] for n in names}
-        failed_in_a_row = {n: 0 for n in names}
-        for fraction in settings.rates:
-            for name in names:
-                ceiling = offline[name]["completed_qps"] or 0.0
-                if ceiling <= 0 or failed_in_a_row[name] >= 2:  # two rates past the budget: higher ones only fail
-                    continue
-                run = _server_test(turns, name, serving, _scenario("server", settings, budget_ms,
-                                                                   ceiling * fraction, probe=True), budget_ms, progress)
-                failed_in_a_row[name] = 0 if run["within_budget"]["point"] else failed_in_a_row[name] + 1
-                curves[name].append(run)
-        for _ in range(settings.refine):
-            for name in names:
-                for qps in next_rates(curves[name], budget_ms, 1, decision):
-                    curves[name].append(_server_test(turns, name, serving, _scenario(
-                        "server", settings, budget_ms, qps, probe=True), budget_ms, progress))
-        for name in names:
-            curve = sorted(curves[name], key=lambda r: r["offered_qps"])
-            resolved = offline[name]["serving"]  # threads filled in by the worker
-            found = capacity(curve, budget_ms, decision)
-            if settings.confirm and found["qps"]:
-                check = {**_scenario("server", settings, budget_ms, found["qps"]), "seed": settings.seed + CONFIRM_SEED}
-                run = _server_test(turns, name, serving, check, budget_ms, progress)
-                found = confirmed(found, run, curve, decision)
-            out[name]["configs"].append({"label": ServingSettings(**resolved).label(), "serving": resolved,
-                                         "offline": offline[name], "curve": curve, "capacity": found})
-    for name in names:
-        configs = out[name]["configs"]
-        best = best_config(configs)
-        out[name]["best"] = None if best is None else {k: best[k] for k in ("label", "serving", "capacity")}
-        out[name]["batching_gain"] = batching_gain(configs)
-    return out
-
-
-def batching_gain(configs: list[dict]) -> dict | None:
-    """The best batching configuration's capacity over the batch-1 one-instance configuration's, from the same
-    sweep; its interval pairs the ends of the two capacities' intervals (lowest over highest and back)."""
-    plain = next((c for c in configs if c["serving"]["max_batch"] == 1 and c["serving"]["instances"] == 1), None)
-    batched = [c for c in configs if c["serving"]["max_batch"] > 1 and c["capacity"]["qps"]]
-    if plain is None or not plain["capacity"]["qps"] or not batched:
-        return None
-    best = max(batched, key=lambda c: c["capacity"]["qps"])
-    (b_lo, b_hi), (p_lo, p_hi) = best["capacity"]["ci"], plain["capacity"]["ci"]
-    return {"ratio": round(best["capacity"]["qps"] / plain["capacity"]["qps"], 4),
-            "ci": [round(b_lo / p_hi, 4) if b_lo and p_hi else None, round(b_hi / p_lo, 4) if b_hi and p_lo else None],
-            "over": plain["label"], "config": best["label"]}
+    return {"rates": list(settings.rates), "refine": settings.refine, "confirm": settings.confirm,
+            "scenario": scenario, "budget_ms": budget_ms, "decision": decision, "progress": progress,
+            "service_ms": service_ms}
 
 
 def runs_loadgen(settings: TrafficSettings, scenario: Scenario) -> bool:
@@ -253,7 +184,8 @@ def measure_traffic(workers: dict[str, BenchWorker], *, scenario: Scenario, targ
                                    expected_ms=expected_ms, say=say, pairs=pairs or {})
     if settings.served and scenario == "server" and target_qps and served_pool is not None:
         _measure_served(entries, workers, servable or {}, target_qps=target_qps, budget_ms=budget_ms,
-                        settings=settings, settle_s=settle_s, expected_ms=expected_ms, pool=served_pool, say=say)
+                        decision=decision, settings=settings, settle_s=settle_s, expected_ms=expected_ms,
+                        pool=served_pool, say=say)
     if measured_at == "served":
         for entry in entries.values():
             entry["measured_at"] = "served"
@@ -276,7 +208,7 @@ def _measure_traffic(turns: _Turns, names: list[str], *, scenario: Scenario, tar
             run = turns(name, "serve", serving, _scenario(scenario, settings, budget_ms, target_qps,
                                                            expected_ms.get(name, 1.0)))
             entries[name]["at_target"] = run
-            say(_words(name, run))
+            say(run_words(name, run))
     rates = ([target_qps] if at_target and scenario == "server" else []) + list(settings.loads)
     if rates:
         rule = RoundsRule(min_rounds=settings.rounds, max_queries=settings.max_queries, budget_ms=budget_ms,
@@ -294,25 +226,27 @@ def _measure_traffic(turns: _Turns, names: list[str], *, scenario: Scenario, tar
         pair_runs(measured, pairs)
         for (name, i), (run, _) in measured.items():
             run["serving"], run["within_budget"] = resolved[name], within_budget(run, budget_ms)
-            say(_words(name, run))
+            say(run_words(name, run))
             if at_target and scenario == "server" and i == 0:
                 entries[name]["at_target"] = run
             else:
                 entries[name].setdefault("loads", []).append(run)
     if settings.sweep:
         swept = [n for n in names if settings.sweep_artifacts is None or n in settings.sweep_artifacts]
-        for name, sweep in _sweep(turns, swept, settings, budget_ms, decision, say, expected_ms).items():
-            entries[name]["sweep"] = sweep
+        for name, record in sweep(turns, swept, settings.configs, **sweep_plan(settings, budget_ms, decision, say,
+                                                                            expected_ms)).items():
+            entries[name]["sweep"] = record
     for name in names:
         entries[name]["machine_load"] = load_summary(turns.loads[name])
     return entries
 
 
 def _measure_served(entries: dict[str, dict], workers: dict[str, BenchWorker], servable: dict[str, dict], *,
-                    target_qps: float, budget_ms: float | None, settings: TrafficSettings, settle_s: float,
-                    expected_ms: dict[str, float], pool: np.ndarray, say: Progress) -> None:
-    """Each servable file's ``served`` record (serve_bench.latency.served), after every in-process figure."""
-    from serve_bench.latency.served import measure_served
+                    target_qps: float, budget_ms: float | None, decision: str, settings: TrafficSettings,
+                    settle_s: float, expected_ms: dict[str, float], pool: np.ndarray, say: Progress) -> None:
+    """Each servable file's ``served`` record (serve_bench.latency.served), after every in-process figure; where
+    the bench sweeps (``traffic.sweep``), the served files it sweeps are swept again through their server."""
+    from serve_bench.latency.served import measure_served, sweep_served
 
     wanted_files = [n for n in workers if n in servable and entries[n]["at_target"] is not None
                     and (settings.served_artifacts is None or n in settings.served_artifacts)]
@@ -335,7 +269,20 @@ def _measure_served(entries: dict[str, dict], workers: dict[str, BenchWorker], s
     for name, record in served.items():
         entries[name]["served"] = record
         if "run" in record:
-            say(_words(f"{name} served", record["run"]))
+            say(run_words(f"{name} served", record["run"]))
+    swept = [n for n, record in served.items() if "run" in record
+             and (settings.sweep_artifacts is None or n in settings.sweep_artifacts)]
+    if settings.sweep and swept:
+        # an offline test through the server is sized by the served p50 (LoadGen issues rate × duration queries
+        # at once, and the server answers far fewer a second than the file alone); the queue limit, as a
+        # release's, by the file's own service time
+        through = {n: max(expected_ms.get(n, 1.0), served[n]["run"]["latency_ms"]["p50"]) for n in swept}
+        found = sweep_served({n: servable[n] for n in swept}, settings.configs,
+                             serving={n: entries[n]["at_target"]["serving"] for n in swept}, budget_ms=budget_ms,
+                             service_ms=expected_ms, pool=pool, settle_s=settle_s, say=say,
+                             plan=sweep_plan(settings, budget_ms, decision, say, through))
+        for name, record in found.items():
+            entries[name]["served"]["sweep"] = record
 
 
 def harness_overhead(pool: np.ndarray, scenario: Scenario, target_qps: float | None, settings: TrafficSettings,

@@ -219,29 +219,62 @@ def gain_text(gain: dict | None) -> str:
 
 def capacity_table(report: Report) -> Table | None:
     """One row per artifact × serving configuration of the sweep, the best one marked ★, the batching gain
-    (its capacity over the batch-1 configuration's) on the best row; None when nothing was swept."""
+    (its capacity over the batch-1 configuration's) on the best row; then the same for the sweep through the
+    file's model server, each row saying what the same configuration carried in process; None when nothing was
+    swept."""
     head = ["artifact", "configuration", "serving", "offline /s", "capacity /s [sure, possible]",
             "last pass / first fail /s", "decided on", "batching gain [range]", "note"]
     rows = []
     for art in report.artifacts:
-        sweep = art.traffic.sweep if art.traffic is not None else None
-        if sweep is None:
+        traffic = art.traffic
+        if traffic is None:
             continue
-        best_label = sweep.best.label if sweep.best is not None else None
-        gain, gain_placed = sweep.batching_gain, False
-        for config in sweep.configs:
-            cap, best = config.capacity, best_label is not None and config.label == best_label
-            offline = config.offline.completed_qps if config.offline is not None else None
-            gain_cell = gain_text(gain) if best else ""
-            if not best and gain and config.label == gain.get("over"):
-                gain_cell = "1 (reference)"
-            gain_placed |= best and bool(gain_cell)
-            rows.append([art.name, (config.label or "—") + (f" {BEST_MARK}" if best else ""),
-                         serving_text(given(config, "serving")), _num(offline, 1), capacity_text(cap),
-                         _bracket(cap), given(cap, "rule") or "—", gain_cell, _note(cap)])
-        if gain_text(gain) and not gain_placed:  # no best configuration to carry it
-            rows.append([art.name, "batching gain", "—", "—", "—", "—", "—", gain_text(gain), ""])
+        if traffic.sweep is not None:
+            rows.extend(_sweep_rows(art.name, traffic.sweep))
+        served = traffic.served
+        if served is not None and served.sweep is not None:
+            rows.extend(_sweep_rows(f"{art.name} through {served.server or 'its server'}", served.sweep,
+                                    in_process=traffic.sweep))
     return (head, rows) if rows else None
+
+
+def _sweep_rows(name: str, sweep, in_process=None) -> list[list[str]]:
+    """A sweep's rows; ``in_process`` (the same file's sweep in process) for a sweep through its server."""
+    rows = []
+    best_label = sweep.best.label if sweep.best is not None else None
+    gain, gain_placed = sweep.batching_gain, False
+    for config in sweep.configs:
+        cap, best = config.capacity, best_label is not None and config.label == best_label
+        offline = config.offline.completed_qps if config.offline is not None else None
+        gain_cell = gain_text(gain) if best else ""
+        if not best and gain and config.label == gain.get("over"):
+            gain_cell = "1 (reference)"
+        gain_placed |= best and bool(gain_cell)
+        note = config.failed or _note(cap)
+        if in_process is not None:
+            note = "; ".join(w for w in (note, _in_process_words(config, in_process)) if w)
+        rows.append([name, (config.label or "—") + (f" {BEST_MARK}" if best else ""),
+                     serving_text(given(config, "serving")) + (f", queue limit {config.max_queue}"
+                                                               if config.max_queue else ""),
+                     _num(offline, 1), capacity_text(cap), _bracket(cap), given(cap, "rule") or "—", gain_cell, note])
+    if gain_text(gain) and not gain_placed:  # no best configuration to carry it
+        rows.append([name, "batching gain", "—", "—", "—", "—", "—", gain_text(gain), ""])
+    return rows
+
+
+def _in_process_words(config, in_process) -> str:
+    """What the same configuration carried in process, and the share of it the server keeps (point figures of two
+    sweeps run apart, so no interval is put on their ratio)."""
+    same = next((c for c in (in_process.configs if in_process is not None else [])
+                 if c.serving is not None and config.serving is not None
+                 and all(getattr(c.serving, k) == getattr(config.serving, k)
+                         for k in ("max_batch", "max_queue_delay_us", "instances", "threads"))), None)
+    inside = given(same.capacity, "qps") if same is not None else None
+    served = given(config.capacity, "qps")
+    if not inside:
+        return ""
+    share = f": the server keeps {served / inside:.0%} of it" if served else ""
+    return f"in process {inside:,.1f}/s{share}"
 
 
 def served_table(report: Report) -> Table | None:

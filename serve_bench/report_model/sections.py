@@ -241,6 +241,9 @@ class SweepConfig(_Open):
     curve: list[ServerRun] = Field(default_factory=list)
     capacity: Capacity | None = None
     offline: ServerRun | None = None
+    max_queue: int | None = Field(None, description="the server's queue limit (a configuration swept through its "
+                                                    "model server)")
+    failed: str | None = Field(None, description="why this configuration's server stopped (served sweep)")
 
 
 class Sweep(_Open):
@@ -279,6 +282,8 @@ class Served(_Open):
     run: ServerRun | None = Field(None, description="the served run, as the client saw it")
     in_process: ServerRun | None = Field(None, description="the same file in process in the same rounds")
     split: ServedSplit | None = None
+    sweep: Sweep | None = Field(None, description="the serving sweep run on the server's own batcher (one server per "
+                                                  "configuration): the load the server sustains within the budget")
     failed: str | None = Field(None, description="why it was not served, or why its served measurement stopped")
 
 
@@ -295,3 +300,11 @@ class EntryTraffic(_Open):
                                                       "not the at-target run in process")
     machine_load: dict[str, Any] | None = Field(None, description="other processes' share of the CPU during these "
                                                                   "tests")
+
+    def gated_sweep(self) -> Sweep | None:
+        """The sweep whose capacities the gate ranks and checks this file by: the one through its model server
+        where the gate reads the served run (``measured_at: served``; None where it was not swept there), else
+        the one in process."""
+        if self.measured_at == "served":
+            return self.served.sweep if self.served is not None else None
+        return self.sweep

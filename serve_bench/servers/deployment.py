@@ -105,12 +105,17 @@ def queue_limit(budget_ms: float | None, service_ms: float | None, max_batch: in
 
 
 def served_settings(entry, budget_ms: float | None) -> ServedSettings:
-    """The serving settings to deploy ``entry`` (a report entry) with: the sweep's best configuration where a
-    sweep ran (its highest load within the budget), else the at-target test's, else one copy unbatched. Where the
-    gate read the file's run through its server (``latency.measured_at: served``), the settings of that server, its
-    queue limit too: what ships is what was gated."""
+    """The serving settings to deploy ``entry`` (a report entry) with. Where the file was swept through its model
+    server, the best configuration of that sweep (the most load the server sustained within the budget) with the
+    queue limit it was served with. Else, where the gate read the file's run through its server
+    (``latency.measured_at: served``), the settings of that server, its queue limit too: what ships is what was
+    gated. Else the in-process sweep's best configuration where a sweep ran, the at-target test's, or one copy
+    unbatched."""
     traffic = entry.traffic
     served = traffic.served if traffic is not None else None
+    swept = _served_best(served)
+    if swept is not None:
+        return swept
     if traffic is not None and traffic.measured_at == "served" and served is not None and served.run is not None:
         return ServedSettings(**{**served.settings, "measured": "the served run the gate read"})
     best = traffic.sweep.best if traffic is not None and traffic.sweep is not None else None
@@ -126,3 +131,17 @@ def served_settings(entry, budget_ms: float | None) -> ServedSettings:
     settings = ServedSettings(**values, measured=measured)
     limit = queue_limit(budget_ms, entry.latency_ms.p50, settings.max_batch, settings.instances)
     return settings.model_copy(update={"max_queue": limit})
+
+
+def _served_best(served) -> ServedSettings | None:
+    """The served sweep's best configuration as a server's settings, or None where the file was not swept
+    through its server (or no configuration carried load within the budget there)."""
+    sweep = served.sweep if served is not None else None
+    best = sweep.best if sweep is not None else None
+    if best is None or best.serving is None:
+        return None
+    record = next((c for c in sweep.configs if c.label == best.label), None)
+    values = {k: getattr(best.serving, k) for k in ("max_batch", "max_queue_delay_us", "instances", "threads")}
+    return ServedSettings(**values, max_queue=record.max_queue if record is not None else None,
+                          measured=f"the served sweep's best configuration ({best.label}): the most load its "
+                                   "server sustained within the budget")
