@@ -1,4 +1,4 @@
-"""`compress search` end to end on Ray: a tiny pipeline, 4 trials on 2 workers, interrupted and
+"""`compress search` end to end on Ray: a tiny pipeline, 3 trials on 2 workers, interrupted and
 continued, every trial scored on the validation split against the reference baseline, the finalists
 measured on the test split, and the chosen configuration rebuilt bit for bit by `compress run` on the
 written file."""
@@ -39,7 +39,8 @@ TINY_FULL = {
         {"name": "export", "kind": "export", "formats": ["onnx"], "parity": {"samples": 32}},
         FAST_BENCH,
     ]}
-SEARCH = {"name": "tiny-search", "pipeline": "pipeline.yaml", "trials": 4, "parallel": 2, "threads_per_trial": 1,
+SEARCH = {"name": "tiny-search", "pipeline": "pipeline.yaml", "trials": 3, "parallel": 2, "threads_per_trial": 1,
+          "finalists": 2,
           "space": {"stages.prune.target.macs": {"low": 0.3, "high": 0.9},
                     "stages.quantize.calibration.method": ["minmax", "percentile"]}}
 MEASURED = re.compile(r"search: trial (\d+): \S+ p99 ")
@@ -99,7 +100,7 @@ def test_a_search_runs_on_ray_continues_after_an_interruption_and_its_choice_rep
     report = json.loads((run_dir / "report" / "search.json").read_text())
     statuses = {t["trial"]: t["status"] for t in report["trials"]}
     finished = [n for n, s in statuses.items() if s != "interrupted"]
-    assert len(finished) == 4, statuses
+    assert len(finished) == 3, statuses
     for n in measured_first:  # measured before the interruption: kept, not measured again
         assert statuses[n] in ("feasible", "over the limits")
         assert scored(n).stat().st_mtime_ns == ended[n]

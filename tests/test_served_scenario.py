@@ -106,7 +106,7 @@ def test_the_sweep_through_the_server_finds_the_load_it_sustains_on_the_servers_
                                duration_s=1.0, sweep_min_queries=200, sweep_max_queries=400, warmup_s=0.5)
     said: list[str] = []
     found = sweep_served({"tiny.onnx": {"runtime": "onnxruntime", "path": str(model)}}, [config],
-                         serving={"tiny.onnx": SERVING}, budget_ms=200.0, service_ms={"tiny.onnx": 0.5}, pool=pool,
+                         budget_ms=200.0, service_ms={"tiny.onnx": 0.5}, pool=pool,
                          settle_s=0.0, say=said.append,
                          plan=sweep_plan(settings, 200.0, "point", said.append, {"tiny.onnx": 20.0}))["tiny.onnx"]
     sweep = Sweep.model_validate(found)

@@ -38,8 +38,10 @@ class FakeServer:
 
 
 class FakeClient:
-    def __init__(self, name, host, port, model, pool, **kwargs) -> None:
-        self.name, self.settings = name, FakeServer.started[-1]
+    offline_asked: list = []
+
+    def __init__(self, name, host, port, model, pool, clients: int = 16, **kwargs) -> None:
+        self.name, self.settings, self.clients = name, FakeServer.started[-1], clients
 
     def __enter__(self):
         return self
@@ -51,6 +53,7 @@ class FakeClient:
         assert command == "serve" and serving["max_batch"] == self.settings.max_batch
         capacity = 100.0 * self.settings.max_batch
         if scenario["scenario"] == "offline":
+            FakeClient.offline_asked.append((scenario["target_qps"], self.clients))
             return {"scenario": "offline", "completed_qps": capacity * 1.25, "serving": serving,
                     "loadgen": {"valid": True}}
         qps = scenario["target_qps"]
@@ -59,24 +62,29 @@ class FakeClient:
 
 
 def test_each_configuration_gets_its_own_server_and_a_failed_one_is_recorded_while_the_others_stand(monkeypatch):
-    FakeServer.started = []
+    FakeServer.started, FakeClient.offline_asked = [], []
+    monkeypatch.setattr("serve_bench.latency.worker.serving_threads", lambda: 3)  # as the in-process worker resolves
     monkeypatch.setattr(served, "make_server", lambda path, runtime, settings, **kw: FakeServer(
         settings, fails=settings.max_batch == 4))
     monkeypatch.setattr(served, "ServedWorker", FakeClient)
-    configs = [ServingSettings(), ServingSettings(max_batch=8, max_queue_delay_us=2000),
-               ServingSettings(max_batch=4, max_queue_delay_us=1000)]
+    configs = [ServingSettings(), ServingSettings(max_batch=8, max_queue_delay_us=2000, instances=2),
+               ServingSettings(max_batch=4, max_queue_delay_us=1000, threads=2)]
     settings = TrafficSettings(sweep=True, configs=configs, confirm=False, refine=3)
     said: list[str] = []
     found = sweep_served({"f.onnx": {"runtime": "onnxruntime", "path": "f.onnx"}}, configs,
-                         serving={"f.onnx": {"threads": 2}}, budget_ms=BUDGET_MS, service_ms={"f.onnx": 0.5},
+                         budget_ms=BUDGET_MS, service_ms={"f.onnx": 0.5},
                          pool=np.zeros((4, 1, 8, 8), np.float32), settle_s=0.0, say=said.append,
-                         plan=sweep_plan(settings, BUDGET_MS, "point", said.append, {"f.onnx": 0.5}))["f.onnx"]
-    assert [(s.max_batch, s.threads, s.max_queue) for s in FakeServer.started] == [(1, 2, 20), (8, 2, 160),
-                                                                                    (4, 2, 80)]
+                         plan=sweep_plan(settings, BUDGET_MS, "point", said.append, {"f.onnx": 20.0}))["f.onnx"]
+    # threads left open resolved as in process; the queue limit from the file's own 0.5 ms service time
+    assert [(s.max_batch, s.instances, s.threads, s.max_queue) for s in FakeServer.started] == [
+        (1, 1, 3, 20), (8, 2, 3, 320), (4, 1, 2, 80)]
+    # the offline test sized by the served request's 20 ms (LoadGen sends rate × duration queries at once), and
+    # the client holding twice what the copies batch at once in flight, 16 at least
+    assert FakeClient.offline_asked == [(50.0, 16), (50.0 * 4 * 2, 32)]
     one, eight, four = found["configs"]
     assert four["capacity"] is None and four["failed"].startswith("ServerError: Ray Serve stopped")
     assert 0.8 * 100 <= one["capacity"]["qps"] <= 100 and 0.8 * 800 <= eight["capacity"]["qps"] <= 800
-    assert found["best"]["label"] == eight["label"] and eight["max_queue"] == 160
+    assert found["best"]["label"] == eight["label"] and eight["max_queue"] == 320
     assert found["batching_gain"]["ratio"] == pytest.approx(eight["capacity"]["qps"] / one["capacity"]["qps"])
     assert any("f.onnx@served: server at" in line for line in said)
     assert any("served sweep of batch≤4" in line and "stopped" in line for line in said)

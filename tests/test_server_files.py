@@ -195,7 +195,7 @@ def test_what_ships_under_measured_at_served_is_the_served_runs_settings_else_th
 
     def entry(measured_at: str | None) -> object:
         return as_entry({"name": "export.onnx", "accuracy_drop": 0.0, "latency_ms": {"p50": 0.5, "p99": 0.6},
-                         "traffic": {"scenario": "server", "at_target": at_target, "served": served,
+                         "traffic": {"scenario": "server", "target_qps": 50, "at_target": at_target, "served": served,
                                      **({"measured_at": measured_at} if measured_at else {})}})
 
     gated_served = served_settings(entry("served"), budget_ms=5.0)
@@ -204,11 +204,16 @@ def test_what_ships_under_measured_at_served_is_the_served_runs_settings_else_th
     in_process = served_settings(entry(None), budget_ms=5.0)
     assert (in_process.max_batch, in_process.instances) == (8, 1) and in_process.max_queue == 10 * 8
     best = {"label": "batch≤8, 2 copies", "serving": {"max_batch": 8, "max_queue_delay_us": 2000, "instances": 2,
-                                                      "threads": 1}, "capacity": {"qps": 90.0}, "max_queue": 12}
+                                                      "threads": 1}, "capacity": {"qps": 90.0, "budget_ms": 5.0},
+            "max_queue": 12}
     served["sweep"] = {"configs": [best], "best": best}
-    for measured_at in ("served", None):  # swept through its server: that sweep's best ships, with its queue limit
-        swept = served_settings(entry(measured_at), budget_ms=5.0)
-        assert (swept.max_batch, swept.instances, swept.max_queue) == (8, 2, 12) and "served sweep" in swept.measured
+    swept = served_settings(entry("served"), budget_ms=5.0)  # gated through its server: that sweep's best ships
+    assert (swept.max_batch, swept.instances, swept.max_queue) == (8, 2, 12) and "served sweep" in swept.measured
+    assert served_settings(entry(None), budget_ms=5.0).max_queue == 80  # gated in process: the in-process choice
+    regated = served_settings(entry("served"), budget_ms=8.0)  # judged against another budget: not the choice
+    best["capacity"]["qps"] = 40.0  # carried less than the pipeline's 50/s: the settings gated at 50/s ship
+    short = served_settings(entry("served"), budget_ms=5.0)
+    assert (regated.max_batch, short.max_batch) == (4, 4) and short.measured == "the served run the gate read"
 
 
 def test_the_capacity_table_and_the_card_state_the_load_the_server_sustains_beside_the_same_configuration_in_process():

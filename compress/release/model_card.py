@@ -10,6 +10,7 @@ import json
 
 from export.tensorrt_engine import ENGINE_KIND
 from serve_bench.report_model import Entry, Environment, Interval, Report, ServerRun
+from serve_bench.servers.deployment import served_sweep_choice
 
 CARD_FORMAT = "compress-model-card/3"  # 2: the gate's limits under the pipeline file's names; 3: a record names its
 # runtime ``runtime`` (``backend`` before)
@@ -32,7 +33,7 @@ def build_card(*, report: Report, entry: Entry, released: dict, input_spec: dict
                      "confidence": gate.confidence, "limits": gate.limits.model_dump(), "reasons": gate.reasons,
                      "notes": gate.notes},
             "input": input_spec, "classes": classes, "accuracy": accuracy_of(report, entry),
-            "latency": latency_of(report, entry), "serving": serving_of(entry), "servers": servers,
+            "latency": latency_of(report, entry), "serving": serving_of(entry, report.gate.limits.p99_budget_ms), "servers": servers,
             "runtime": runtime_of(entry, report.environment), "size_bytes": entry.size_bytes, "params": entry.params,
             "macs": entry.macs, "quantization": entry.quantization.written() if entry.quantization else None,
             ENGINE_KIND: tensorrt, f"{ENGINE_KIND}_withheld": tensorrt_withheld, "pipeline": pipeline,
@@ -83,13 +84,18 @@ def runtime_of(entry: Entry, environment: Environment) -> dict:
     return {"name": runtime, "version": version, **settings}
 
 
-def serving_of(entry: Entry) -> dict | None:
+def serving_of(entry: Entry, budget_ms: float | None = None) -> dict | None:
     """How the released file should be served, from the bench's traffic measurement: the scenario the gate read
-    (and its figures), and the serving configuration that carried the most traffic within the budget."""
+    (and its figures), and the serving configuration that carried the most traffic within the budget: through
+    its server where the gate read the served run (the one its server files ship, if any), else in process."""
     traffic = entry.traffic
     if traffic is None:
         return None
-    run, best = traffic.at_target, traffic.sweep.best if traffic.sweep is not None else None
+    run = traffic.at_target
+    if traffic.measured_at == "served":
+        best = served_sweep_choice(entry, budget_ms)
+    else:
+        best = traffic.sweep.best if traffic.sweep is not None else None
     return {"scenario": traffic.scenario, "target_qps": traffic.target_qps,
             "measured_at": traffic.measured_at or "in_process",
             "at_target": None if run is None else _at_target(run),
@@ -117,7 +123,7 @@ def _served(served) -> dict | None:
     split = served.split
     best = served.sweep.best if served.sweep is not None else None
     return {"server": served.server, "settings": served.settings,
-            "capacity": None if best is None or best.capacity is None else {
+            "capacity": None if best is None or best.capacity is None or best.capacity.qps is None else {
                 "label": best.label, "qps": best.capacity.qps, "ci": _listed(best.capacity.ci)},
             "served": {"p50_ms": served.run.latency("p50"), "p99_ms": served.run.latency("p99"),
                        "p99_ci": _listed(served.run.p99_ci), "sustainable": served.run.sustainable},
@@ -165,8 +171,9 @@ def _serving_lines(serving: dict | None) -> list[str]:
                          f"queries/s{_interval(cap.get('ci'))} ({cap['label']}, the sweep run on the server's own "
                          "batcher)")
     if best:
+        through = " through its model server" if serving.get("measured_at") == "served" else ""
         lines.append(f"- serve it as: {best['label']} ({json.dumps(best['serving'])}): the most traffic within the "
-                     f"p99 budget, {best['capacity_qps']:,.1f} queries/s{_interval(best.get('capacity_ci'))}")
+                     f"p99 budget{through}, {best['capacity_qps']:,.1f} queries/s{_interval(best.get('capacity_ci'))}")
     return lines
 
 

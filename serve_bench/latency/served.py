@@ -255,21 +255,27 @@ def _served_rounds(worker: BenchWorker, client: ServedWorker, serving: dict, sce
     return {"run": run, "in_process": in_process, "split": split}
 
 
-def sweep_served(files: dict[str, dict], configs: list[ServingSettings], *, serving: dict[str, dict],
-                 budget_ms: float | None, service_ms: dict[str, float], pool: np.ndarray, settle_s: float,
-                 say: Callable[[str], None], plan: dict, server: str = DEFAULT_SERVER) -> dict[str, dict]:
+def sweep_served(files: dict[str, dict], configs: list[ServingSettings], *, budget_ms: float | None,
+                 service_ms: dict[str, float], pool: np.ndarray, settle_s: float, say: Callable[[str], None], plan: dict, server: str = DEFAULT_SERVER) -> dict[str, dict]:
     """Per file in ``files`` its served sweep: the serving sweep (serve_bench.latency.sweep) run on the model
     server's own batcher and copies. A server's batching and copies are fixed when it starts, so each
     configuration of ``configs`` gets a server of its own, with the queue limit a release of it would ship with;
     its highest load within the budget is the load that server sustains (a probe the server refused queries in
-    is not sustainable). Threads a configuration leaves open are the at-target test's (``serving[name]``), as
-    in process. ``plan`` holds the rest of :func:`~serve_bench.latency.sweep.sweep_config`'s keywords. A
-    configuration whose server fails is recorded with the reason and no capacity; the others stand."""
+    is not sustainable). Threads a configuration leaves open are resolved as the in-process worker resolves them
+    (serve_bench.latency.worker.serving_threads), so each row compares with the same configuration in process.
+    The client holds twice as many requests in flight as the server's copies batch at once (16 at least), so
+    a configuration's ceiling is the server's, not the client's. ``plan`` holds the rest of
+    :func:`~serve_bench.latency.sweep.sweep_config`'s keywords, its ``service_ms`` (sizing the offline test)
+    keyed by the files' names. A configuration whose server fails is recorded with the reason and no capacity;
+    the others stand."""
+    from serve_bench.latency.worker import serving_threads
+
+    plan = {**plan, "service_ms": {served_name(n): ms for n, ms in plan.get("service_ms", {}).items()}}
     out: dict[str, dict] = {}
     for name, file in files.items():
         records = []
         for config in configs:
-            config = config.model_copy(update={"threads": config.threads or serving[name].get("threads")})
+            config = config.model_copy(update={"threads": config.threads or serving_threads()})
             settings = ServedSettings(**config.model_dump(), measured=f"the served sweep's {config.label()}")
             settings = settings.model_copy(update={"max_queue": queue_limit(
                 budget_ms, service_ms.get(name), settings.max_batch, settings.instances)})
@@ -277,8 +283,9 @@ def sweep_served(files: dict[str, dict], configs: list[ServingSettings], *, serv
             try:
                 with make_server(file["path"], file["runtime"], settings, server=server, model=model_name(name),
                                  runner_options=file.get("options") or {}) as started:
-                    with ServedWorker(served_name(name), started.host, started.http_port, started.model,
-                                      pool) as client:
+                    clients = max(CLIENTS, 2 * config.max_batch * config.instances)
+                    with ServedWorker(served_name(name), started.host, started.http_port, started.model, pool,
+                                      clients=clients) as client:
                         def turns(_who: str, *command, tests: int = 1) -> dict:
                             time.sleep(settle_s)
                             return client.call(*command)

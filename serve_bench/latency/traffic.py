@@ -278,8 +278,7 @@ def _measure_served(entries: dict[str, dict], workers: dict[str, BenchWorker], s
         # release's, by the file's own service time
         through = {n: max(expected_ms.get(n, 1.0), served[n]["run"]["latency_ms"]["p50"]) for n in swept}
         found = sweep_served({n: servable[n] for n in swept}, settings.configs,
-                             serving={n: entries[n]["at_target"]["serving"] for n in swept}, budget_ms=budget_ms,
-                             service_ms=expected_ms, pool=pool, settle_s=settle_s, say=say,
+                             budget_ms=budget_ms, service_ms=expected_ms, pool=pool, settle_s=settle_s, say=say,
                              plan=sweep_plan(settings, budget_ms, decision, say, through))
         for name, record in found.items():
             entries[name]["served"]["sweep"] = record

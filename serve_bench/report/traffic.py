@@ -263,8 +263,9 @@ def _sweep_rows(name: str, sweep, in_process=None) -> list[list[str]]:
 
 
 def _in_process_words(config, in_process) -> str:
-    """What the same configuration carried in process, and the share of it the server keeps (point figures of two
-    sweeps run apart, so no interval is put on their ratio)."""
+    """What the same configuration carried in process, and the share of it the server keeps: point figures of two
+    sweeps run apart, so no interval is put on their ratio, and no share where either capacity is only a floor
+    (every probed rate passed) or its full-length run did not confirm it."""
     same = next((c for c in (in_process.configs if in_process is not None else [])
                  if c.serving is not None and config.serving is not None
                  and all(getattr(c.serving, k) == getattr(config.serving, k)
@@ -272,8 +273,10 @@ def _in_process_words(config, in_process) -> str:
     inside = given(same.capacity, "qps") if same is not None else None
     served = given(config.capacity, "qps")
     if not inside:
-        return ""
-    share = f": the server keeps {served / inside:.0%} of it" if served else ""
+        return "no configuration in process with these settings" if in_process is not None else ""
+    firm = all(given(c.capacity, "censored") is not True and given(c.capacity, "confirmed") is not False
+               for c in (same, config) if c.capacity is not None)
+    share = f": the server keeps {served / inside:.0%} of it" if served and firm else ""
     return f"in process {inside:,.1f}/s{share}"
 
 

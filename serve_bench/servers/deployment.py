@@ -105,18 +105,21 @@ def queue_limit(budget_ms: float | None, service_ms: float | None, max_batch: in
 
 
 def served_settings(entry, budget_ms: float | None) -> ServedSettings:
-    """The serving settings to deploy ``entry`` (a report entry) with. Where the file was swept through its model
-    server, the best configuration of that sweep (the most load the server sustained within the budget) with the
-    queue limit it was served with. Else, where the gate read the file's run through its server
-    (``latency.measured_at: served``), the settings of that server, its queue limit too: what ships is what was
-    gated. Else the in-process sweep's best configuration where a sweep ran, the at-target test's, or one copy
-    unbatched."""
+    """The serving settings to deploy ``entry`` (a report entry) with: those of what the gate read. Where it read
+    the file's run through its server (``latency.measured_at: served``): the best configuration of the sweep
+    through that server (:func:`served_sweep_choice`) with the queue limit it was served with, else that
+    server's settings. Otherwise the in-process sweep's best configuration where a sweep ran, the at-target
+    test's, or one copy unbatched."""
     traffic = entry.traffic
     served = traffic.served if traffic is not None else None
-    swept = _served_best(served)
-    if swept is not None:
-        return swept
     if traffic is not None and traffic.measured_at == "served" and served is not None and served.run is not None:
+        best = served_sweep_choice(entry, budget_ms)
+        if best is not None:
+            values = {k: getattr(best.serving, k) for k in ("max_batch", "max_queue_delay_us", "instances",
+                                                            "threads")}
+            return ServedSettings(**values, max_queue=best.max_queue,
+                                  measured=f"the served sweep's best configuration ({best.label}): the most load "
+                                           "its server sustained within the budget")
         return ServedSettings(**{**served.settings, "measured": "the served run the gate read"})
     best = traffic.sweep.best if traffic is not None and traffic.sweep is not None else None
     run = traffic.at_target if traffic is not None else None
@@ -133,15 +136,17 @@ def served_settings(entry, budget_ms: float | None) -> ServedSettings:
     return settings.model_copy(update={"max_queue": limit})
 
 
-def _served_best(served) -> ServedSettings | None:
-    """The served sweep's best configuration as a server's settings, or None where the file was not swept
-    through its server (or no configuration carried load within the budget there)."""
-    sweep = served.sweep if served is not None else None
+
+def served_sweep_choice(entry, budget_ms: float | None):
+    """The configuration of ``entry``'s sweep through its server that ships, or None: the sweep's best, where it
+    was judged against this budget (a report re-gated under another keeps the settings the gate read) and carried
+    at least the pipeline's rate (the gated run was at that rate, with the at-target settings: a configuration
+    shown to carry less does not replace them)."""
+    traffic = entry.traffic
+    sweep = traffic.served.sweep if traffic is not None and traffic.served is not None else None
     best = sweep.best if sweep is not None else None
-    if best is None or best.serving is None:
+    if best is None or best.serving is None or best.capacity is None or best.capacity.qps is None:
         return None
-    record = next((c for c in sweep.configs if c.label == best.label), None)
-    values = {k: getattr(best.serving, k) for k in ("max_batch", "max_queue_delay_us", "instances", "threads")}
-    return ServedSettings(**values, max_queue=record.max_queue if record is not None else None,
-                          measured=f"the served sweep's best configuration ({best.label}): the most load its "
-                                   "server sustained within the budget")
+    if best.capacity.budget_ms != budget_ms or (traffic.target_qps and best.capacity.qps < traffic.target_qps):
+        return None
+    return next((c for c in sweep.configs if c.label == best.label), best)
