@@ -111,7 +111,7 @@ def sweeps(worker: BenchWorker, name: str, path: Path, pool: np.ndarray, p50: fl
     """The bench's serving sweep of the file in process (its worker), then through the server on the server's own
     batcher (one server per configuration), with the same configurations, rates and rules."""
     settings = TrafficSettings(sweep=True, configs=CONFIGS, refine=1, sweep_max_queries=args.max_queries,
-                               duration_s=2.0, warmup_s=1.0)
+                               max_queries=args.max_queries, duration_s=2.0, warmup_s=1.0)  # confirmations too
     say = lambda line: print(line, flush=True)  # noqa: E731
     inside = sweep(lambda _n, *command, tests=1: worker.call(*command), [name], CONFIGS,
                    **sweep_plan(settings, args.budget_ms, "point", say, {name: p50}))[name]
