@@ -155,6 +155,24 @@ def test_the_final_choice_follows_the_objective():
     assert decided["release"] == accurate["name"] and decided["ranked_on"].startswith("accuracy drop")
 
 
+def test_most_traffic_ranks_by_load_only_where_every_passing_finalist_has_one():
+    """A finalist swept to 300/s beside one never swept (as under measured_at served, where a file's sweep through
+    its server may be missing): the unswept one is not ranked as carrying nothing; the p99 ratio decides, and the
+    gate says so."""
+    limits = Limits(metric="top1", max_drop=1.0, p99_budget_ms=None, decision="point")
+    swept, unswept = _entry(1, (3, 0), TEST_N, 2.0), _entry(2, (3, 0), TEST_N, 1.0)
+    config = {"label": "b1", "serving": {"max_batch": 1, "max_queue_delay_us": 0, "instances": 1, "threads": 1},
+              "capacity": {"qps": 300.0, "budget_ms": None, "rule": "point"}}
+    swept["traffic"] = {"scenario": "single-stream", "sweep": {"configs": [config], "best": config}}
+    decided = judge_finalists(as_entries([swept, unswept]), limits, objective="most_traffic_within_budget")
+    assert decided["release"] == unswept["name"]
+    assert any("ranked by their p99 ratio" in note for note in decided["notes"])
+    unswept["traffic"] = {"scenario": "single-stream", "sweep": {"configs": [{**config, "capacity": {
+        **config["capacity"], "qps": 100.0}}], "best": {**config, "capacity": {**config["capacity"], "qps": 100.0}}}}
+    assert judge_finalists(as_entries([swept, unswept]), limits,
+                           objective="most_traffic_within_budget")["release"] == swept["name"]
+
+
 def test_the_p99_at_the_pipelines_traffic_is_judged_at_the_corrected_level_too():
     """Under the server scenario a finalist's p99 interval is read again from its stored steady-state tail at the
     Bonferroni level (99% → 1 − 0.01/F two-sided): a p99 whose 99% upper end is just within the budget is

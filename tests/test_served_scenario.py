@@ -83,7 +83,7 @@ def test_a_server_killed_mid_measurement_ends_that_files_served_record_with_the_
     monkeypatch.setattr(served_module.ServedWorker, "call", kill_before_the_second_turn)
     said: list[str] = []
     record = _measure(tmp_path, said)
-    assert calls["turn"] == 2  # it stopped at the turn that met the dead server, no later
+    assert calls["turn"] == 2, record  # it stopped at the turn that met the dead server, no later
     assert "run" not in record and "stopped answering" in record["failed"] or "gone" in record["failed"]
     assert any("served measurement stopped" in line for line in said)
     assert not started[0].alive()

@@ -137,6 +137,11 @@ def judge_finalists(finalists: list[Entry], limits: Limits, meaningful: bool = T
             reasons.append(f"{entry.name}: " + "; ".join(problems))
         else:
             passing.append(entry)
+    if objective == "most_traffic_within_budget" and any(carried_load(e) is None for e in passing):
+        objective = "fastest_within_red_line"  # a finalist never swept (or swept to no load) has no load to rank by
+        notes.append("most_traffic_within_budget: not every passing finalist has a highest load within the budget "
+                     "(under latency.measured_at served, a sweep through its server), so the finalists are ranked "
+                     "by their p99 ratio to the baseline instead")
     release = min(passing, key=lambda e: _objective_key(e, objective)).name if passing else None
     if release is None:
         reasons.insert(0, "no finalist meets the limits" + (" at the corrected level" if correction.method ==

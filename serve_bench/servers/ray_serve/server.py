@@ -13,6 +13,7 @@ OpenVINO Model Server config in a release are for those servers' native backends
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -24,7 +25,10 @@ from serve_bench.servers.base import ModelServer, ServerError, ServerStatistics,
 from serve_bench.servers.http_client import HttpClient, get_json
 from serve_bench.servers.tensors import onnx_tensors
 
+log = logging.getLogger(__name__)
+
 STOP_TIMEOUT_S = 60.0
+STARTS = 2  # Ray's own start can fail on a busy machine (an agent that exits at once): one more try, then the error
 
 
 class RayServeServer(ModelServer):
@@ -70,8 +74,20 @@ class RayServeServer(ModelServer):
         return self._process is not None and self._process.poll() is None
 
     def ready(self, timeout_s: float = 180.0) -> "RayServeServer":
-        what = f"{self.title} serving {self.file.name} (log: {self.log_file})"
-        wait_until_ready(f"{self.endpoint.http}/{self.model}", timeout_s, self.alive, what)
+        """Wait until the application answers. A server whose process ended before it was ready (seen when
+        Ray's runtime-env agent exited at start beside another Ray instance on 2 busy cores, and the raylet
+        with it) is started once more; a second end, or a timeout, is the error."""
+        for attempt in range(1, STARTS + 1):
+            what = f"{self.title} serving {self.file.name} (log: {self.log_file})"
+            try:
+                wait_until_ready(f"{self.endpoint.http}/{self.model}", timeout_s, self.alive, what)
+                return self
+            except ServerError as exc:
+                if attempt == STARTS or self.alive():
+                    raise
+                log.warning("%s; starting it once more", exc)
+                self._log.close()
+                self.start()
         return self
 
     def client(self) -> HttpClient:
