@@ -12,6 +12,7 @@ from serve_bench.latency.served import refusals_counted, sweep_served
 from serve_bench.latency.traffic import TrafficSettings, sweep_plan
 from serve_bench.load.capacity import passes
 from serve_bench.load.serving_loop import ServingSettings
+from serve_bench.report_model.sections import Sweep
 from serve_bench.servers.base import ServerError
 from tests.test_load_scenarios import run_at
 
@@ -57,6 +58,8 @@ class FakeClient:
             return {"scenario": "offline", "completed_qps": capacity * 1.25, "serving": serving,
                     "loadgen": {"valid": True}}
         qps = scenario["target_qps"]
+        if self.settings.instances == 2 and qps > 0.6 * capacity:  # this server stops answering under load
+            raise ServerError("the server stopped answering mid-test: connection refused")
         p99 = BUDGET_MS * qps / capacity
         return {**run_at(qps, p99, (p99 * 0.95, p99 * 1.05)), "serving": serving}
 
@@ -68,7 +71,8 @@ def test_each_configuration_gets_its_own_server_and_a_failed_one_is_recorded_whi
         settings, fails=settings.max_batch == 4))
     monkeypatch.setattr(served, "ServedWorker", FakeClient)
     configs = [ServingSettings(), ServingSettings(max_batch=8, max_queue_delay_us=2000, instances=2),
-               ServingSettings(max_batch=4, max_queue_delay_us=1000, threads=2)]
+               ServingSettings(max_batch=4, max_queue_delay_us=1000, threads=2),
+               ServingSettings(max_batch=8, max_queue_delay_us=500)]
     settings = TrafficSettings(sweep=True, configs=configs, confirm=False, refine=3)
     said: list[str] = []
     found = sweep_served({"f.onnx": {"runtime": "onnxruntime", "path": "f.onnx"}}, configs,
@@ -77,14 +81,18 @@ def test_each_configuration_gets_its_own_server_and_a_failed_one_is_recorded_whi
                          plan=sweep_plan(settings, BUDGET_MS, "point", said.append, {"f.onnx": 20.0}))["f.onnx"]
     # threads left open resolved as in process; the queue limit from the file's own 0.5 ms service time
     assert [(s.max_batch, s.instances, s.threads, s.max_queue) for s in FakeServer.started] == [
-        (1, 1, 3, 20), (8, 2, 3, 320), (4, 1, 2, 80)]
+        (1, 1, 3, 20), (8, 2, 3, 320), (4, 1, 2, 80), (8, 1, 3, 160)]
     # the offline test sized by the served request's 20 ms (LoadGen sends rate × duration queries at once), and
     # the client holding twice what the copies batch at once in flight, 16 at least
-    assert FakeClient.offline_asked == [(50.0, 16), (50.0 * 4 * 2, 32)]
-    one, eight, four = found["configs"]
+    assert FakeClient.offline_asked == [(50.0, 16), (50.0 * 4 * 2, 32), (50.0 * 4, 16)]
+    one, two_copies, four, eight = found["configs"]
     assert four["capacity"] is None and four["failed"].startswith("ServerError: Ray Serve stopped")
     assert 0.8 * 100 <= one["capacity"]["qps"] <= 100 and 0.8 * 800 <= eight["capacity"]["qps"] <= 800
-    assert found["best"]["label"] == eight["label"] and eight["max_queue"] == 320
+    # the server that stopped answering past 480/s: its probes below stand, the failed ones say why
+    assert two_copies["capacity"]["qps"] <= 480 and two_copies["capacity"]["bracket"][1] > 480
+    assert any("stopped answering" in (r.get("errors") or [""])[0] for r in two_copies["curve"])
+    Sweep.model_validate(found)  # the report reads a failed probe as any other
+    assert found["best"]["label"] == eight["label"] and eight["max_queue"] == 160
     assert found["batching_gain"]["ratio"] == pytest.approx(eight["capacity"]["qps"] / one["capacity"]["qps"])
     assert any("f.onnx@served: server at" in line for line in said)
     assert any("served sweep of batch≤4" in line and "stopped" in line for line in said)

@@ -255,8 +255,18 @@ def _served_rounds(worker: BenchWorker, client: ServedWorker, serving: dict, sce
     return {"run": run, "in_process": in_process, "split": split}
 
 
+def failed_probe(scenario: dict, serving: dict, exc: Exception) -> dict:
+    """A server test that ended in an error (the server gone, the client's answer timed out), as a probe that
+    failed: no latency, the reason kept; it never passes (serve_bench.load.capacity.passes)."""
+    reason = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+    return {"scenario": "server", "offered_qps": scenario["target_qps"], "latency_ms": None, "errors": [reason],
+            "sustainable": False, "sustainable_reason": f"the test failed: {reason}",
+            "loadgen": {"valid": False, "target_latency_ms": scenario.get("target_latency_ms")}, "serving": serving}
+
+
 def sweep_served(files: dict[str, dict], configs: list[ServingSettings], *, budget_ms: float | None,
-                 service_ms: dict[str, float], pool: np.ndarray, settle_s: float, say: Callable[[str], None], plan: dict, server: str = DEFAULT_SERVER) -> dict[str, dict]:
+                 service_ms: dict[str, float], pool: np.ndarray, settle_s: float, say: Callable[[str], None],
+                 plan: dict, server: str = DEFAULT_SERVER) -> dict[str, dict]:
     """Per file in ``files`` its served sweep: the serving sweep (serve_bench.latency.sweep) run on the model
     server's own batcher and copies. A server's batching and copies are fixed when it starts, so each
     configuration of ``configs`` gets a server of its own, with the queue limit a release of it would ship with;
@@ -266,8 +276,9 @@ def sweep_served(files: dict[str, dict], configs: list[ServingSettings], *, budg
     The client holds twice as many requests in flight as the server's copies batch at once (16 at least), so
     a configuration's ceiling is the server's, not the client's. ``plan`` holds the rest of
     :func:`~serve_bench.latency.sweep.sweep_config`'s keywords, its ``service_ms`` (sizing the offline test)
-    keyed by the files' names. A configuration whose server fails is recorded with the reason and no capacity;
-    the others stand."""
+    keyed by the files' names. A probe whose server stops answering is a failed probe (its reason kept): the
+    capacity then rests on the probes before it, and the grid stops after two. A configuration whose server
+    cannot start, or whose offline test fails, is recorded with the reason and no capacity; the others stand."""
     from serve_bench.latency.worker import serving_threads
 
     plan = {**plan, "service_ms": {served_name(n): ms for n, ms in plan.get("service_ms", {}).items()}}
@@ -286,9 +297,14 @@ def sweep_served(files: dict[str, dict], configs: list[ServingSettings], *, budg
                     clients = max(CLIENTS, 2 * config.max_batch * config.instances)
                     with ServedWorker(served_name(name), started.host, started.http_port, started.model, pool,
                                       clients=clients) as client:
-                        def turns(_who: str, *command, tests: int = 1) -> dict:
+                        def turns(_who: str, command: str, serving: dict, scenario: dict, tests: int = 1) -> dict:
                             time.sleep(settle_s)
-                            return client.call(*command)
+                            try:
+                                return client.call(command, serving, scenario)
+                            except (BenchError, OSError, EOFError) as exc:
+                                if scenario["scenario"] != "server":
+                                    raise
+                                return failed_probe(scenario, serving, exc)
 
                         record = sweep_config(turns, [served_name(name)], config, **plan)[served_name(name)]
             except (BenchError, OSError, EOFError) as exc:
