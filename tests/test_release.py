@@ -445,9 +445,9 @@ def test_a_release_on_openvino_names_its_runtime_verifies_in_it_and_serves_with_
     kernels = json.loads((run / "manifest.json").read_text())["stages"]["quantize"]["metrics"]["kernels"]
     assert kernels["openvino@openvino"]["integer"] > 0  # NNCF's layout runs in int8 there
     # Two quantizers of one model (NNCF's and onnxruntime's, different ranges): on the tiny model's 359 test images
-    # they stay within a few points of each other
+    # sound ones were seen up to 5.3 points apart (19 images, on a busy machine); a broken one loses tens of points
     assert abs(candidate["accuracy"]["top1"] - next(a for a in report["artifacts"] if a["name"] ==
-                                                    "quantize.onnx_cpu")["accuracy"]["top1"]) <= 5.0
+                                                    "quantize.onnx_cpu")["accuracy"]["top1"]) <= 10.0
     bundle = tmp_path / "bundle"
     chosen = report["gate"]["release"] == candidate["name"] and report["gate"]["passed"]
     args = [] if chosen else ["--artifact", candidate["name"], "--anyway"]
