@@ -140,8 +140,7 @@ def capacity_disagreement(art: Entry, run: ServerRun, budget: float | None, deci
     rate = run.offered_qps
     for config in _configs(art):
         cap = config.capacity
-        same = run.serving is not None and config.serving is not None and all(getattr(config.serving, k) == getattr(run.serving, k)
-                                               for k in ("max_batch", "max_queue_delay_us", "instances", "threads"))
+        same = run.serving is not None and config.serving is not None and config.serving.knobs() == run.serving.knobs()
         if (same and rate and cap is not None and cap.qps and cap.qps >= rate and cap.budget_ms == budget
                 and cap.rule == rule):
             how = "confirmed by a full-length run" if cap.confirmed else "from its probes"

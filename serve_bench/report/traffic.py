@@ -268,8 +268,7 @@ def _in_process_words(config, in_process) -> str:
     (every probed rate passed) or its full-length run did not confirm it."""
     same = next((c for c in (in_process.configs if in_process is not None else [])
                  if c.serving is not None and config.serving is not None
-                 and all(getattr(c.serving, k) == getattr(config.serving, k)
-                         for k in ("max_batch", "max_queue_delay_us", "instances", "threads"))), None)
+                 and c.serving.knobs() == config.serving.knobs()), None)
     inside = given(same.capacity, "qps") if same is not None else None
     served = given(config.capacity, "qps")
     if not inside:

@@ -125,6 +125,10 @@ class Serving(_Open):
     instances: int = 1
     threads: int | None = None
 
+    def knobs(self) -> dict[str, Any]:
+        """The four settings a serving configuration is: two runs with equal knobs served alike."""
+        return {k: getattr(self, k) for k in ("max_batch", "max_queue_delay_us", "instances", "threads")}
+
 
 class SteadyState(_Open):
     """The regenerative p99 of a server run (serve_bench.load.steady_state)."""

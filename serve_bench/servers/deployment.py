@@ -115,9 +115,7 @@ def served_settings(entry, budget_ms: float | None) -> ServedSettings:
     if traffic is not None and traffic.measured_at == "served" and served is not None and served.run is not None:
         best = served_sweep_choice(entry, budget_ms)
         if best is not None:
-            values = {k: getattr(best.serving, k) for k in ("max_batch", "max_queue_delay_us", "instances",
-                                                            "threads")}
-            return ServedSettings(**values, max_queue=best.max_queue,
+            return ServedSettings(**best.serving.knobs(), max_queue=best.max_queue,
                                   measured=f"the served sweep's best configuration ({best.label}): the most load "
                                            "its server sustained within the budget")
         return ServedSettings(**{**served.settings, "measured": "the served run the gate read"})
@@ -129,8 +127,7 @@ def served_settings(entry, budget_ms: float | None) -> ServedSettings:
         serving, measured = run.serving, "the configuration of the test at the pipeline's traffic"
     else:
         serving, measured = None, "one copy, unbatched, the closed-loop threads: no traffic was measured"
-    values = ({k: getattr(serving, k) for k in ("max_batch", "max_queue_delay_us", "instances", "threads")}
-              if serving is not None else {"threads": (entry.runner or {}).get("threads")})
+    values = serving.knobs() if serving is not None else {"threads": (entry.runner or {}).get("threads")}
     settings = ServedSettings(**values, measured=measured)
     limit = queue_limit(budget_ms, entry.latency_ms.p50, settings.max_batch, settings.instances)
     return settings.model_copy(update={"max_queue": limit})
