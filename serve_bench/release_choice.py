@@ -57,7 +57,8 @@ def yields_to_float(art: Entry, candidates: list[Entry]) -> str | None:
     if run is not None:
         ratio = (run.paired or {}).get("fp32")
         reference, level = (ratio.reference, ratio.level or 0.95) if ratio is not None else (None, 0.95)
-        how = f"at {run.offered_qps:g} queries/s, paired round by round" if ratio is not None else ""
+        through = " through their model server" if getattr(ratio, "through", None) == "served" else ""
+        how = f"{through} at {run.offered_qps:g} queries/s, paired round by round".lstrip() if ratio is not None else ""
     else:
         pair, level = art.int8_vs_fp32, 0.95
         ratio, reference, how = (pair.p99, pair.reference, "block-paired") if pair is not None else (None, None, "")
@@ -112,14 +113,35 @@ def unpaired_int8(candidates: list[Entry]) -> list[str]:
         if art.precision != "int8" or run is None or pair is None or pair.reference not in names:
             continue
         if (run.paired or {}).get("fp32") is None and art.traffic.measured_at == "served":
-            out.append(f"{art.name} (int8) is not paired with {pair.reference} (fp32) through their servers: each "
-                       "file is served in rounds of its own (latency.measured_at served), so it is ranked by its "
-                       "served p99 alone, without asking whether quantization bought latency")
+            out.append(f"{art.name} (int8) is not paired with {pair.reference} (fp32) through their servers (its "
+                       "fp32 file was not served beside it, or their rounds held too few queries in complete busy "
+                       "periods): ranked by its served p99 alone (latency.measured_at served), without asking "
+                       "whether quantization bought latency")
         elif (run.paired or {}).get("fp32") is None:
             out.append(f"{art.name} (int8) is not paired with {pair.reference} (fp32) at {run.offered_qps:g} "
                        "queries/s (too few rounds with 100 queries in complete busy periods in both): ranked by "
                        "its p99 alone, without asking whether quantization bought latency")
     return out
+
+
+def _paired_with_release(best: Entry, release: str) -> str | None:
+    """``best``'s p99 over the released file's in words, paired on the basis the gate ranked by: under traffic the
+    rounds of its run at the pipeline's rate (through the server where the gate read that), closed loop the blocks;
+    None where they were not paired on that basis."""
+    run = server_run(best)
+    if run is not None:
+        ratio = next((r for r in (run.paired or {}).values() if r.reference == release), None)
+        if ratio is None:
+            return None
+        through = " through their model server" if getattr(ratio, "through", None) == "served" else ""
+        return (f"×{ratio.ratio:.2f} the released file's{through} at {run.offered_qps:g} queries/s, paired round "
+                f"by round ({(ratio.level or 0.95):.0%} CI {ratio.ci[0]:.2f}–{ratio.ci[1]:.2f}, {ratio.verdict})")
+    pair = next((p for p in (best.int8_vs_fp32, best.vs_export_alone) if p is not None and p.reference == release),
+                None)
+    if pair is None:
+        return None
+    return (f"×{pair.p99.ratio:.2f} the released file's, block-paired (95% CI {pair.p99.ci[0]:.2f}–"
+            f"{pair.p99.ci[1]:.2f}, {pair.p99.verdict})")
 
 
 def _missed(art: Entry, reasons: list[str]) -> str:
@@ -151,11 +173,8 @@ def release_notes(release: str | None, artifacts: list[Entry], candidates: list[
         within = [a for a in compressed if a.name in passed]
         if within:
             best = min(within, key=gated_p99)
-            pair = next((p for p in (best.int8_vs_fp32, best.vs_export_alone) if p is not None and p.reference == release),
-                        None)
-            how = (f"×{pair.p99.ratio:.2f} the released file's, block-paired (95% CI {pair.p99.ci[0]:.2f}–"
-                   f"{pair.p99.ci[1]:.2f}, {pair.p99.verdict})" if pair is not None else
-                   f"×{gated_p99(best) / gated_p99(chosen):.2f} the released file's (point p99s, not paired)")
+            how = _paired_with_release(best, release) or \
+                f"×{gated_p99(best) / gated_p99(chosen):.2f} the released file's (point p99s, not paired)"
             missed = (f"the fastest compressed file within both limits, {best.name}, has p99 "
                       f"{gated_p99(best):.3f} ms: {how}")
         else:

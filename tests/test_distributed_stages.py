@@ -169,8 +169,9 @@ def test_the_quickstart_prune_stage_runs_on_two_machines_joined_by_rendezvous(wr
     rendezvous; the pruned model reaches both through the shared run directory."""
     quickstart = yaml.safe_load((ROOT / "pipelines" / "quickstart.yaml").read_text())
     train, prune = quickstart["stages"][:2]
-    train["epochs"] = 2
+    train["epochs"] = 1
     prune["sparsity"]["epochs"], prune["finetune"]["epochs"] = 1, 1
+    prune["deployed_latency"] = {"enabled": False}  # the join is the point: timing the files is another test's
     prune["distributed"] = {"nnodes": 2, "nproc_per_node": 1, "rdzv_endpoint": f"localhost:{_free_port()}",
                             "backend": "gloo"}
     quickstart["stages"] = [train, prune]

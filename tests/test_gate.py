@@ -308,3 +308,44 @@ def test_under_measured_at_served_files_are_ranked_by_the_load_their_server_sust
     assert served["release"] == "steady" and served["ranked_by"].startswith("most traffic within the p99 budget")
     files[1]["traffic"]["served"].pop("sweep")  # one file not swept through its server: ranked by p99 again
     assert evaluate(as_entries(files), limits)["ranked_by"] == "lowest p99"
+
+
+def test_under_measured_at_served_the_int8_file_gives_way_by_its_ratio_through_the_server():
+    """An INT8 file and its fp32 file served through one server in the same rounds: the INT8 file's served p99 over
+    the fp32 file's, paired round by round, decides as the in-process ratio does where the gate reads in process;
+    where the served runs were not paired the note says so."""
+    from tests.test_load_scenarios import artifact_with_run, run_at
+
+    def file(name: str, served: float, paired: dict | None = None) -> dict:
+        entry = {**artifact_with_run(name, run_at(50, 1.0, (0.9, 1.1))), "accuracy_drop": 0.0}
+        run = {**run_at(50, served, (served * 0.9, served * 1.1)), **({"paired": paired} if paired else {})}
+        entry["traffic"].update(measured_at="served", served={"server": "ray-serve", "run": run,
+                                                              "in_process": run_at(50, 1.0, (0.9, 1.1))})
+        return entry
+
+    def int8(verdict: str, ci: list[float]) -> dict:
+        pair = {"reference": "onnx", "ratio": 0.95, "ci": ci, "rounds": 6, "verdict": verdict, "level": 0.99,
+                "through": "served"}
+        return {**file("int8", 3.8, {"fp32": pair}), "precision": "int8", "accuracy_drop": 0.3,
+                "int8_vs_fp32": {"reference": "onnx", "p50": {"ratio": 0.5, "ci": [0.4, 0.6], "verdict": "faster"},
+                                 "p99": {"ratio": 0.5, "ci": [0.4, 0.6], "verdict": "faster"}}}
+
+    limits = Limits(max_drop=0.5, p99_budget_ms=5.0)
+    tie = evaluate(as_entries([file("onnx", 4.0), int8("not distinguishable", [0.8, 1.1])]), limits)
+    assert tie["release"] == "onnx"
+    assert any("int8 (int8) gives way to onnx" in n and "through their model server at 50 queries/s, paired round "
+               "by round" in n and "99% CI 0.80–1.10" in n for n in tie["notes"])
+    faster = evaluate(as_entries([file("onnx", 4.0), int8("faster", [0.85, 0.97])]), limits)
+    assert faster["release"] == "int8" and not any("gives way" in n for n in faster["notes"])
+    # the fp32 file is the baseline as it is: the release note gives the INT8 file's ratio on the basis the gate
+    # ranked by (through the server, by round), not the closed-loop one that would contradict the gate
+    as_is = {**file("onnx", 4.0), "role": "reference", "source_model": "train.model"}
+    note = next(n for n in evaluate(as_entries([as_is, int8("not distinguishable", [0.8, 1.1])]), limits)["notes"]
+                if n.startswith("compression bought nothing"))
+    assert "×0.95 the released file's through their model server at 50 queries/s, paired round by round (99% CI " \
+           "0.80–1.10, not distinguishable)" in note and "block-paired" not in note
+    unpaired = int8("faster", [0.85, 0.97])
+    del unpaired["traffic"]["served"]["run"]["paired"]
+    silent = evaluate(as_entries([file("onnx", 4.0), unpaired]), limits)
+    assert silent["release"] == "int8" and any("not paired with onnx (fp32) through their servers" in n
+                                               for n in silent["notes"])

@@ -37,6 +37,9 @@ class FakeServer:
     def __exit__(self, *exc) -> None:
         pass
 
+    def limits(self, model=None) -> dict:
+        return {"waiting_at_most": self.settings.max_queue}
+
 
 class FakeClient:
     offline_asked: list = []

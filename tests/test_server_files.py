@@ -176,6 +176,14 @@ def test_the_card_and_the_report_state_the_served_and_in_process_p99_their_ratio
     row = dict(zip(head, rows[0]))
     assert row["served / in process, paired [CI]"] == "×30.00 [25.00, 36.00] 99% (6 rounds)"
     assert row["served p99 ms [CI]"] == "21.000 [19.000, 24.000]" and row["HTTP and hops mean ms"] == "5.100"
+    assert row["over its fp32 file, served, paired [CI]"] == "—"  # an fp32 file: no such pair
+    from serve_bench.report_model.sections import TrafficRatio
+
+    entry.traffic.served.run.paired["fp32"] = TrafficRatio(reference="export.fp32", ratio=0.8, ci=[0.7, 0.9],
+                                                          rounds=6, verdict="faster", level=0.99, through="served")
+    head, rows = served_table(SimpleNamespace(artifacts=[entry]))
+    assert dict(zip(head, rows[0]))["over its fp32 file, served, paired [CI]"] == \
+        "×0.80 [0.70, 0.90] 99% (6 rounds, over export.fp32)"
     failed = as_entry({"name": "train.model", "accuracy_drop": 0.0, "latency_ms": {"p99": 9.0},
                        "traffic": {"scenario": "server", "served": {"failed": "not served: no model server here "
                                                                               "runs this file"}}})

@@ -203,8 +203,9 @@ def _pipeline(name: str, args: dict, folder) -> dict:
     return config
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("name, args", FAMILIES.items())
+@pytest.mark.slow  # a CNN with squeeze-excite and hard activations, and a LayerNorm transformer; ConvNeXt's
+# LayerNorm CNN is pruned, refused bn_scale and round-tripped by the fast tests above
+@pytest.mark.parametrize("name, args", [(n, a) for n, a in FAMILIES.items() if n != "timm:convnext_atto"])
 def test_prune_quantize_export_bench_end_to_end(tmp_path, write_pipeline, capsys, name, args):
     path = write_pipeline(_pipeline(name, args, tmp_path))
     run_dir = tmp_path / "run"

@@ -34,24 +34,63 @@ def _process_jiffies(pid: int) -> int:
     return int(after_name[11]) + int(after_name[12])  # fields 14 and 15 of proc(5): utime, stime
 
 
-class LoadSampler:
-    """Snapshot before a block, share after it: other processes' fraction of all cores meanwhile."""
+def _families() -> tuple[dict[int, list[int]], dict[int, list[int]]]:
+    """Every process's children and every session's processes, from each /proc/<pid>/stat's parent and session
+    fields."""
+    children: dict[int, list[int]] = {}
+    sessions: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            parent, session = int(fields[1]), int(fields[3])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(parent, []).append(int(entry.name))
+        sessions.setdefault(session, []).append(int(entry.name))
+    return children, sessions
 
-    def __init__(self, pids: list[int]) -> None:
-        self.pids = pids
+
+def process_tree(roots: list[int]) -> list[int]:
+    """``roots`` and every process descended from them or in a session one of them leads (a model server's Ray
+    processes: its raylet, workers and replicas are started under the server's own process, in its session, and
+    one whose parent ended is still found by its session)."""
+    children, sessions = _families()
+    seen, stack = [], list(roots)
+    while stack:
+        pid = stack.pop()
+        if pid not in seen:
+            seen.append(pid)
+            stack.extend(children.get(pid, []))
+            if pid in roots:
+                stack.extend(sessions.get(pid, []))
+    return seen
+
+
+class LoadSampler:
+    """Snapshot before a block, share after it: other processes' fraction of all cores meanwhile. ``trees`` are
+    processes whose descendants are ours too, found again at every snapshot (a model server starts workers as it
+    goes): a process that started during the block counts all its time as ours, one that ended during it counts
+    none of its last time (the kernel keeps no account of it once reaped)."""
+
+    def __init__(self, pids: list[int], trees: list[int] = ()) -> None:
+        self.pids, self.trees = list(pids), list(trees)
         self.available = _machine_jiffies() is not None
 
-    def snapshot(self) -> tuple[int, int, int] | None:
+    def snapshot(self) -> tuple[int, int, dict[int, int]] | None:
         machine = _machine_jiffies()
         if machine is None:
             return None
-        return (*machine, sum(_process_jiffies(p) for p in self.pids))
+        pids = set(self.pids) | set(process_tree(self.trees) if self.trees else [])
+        return (*machine, {p: _process_jiffies(p) for p in pids})
 
-    def other_share(self, before: tuple[int, int, int] | None) -> float | None:
+    def other_share(self, before: tuple[int, int, dict[int, int]] | None) -> float | None:
         after = self.snapshot()
         if before is None or after is None or after[1] <= before[1]:
             return None
-        busy, total, own = (a - b for a, b in zip(after, before))
+        busy, total = after[0] - before[0], after[1] - before[1]
+        own = sum(max(0, j - before[2].get(p, 0)) for p, j in after[2].items() if j)
         return min(1.0, max(0.0, (busy - own) / total))
 
 
@@ -69,6 +108,8 @@ def busy_machine_flag(entries: list[dict]) -> str | None:
     # the traffic tests (serve_bench.load) too: an absolute p99 under load is the figure a neighbour moves most
     loads.update({f"{e['name']} (under traffic)": (e.get("traffic") or {}).get("machine_load") for e in entries
                   if (e.get("traffic") or {}).get("machine_load")})
+    loads.update({f"{e['name']} (through its server)": ((e.get("traffic") or {}).get("served") or {}).get(
+        "machine_load") for e in entries if ((e.get("traffic") or {}).get("served") or {}).get("machine_load")})
     busy = {n: l for n, l in loads.items() if l["other_share_mean"] > BUSY_SHARE}
     if not busy:
         return None

@@ -16,9 +16,12 @@ before stays.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 import traceback
+from contextlib import ExitStack
+from pathlib import Path
 from typing import Callable
 
 import numpy as np
@@ -26,11 +29,12 @@ import numpy as np
 from serve_bench.latency.sweep import summarized, sweep_config
 from serve_bench.latency.traffic_rounds import measure_in_rounds, pair_runs
 from serve_bench.errors import BenchError
+from serve_bench.latency.machine_load import LoadSampler, load_summary
 from serve_bench.latency.worker import BenchWorker
 from serve_bench.load.capacity import within_budget
 from serve_bench.load.rounds import RoundsRule
 from serve_bench.load.serving_loop import ServingSettings
-from serve_bench.servers.base import ServerError, ServerStatistics
+from serve_bench.servers.base import ServedModel, ServerError, ServerStatistics
 from serve_bench.servers.deployment import ServedSettings, model_name, queue_limit
 from serve_bench.servers.http_client import HttpClient, Refused
 from serve_bench.servers.registry import DEFAULT_SERVER, make_server
@@ -115,12 +119,15 @@ def served_worker_main(conn, host: str, port: int, model: str, pool: np.ndarray,
                 loop = ServingLoop([forward] * clients, pool, ServingSettings(max_batch=1, instances=clients),
                                    done=lambda tags: None)
                 test = ScenarioSettings(**scenario)
+                warmed = 0.0
                 if test.scenario == "server" and test.warmup_s > 0:  # warmed apart: its refusals are not the test's
-                    warm_up(loop, len(pool), test)
+                    warmed = warm_up(loop, len(pool), test)
                 refused[0] = 0
                 result = run_scenario(loop, len(pool), test.model_copy(update={"warmup_s": 0.0}))
                 if gone:
                     raise ServerError(f"the server stopped answering mid-test: {gone[0]}")
+                if "steady_state" in result:  # the warm-up that ran, apart: the record says so, not 0
+                    result["steady_state"]["warmup_s"] = warmed
                 conn.send(("ok", refusals_counted({**result, "serving": serving}, refused[0])))
             elif command == "close":
                 client.close()
@@ -193,66 +200,163 @@ def server_split(tests_stats: list[dict], client_ms: np.ndarray, client_wait_ms:
             "refused_share": round(totals["refused"] / max(1, len(client_ms)), 6)}
 
 
-def measure_served(workers: dict[str, BenchWorker], files: dict[str, dict], *, scenario: dict, rule: RoundsRule,
-                   budget_ms: float | None, serving: dict[str, dict], service_ms: dict[str, float],
-                   pool: np.ndarray, round_s: float, settle_s: float, say: Callable[[str], None],
-                   server: str = DEFAULT_SERVER) -> dict[str, dict]:
-    """Per file in ``files`` (name → runtime, path, runner options) its ``served`` record: the served run and the
-    in-process run of the same rounds at ``scenario``'s rate (a server test as ``ScenarioSettings`` fields), their
-    paired p99 ratio, and the server's split; or ``failed`` with the reason where its server could not start or
-    stopped answering. ``serving[name]`` is the at-target configuration the file's worker resolved: the server is
-    started with it, and the in-process turns use it too."""
-    out: dict[str, dict] = {}
-    for name, file in files.items():
-        settings = served_server_settings(serving[name], budget_ms, service_ms.get(name))
-        record: dict = {"server": server, "settings": settings.model_dump(mode="json")}
-        out[name] = record
-        say(f"{name}: served on {server} [{settings.label()}, queue limit {settings.max_queue or 'none'}]")
-        try:
-            with make_server(file["path"], file["runtime"], settings, server=server, model=model_name(name),
-                             runner_options=file.get("options") or {}) as started:
-                with ServedWorker(served_name(name), started.host, started.http_port, started.model, pool) as client:
-                    record.update(_served_rounds(workers[name], client, serving[name], scenario, rule, round_s,
-                                                 budget_ms, settle_s, say))
-        except (BenchError, OSError, EOFError) as exc:  # this file's served record ends; every other figure stays
-            side = "the file in process" if not workers[name].process.is_alive() else "the server or its client"
-            record["failed"] = f"{side}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-            say(f"{name}: served measurement stopped: {record['failed']}")
+def served_groups(names: list[str], pairs: dict[str, dict[str, str]]) -> list[list[str]]:
+    """The files served and measured together, in ``names``' order: each fp32 file with the INT8 files paired with
+    it (``pairs[int8]["fp32"]``, both served), so the INT8 file's served p99 over its fp32 file's comes paired
+    round by round, as in process; every other file alone. A group's first is its fp32 file."""
+    fp32_of = {n: roles["fp32"] for n, roles in pairs.items()
+               if n in names and (roles or {}).get("fp32") in names and roles["fp32"] != n}
+    chained = sorted(set(fp32_of) & set(fp32_of.values()))
+    if chained:  # an fp32 file is never itself paired with another: traffic_pairs pairs INT8 files only
+        raise ValueError(f"{', '.join(chained)}: both paired with an fp32 file and the fp32 file of another")
+    groups: dict[str, list[str]] = {}
+    for name in names:
+        head = fp32_of.get(name, name)
+        groups.setdefault(head, [head])
+        if name != head:
+            groups[head].append(name)
+    return list(groups.values())
+
+
+def route_names(group: list[str]) -> dict[str, str]:
+    """Each file's name on its server (serve_bench.servers.deployment.model_name), made unique within the group:
+    two files whose names differ only in characters a route cannot hold get a number."""
+    out: dict[str, str] = {}
+    for name in group:
+        base = model_name(name)
+        route, k = base, 1
+        while route in out.values():
+            k += 1
+            route = f"{base}-{k}"
+        out[name] = route
     return out
 
 
-def _served_rounds(worker: BenchWorker, client: ServedWorker, serving: dict, scenario: dict, rule: RoundsRule,
-                   round_s: float, budget_ms: float | None, settle_s: float, say: Callable[[str], None]) -> dict:
-    name, served = worker.name, client.name
-    stats: list[dict] = []
+def measure_served(workers: dict[str, BenchWorker], files: dict[str, dict], *, scenario: dict, rule: RoundsRule,
+                   budget_ms: float | None, serving: dict[str, dict], service_ms: dict[str, float],
+                   pool: np.ndarray, round_s: float, settle_s: float, say: Callable[[str], None],
+                   server: str = DEFAULT_SERVER, pairs: dict[str, dict[str, str]] | None = None) -> dict[str, dict]:
+    """Per file in ``files`` (name → runtime, path, runner options) its ``served`` record: the served run and the
+    in-process run of the same rounds at ``scenario``'s rate (a server test as ``ScenarioSettings`` fields), their
+    paired p99 ratio, the server's split and the machine's load; or ``failed`` with the reason where its server
+    could not start or stopped answering. ``serving[name]`` is the at-target configuration the file's worker
+    resolved: the server is started with it, and the in-process turns use it too. An INT8 file and its fp32 file
+    (``pairs``: serve_bench.bench.references.traffic_pairs) share one server and the same rounds, so the served
+    run's ``paired.fp32`` is the INT8 file's served p99 over its fp32 file's, round by round, for the gate. Where
+    such a group fails, each of its files is measured again on a server of its own, so one file's fault does not
+    cost the other its figure (the INT8 file is then not paired, and the gate says so)."""
+    out: dict[str, dict] = {}
+    # every worker's time is the bench's own, as in the in-process rounds (serve_bench.latency.traffic._Turns)
+    own = [os.getpid(), *(w.process.pid for w in workers.values())]
+    for group in served_groups(list(files), pairs or {}):
+        found = _served_group(group, workers, files, scenario=scenario, rule=rule, budget_ms=budget_ms,
+                              serving=serving, service_ms=service_ms, pool=pool, round_s=round_s,
+                              settle_s=settle_s, say=say, server=server, own=own)
+        if len(group) > 1 and any("failed" in r for r in found.values()):
+            say(f"{', '.join(group)}: served together, stopped; each is served again on its own")
+            together = next(r["failed"] for r in found.values() if "failed" in r)
+            for name in group:
+                found[name] = {**_served_group([name], workers, files, scenario=scenario, rule=rule,
+                                               budget_ms=budget_ms, serving=serving, service_ms=service_ms,
+                                               pool=pool, round_s=round_s, settle_s=settle_s, say=say,
+                                               server=server, own=own)[name],
+                               "served_together_failed": together}
+        out.update(found)
+    return out
+
+
+def _served_group(group: list[str], workers: dict[str, BenchWorker], files: dict[str, dict], *, scenario: dict,
+                  rule: RoundsRule, budget_ms: float | None, serving: dict[str, dict], service_ms: dict[str, float],
+                  pool: np.ndarray, round_s: float, settle_s: float, say: Callable[[str], None], server: str,
+                  own: list[int]) -> dict[str, dict]:
+    """The served records of one group of files, served by one server in the same rounds."""
+    settings = {n: served_server_settings(serving[n], budget_ms, service_ms.get(n)) for n in group}
+    routes = route_names(group)
+    out: dict[str, dict] = {}
+    for name in group:
+        beside = [n for n in group if n != name]
+        out[name] = {"server": server, "settings": settings[name].model_dump(mode="json"),
+                     **({"served_with": beside} if beside else {})}
+        say(f"{name}: served on {server} [{settings[name].label()}, queue limit {settings[name].max_queue or 'none'}]"
+            + (f", beside {', '.join(beside)}" if beside else ""))
+    first, *rest = group
+    also = tuple(ServedModel(Path(files[n]["path"]), files[n]["runtime"], settings[n], routes[n],
+                             files[n].get("options") or {}) for n in rest)
+    try:
+        with make_server(files[first]["path"], files[first]["runtime"], settings[first], server=server,
+                         model=routes[first], runner_options=files[first].get("options") or {},
+                         also=also) as started, ExitStack() as stack:
+            clients = {n: stack.enter_context(ServedWorker(served_name(n), started.host, started.http_port,
+                                                           routes[n], pool)) for n in group}
+            sampler = LoadSampler([*own, *(c.process.pid for c in clients.values())], trees=started.processes())
+            for name in group:
+                out[name]["limits"] = started.limits(routes[name])
+            found = _served_rounds({n: workers[n] for n in group}, clients, serving, scenario, rule, round_s,
+                                   budget_ms, settle_s, say, sampler, fp32_of={n: first for n in rest})
+        for name in group:
+            out[name].update(found[name])
+    except (BenchError, OSError, EOFError) as exc:  # this group's served records end; every other figure stays
+        dead = [n for n in group if not workers[n].process.is_alive()]
+        side = (f"{', '.join(dead)} in process" if dead else "the server or its client")
+        reason = f"{side}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        for name in group:
+            out[name]["failed"] = reason
+        say(f"{', '.join(group)}: served measurement stopped: {reason}")
+    return out
+
+
+def _served_rounds(workers: dict[str, BenchWorker], clients: dict[str, ServedWorker], serving: dict[str, dict],
+                   scenario: dict, rule: RoundsRule, round_s: float, budget_ms: float | None, settle_s: float,
+                   say: Callable[[str], None], sampler: LoadSampler, fp32_of: dict[str, str]) -> dict[str, dict]:
+    """The rounds of one group: every file in process and through its server, all four (or more) stopping
+    together, so each ratio rests on the same rounds as the p99s beside it."""
+    names = list(workers)
+    who_is = {**{n: (workers[n], n) for n in names}, **{served_name(n): (clients[n], n) for n in names}}
+    stats: dict[str, list[dict]] = {n: [] for n in names}
+    loads: list[float | None] = []
 
     def turn(who: str, asked: list[dict]) -> list:
         time.sleep(settle_s)  # the other process's threads go quiet first, as between any two files' turns
-        answer = (client if who == served else worker).call("turn", serving, asked)
-        if who == served:
-            stats.append(answer["server"])
+        process, name = who_is[who]
+        before = sampler.snapshot()
+        answer = process.call("turn", serving[name], asked)
+        loads.append(sampler.other_share(before))
+        if process is clients[name]:
+            stats[name].append(answer["server"])
         return answer["tests"]
 
-    measured = measure_in_rounds(turn, [name, served], [scenario], rule, together={name: name, served: name},
+    participants = [who for n in names for who in (n, served_name(n))]
+    measured = measure_in_rounds(turn, participants, [scenario], rule, together={p: names[0] for p in participants},
                                  say=say, round_s=round_s)
-    pair_runs(measured, {served: {"in_process": name}})
-    run, tests = measured[(served, 0)]
-    in_process, _ = measured[(name, 0)]
-    # the client's own loop: its wait for a free client thread and each request's round trip, not a server's queue
-    client_wait, round_trip = run.pop("queue_ms", None), run.pop("compute_ms", None)
-    split = server_split(stats, np.concatenate([t.latencies_ms for t in tests]), (client_wait or {}).get("mean"))
-    split["client_wait_ms"], split["round_trip_ms"] = client_wait, round_trip
-    run.pop("service_ms", None)
-    run["mean_batch"], run["serving"], in_process["serving"] = split["mean_batch"], serving, serving
-    if split["refused"]:  # LoadGen counted each refusal as a quick answer: the p99 of what it counted is too low
-        run["sustainable"] = False
-        queries = sum(len(t.latencies_ms) for t in tests)
-        run["sustainable_reason"] = (f"the server refused {split['refused']} of {queries} queries (HTTP 503: its "
-                                     "queue limit, or a replica not ready): a refused query is a failed one, and "
-                                     "LoadGen counted each as a quick answer, so the p99 it gives is too low")
-    for r in (run, in_process):
-        r["within_budget"] = within_budget(r, budget_ms)
-    return {"run": run, "in_process": in_process, "split": split}
+    pairs = {served_name(n): {"in_process": n} for n in names}
+    for name, reference in fp32_of.items():
+        pairs[served_name(name)]["fp32"] = served_name(reference)
+    pair_runs(measured, pairs)
+    out = {}
+    for name in names:
+        run, tests = measured[(served_name(name), 0)]
+        in_process, _ = measured[(name, 0)]
+        fp32 = (run.get("paired") or {}).get("fp32")
+        if fp32 is not None:  # the gate asks for the fp32 file by its own name: both ran through this server
+            fp32.update(reference=fp32_of[name], through="served")
+        # the client's own loop: its wait for a free client thread and each request's round trip, not a queue
+        client_wait, round_trip = run.pop("queue_ms", None), run.pop("compute_ms", None)
+        split = server_split(stats[name], np.concatenate([t.latencies_ms for t in tests]),
+                             (client_wait or {}).get("mean"))
+        split["client_wait_ms"], split["round_trip_ms"] = client_wait, round_trip
+        run.pop("service_ms", None)
+        run["mean_batch"], run["serving"], in_process["serving"] = split["mean_batch"], serving[name], serving[name]
+        if split["refused"]:  # LoadGen counted each refusal as a quick answer: the p99 of what it counted is low
+            run["sustainable"] = False
+            queries = sum(len(t.latencies_ms) for t in tests)
+            run["sustainable_reason"] = (f"the server refused {split['refused']} of {queries} queries (HTTP 503: "
+                                         "its queue limit, or a replica not ready): a refused query is a failed "
+                                         "one, and LoadGen counted each as a quick answer, so the p99 it gives is "
+                                         "too low")
+        for r in (run, in_process):
+            r["within_budget"] = within_budget(r, budget_ms)
+        out[name] = {"run": run, "in_process": in_process, "split": split, "machine_load": load_summary(loads)}
+    return out
 
 
 def failed_probe(scenario: dict, serving: dict, exc: Exception) -> dict:
@@ -307,6 +411,7 @@ def sweep_served(files: dict[str, dict], configs: list[ServingSettings], *, budg
                                 return failed_probe(scenario, serving, exc)
 
                         record = sweep_config(turns, [served_name(name)], config, **plan)[served_name(name)]
+                        record["limits"] = started.limits()
             except (BenchError, OSError, EOFError) as exc:
                 reason = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
                 record = {"label": config.label(), "serving": config.model_dump(), "capacity": None,

@@ -185,7 +185,7 @@ def measure_traffic(workers: dict[str, BenchWorker], *, scenario: Scenario, targ
     if settings.served and scenario == "server" and target_qps and served_pool is not None:
         _measure_served(entries, workers, servable or {}, target_qps=target_qps, budget_ms=budget_ms,
                         decision=decision, settings=settings, settle_s=settle_s, expected_ms=expected_ms,
-                        pool=served_pool, say=say)
+                        pool=served_pool, say=say, pairs=pairs or {})
     if measured_at == "served":
         for entry in entries.values():
             entry["measured_at"] = "served"
@@ -243,9 +243,11 @@ def _measure_traffic(turns: _Turns, names: list[str], *, scenario: Scenario, tar
 
 def _measure_served(entries: dict[str, dict], workers: dict[str, BenchWorker], servable: dict[str, dict], *,
                     target_qps: float, budget_ms: float | None, decision: str, settings: TrafficSettings,
-                    settle_s: float, expected_ms: dict[str, float], pool: np.ndarray, say: Progress) -> None:
-    """Each servable file's ``served`` record (serve_bench.latency.served), after every in-process figure; where
-    the bench sweeps (``traffic.sweep``), the served files it sweeps are swept again through their server."""
+                    settle_s: float, expected_ms: dict[str, float], pool: np.ndarray, say: Progress,
+                    pairs: dict[str, dict[str, str]]) -> None:
+    """Each servable file's ``served`` record (serve_bench.latency.served), after every in-process figure, an INT8
+    file and its fp32 file (``pairs``) through one server in the same rounds; where the bench sweeps
+    (``traffic.sweep``), the served files it sweeps are swept again through their server."""
     from serve_bench.latency.served import measure_served, sweep_served
 
     wanted_files = [n for n in workers if n in servable and entries[n]["at_target"] is not None
@@ -265,7 +267,8 @@ def _measure_served(entries: dict[str, dict], workers: dict[str, BenchWorker], s
     served = measure_served(workers, {n: servable[n] for n in wanted_files},
                             scenario=_scenario("server", settings, budget_ms, target_qps), rule=rule,
                             budget_ms=budget_ms, serving={n: entries[n]["at_target"]["serving"] for n in wanted_files},
-                            service_ms=expected_ms, pool=pool, round_s=settings.round_s, settle_s=settle_s, say=say)
+                            service_ms=expected_ms, pool=pool, round_s=settings.round_s, settle_s=settle_s, say=say,
+                            pairs=pairs)
     for name, record in served.items():
         entries[name]["served"] = record
         if "run" in record:

@@ -181,16 +181,19 @@ def steady_of(tests: list[LoadGenTest], settings: ScenarioSettings) -> SteadyP99
                       min_tail_cycles=settings.min_tail_cycles, precision=settings.precision)
 
 
-def warm_up(loop: ServingLoop, sample_count: int, settings: ScenarioSettings) -> None:
-    """Poisson traffic at the target rate for ``warmup_s`` through the same loop, answers discarded."""
+def warm_up(loop: ServingLoop, sample_count: int, settings: ScenarioSettings) -> float:
+    """Poisson traffic at the target rate for ``warmup_s`` through the same loop, answers discarded; the seconds
+    of warm-up that ran (0 where the rate is too slow for one query, or the warm-up failed)."""
     from serve_bench.load.open_loop import run_open_loop
 
     if settings.target_qps * settings.warmup_s < 1:  # a slow rate: its warm-up would hold no query
-        return
+        return 0.0
     try:
         run_open_loop(loop, sample_count, settings.target_qps, settings.warmup_s, seed=settings.seed + 7919)
     except (ValueError, TimeoutError) as exc:  # the measured test that follows says what the server does
         log.warning("warm-up traffic at %g/s: %s", settings.target_qps, exc)
+        return 0.0
+    return settings.warmup_s
 
 
 def one_test(loop: ServingLoop, sample_count: int, settings: ScenarioSettings) -> LoadGenTest:

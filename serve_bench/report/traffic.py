@@ -282,10 +282,11 @@ def _in_process_words(config, in_process) -> str:
 def served_table(report: Report) -> Table | None:
     """One row per file the served scenario measured (or could not): its p99 through the server and in process in
     the same rounds, their paired ratio (what the server multiplies the p99 by), and where a served query's time
-    went by the server's own count; None when no file was served."""
+    went by the server's own count; an INT8 file's served p99 over its fp32 file's through the same server, paired
+    by round; None when no file was served."""
     head = ["artifact", "server", "served p50 ms", "served p99 ms [CI]", "in process p99 ms [CI]",
-            "served / in process, paired [CI]", "server queue mean ms", "server model mean ms",
-            "HTTP and hops mean ms", "refused", "sustainable"]
+            "served / in process, paired [CI]", "over its fp32 file, served, paired [CI]", "server queue mean ms",
+            "server model mean ms", "HTTP and hops mean ms", "refused", "sustainable"]
     rows = []
     for art in report.artifacts:
         served = art.traffic.served if art.traffic is not None else None
@@ -293,18 +294,24 @@ def served_table(report: Report) -> Table | None:
             continue
         if served.run is None:
             rows.append([art.name, served.server or "—", "—", "—", "—", served.failed or "—", "—", "—", "—", "—",
-                         "—"])
+                         "—", "—"])
             continue
         run, inside, split = served.run, served.in_process, served.split
         lat, inside_lat = run.latency_ms or {}, (inside.latency_ms if inside is not None else None) or {}
-        ratio = (run.paired or {}).get("in_process")
+        ratio, fp32 = (run.paired or {}).get("in_process"), (run.paired or {}).get("fp32")
         rows.append([art.name, served.server or "—", _num(lat.get("p50")), _num(lat.get("p99")) + _bounds(run.p99_ci),
                      _num(inside_lat.get("p99")) + (_bounds(inside.p99_ci) if inside is not None else ""),
-                     "—" if ratio is None else f"×{ratio.ratio:.2f} [{ratio.ci[0]:.2f}, {ratio.ci[1]:.2f}]"
-                                               f"{_level(ratio.level)} ({ratio.rounds} rounds)",
+                     _paired_words(ratio), _paired_words(fp32, named=True),
                      _num(given(split, "queue_mean_ms")), _num(given(split, "compute_mean_ms")),
                      _num(given(split, "rest_mean_ms")), _num(given(split, "refused"), 0), _sustainable(run)])
     return (head, rows) if rows else None
+
+
+def _paired_words(ratio, named: bool = False) -> str:
+    if ratio is None:
+        return "—"
+    return (f"×{ratio.ratio:.2f} [{ratio.ci[0]:.2f}, {ratio.ci[1]:.2f}]{_level(ratio.level)} ({ratio.rounds} rounds"
+            + (f", over {ratio.reference})" if named else ")"))
 
 
 def _run_words(run: ServerRun | None) -> str | None:

@@ -289,6 +289,9 @@ class Served(_Open):
     sweep: Sweep | None = Field(None, description="the serving sweep run on the server's own batcher (one server per "
                                                   "configuration): the load the server sustains within the budget")
     failed: str | None = Field(None, description="why it was not served, or why its served measurement stopped")
+    machine_load: dict[str, Any] | None = Field(None, description="other processes' share of the CPU during the "
+                                                                  "served rounds (the server's own processes are "
+                                                                  "the file's)")
 
 
 class EntryTraffic(_Open):

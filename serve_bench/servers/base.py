@@ -12,7 +12,7 @@ import socket
 import time
 import urllib.error
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
@@ -60,8 +60,21 @@ class ServerStatistics:
                 "compute_mean_ms": round(self.compute_ns / self.success / 1e6, 6)}
 
 
+@dataclass(frozen=True)
+class ServedModel:
+    """One more file a server serves beside its first, under its own name and settings: files measured side by
+    side (an INT8 file and its fp32 file, in the same rounds) share one server, so the machine holds one."""
+
+    file: Path
+    runtime: str
+    settings: ServedSettings
+    model: str
+    runner_options: dict = field(default_factory=dict)
+
+
 class ModelServer:
-    """One model server serving one file. Subclasses implement the five verbs; ``name`` is the registry's."""
+    """One model server serving one file (and any ``also``, each under its own name). Subclasses implement the
+    five verbs; ``name`` is the registry's."""
 
     name: ClassVar[str]
     title: ClassVar[str] = ""
@@ -69,9 +82,12 @@ class ModelServer:
 
     def __init__(self, file: str | Path, runtime: str, settings: ServedSettings, *, model: str = "model",
                  host: str = "127.0.0.1", http_port: int | None = None, grpc_port: int | None = None,
-                 runner_options: dict | None = None) -> None:
+                 runner_options: dict | None = None, also: tuple[ServedModel, ...] = ()) -> None:
         self.file, self.runtime, self.settings, self.model = Path(file), runtime, settings, model
         self.host, self.runner_options = host, dict(runner_options or {})
+        self.models = [ServedModel(self.file, runtime, settings, model, self.runner_options), *also]
+        if len({m.model for m in self.models}) != len(self.models):
+            raise ServerError(f"two served files under one name: {', '.join(m.model for m in self.models)}")
         self.http_port = http_port or free_port(host)
         self.grpc_port = grpc_port or free_port(host)
 
@@ -88,13 +104,24 @@ class ModelServer:
     def client(self):
         raise NotImplementedError
 
-    def statistics(self) -> ServerStatistics:
+    def statistics(self, model: str | None = None) -> ServerStatistics:
+        """The server's own account for ``model`` (the first file's by default)."""
         raise NotImplementedError
 
     def stop(self) -> None:
         raise NotImplementedError
 
     def alive(self) -> bool:
+        raise NotImplementedError
+
+    def limits(self, model: str | None = None) -> dict:
+        """The server's own names and values for the queue limit of ``model`` (the first file's by default), with
+        ``waiting_at_most``: how many requests may wait before it refuses, as this server counts them."""
+        raise NotImplementedError
+
+    def processes(self) -> list[int]:
+        """The server's own processes (each with all it starts under it): their CPU time is the server's, not a
+        neighbour's, when the bench asks how busy the machine was."""
         raise NotImplementedError
 
     @property

@@ -31,8 +31,35 @@ log = logging.getLogger(__name__)
 STATS_ACTOR = "compress-served-statistics"
 
 
+def board_name(model: str) -> str:
+    """The statistics actor of one served file (a server may serve several, each with its own account)."""
+    return f"{STATS_ACTOR}:{model}"
+
+
+def ray_limits(settings: dict) -> dict:
+    """Ray Serve's two limits for the measured settings, and the most requests that may then wait.
+
+    A replica takes up to ``max_ongoing_requests`` at once: a batch in the model and the next one forming (twice
+    the largest batch, four requests at least, so a replica of a sub-millisecond file is not left idle by the
+    router's hop between two requests). All but one of those may be waiting (a batch of one in the model), and
+    Ray's ``max_queued_requests`` counts only the requests its router holds back. So the queue limit
+    (``max_queue``: requests that may wait, the same figure as Triton's ``max_queue_size``) is split: each replica
+    holds no more than its share of it, and the router the rest (one at least). ``waiting_at_most`` is what the
+    two allow together: the queue limit, except where it is under one waiting place per copy and one at the
+    router (Ray cannot refuse sooner)."""
+    batch, copies, limit = settings["max_batch"], settings["instances"], settings.get("max_queue")
+    ongoing = max(2 * batch, 4)
+    if not limit:
+        return {"max_ongoing_requests": ongoing, "max_queued_requests": -1, "waiting_at_most": None}
+    share = (limit - 1) // copies + 1  # the most a replica may hold with its waiting places within limit - 1
+    ongoing = max(batch, min(ongoing, share))
+    at_replicas = copies * (ongoing - 1)
+    queued = max(1, limit - at_replicas)
+    return {"max_ongoing_requests": ongoing, "max_queued_requests": queued, "waiting_at_most": at_replicas + queued}
+
+
 def statistics_board():
-    """A Ray actor that sums what every replica reports after each batch (one per served application)."""
+    """A Ray actor that sums what every replica reports after each batch (one per served file)."""
     import ray
 
     @ray.remote(num_cpus=0)
@@ -56,8 +83,10 @@ def deployment(settings: dict):
     from starlette.requests import Request
     from starlette.responses import JSONResponse, Response
 
-    @serve.deployment(num_replicas=settings["instances"], max_ongoing_requests=max(settings["max_batch"] * 2, 8),
-                      max_queued_requests=settings.get("max_queue") or -1,
+    limits = ray_limits(settings)
+
+    @serve.deployment(num_replicas=settings["instances"], max_ongoing_requests=limits["max_ongoing_requests"],
+                      max_queued_requests=limits["max_queued_requests"],
                       # a stop answers what is in flight, then ends (Serve's defaults wait up to 20 s per replica)
                       graceful_shutdown_wait_loop_s=0.2, graceful_shutdown_timeout_s=5,
                       ray_actor_options={"num_cpus": 0})
@@ -74,7 +103,7 @@ def deployment(settings: dict):
             self.shape = tuple(self.input["shape"])
             self.dtype = np.dtype(self.input["dtype"])
             self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="model")
-            self.board = ray.get_actor(STATS_ACTOR, namespace=board_namespace)
+            self.board = ray.get_actor(board_name(model), namespace=board_namespace)
             self.batched.set_max_batch_size(settings["max_batch"])
             self.batched.set_batch_wait_timeout_s(settings["max_queue_delay_us"] / 1e6)
             for size in range(1, settings["max_batch"] + 1):  # every batch size once before the first request
@@ -108,7 +137,7 @@ def deployment(settings: dict):
             if request.method == "GET" and path[-1] == "stats":
                 return JSONResponse(await self.board.read.remote())
             if request.method == "GET":
-                return JSONResponse({"model": self.model, **self.tensors, "settings": settings})
+                return JSONResponse({"model": self.model, **self.tensors, "settings": settings, "limits": limits})
             if request.method != "POST" or path[-1] != "infer":
                 return JSONResponse({"error": f"POST /{self.model}/infer, GET /{self.model} or GET "
                                               f"/{self.model}/stats"}, status_code=404)

@@ -51,13 +51,16 @@ class RayServeServer(ModelServer):
         problem = self.unusable()
         if problem:
             raise ServerError(problem)
-        inputs, outputs = onnx_tensors(self.file)
-        tensors = {"inputs": [_spec(t) for t in inputs], "outputs": [_spec(t) for t in first_output(outputs)]}
-        settings = self.settings.model_dump()
-        spec = {"file": str(self.file.resolve()), "runtime": self.runtime, "model": self.model, "host": self.host,
-                "http_port": self.http_port, "settings": settings, "tensors": tensors,
-                "threads": self.settings.threads or 1, "runner_options": self.runner_options,
-                "cpus": max(2, self.settings.instances + 1)}
+        apps = []
+        for served in self.models:
+            inputs, outputs = onnx_tensors(served.file)
+            apps.append({"file": str(Path(served.file).resolve()), "runtime": served.runtime, "model": served.model,
+                         "settings": served.settings.model_dump(), "threads": served.settings.threads or 1,
+                         "runner_options": served.runner_options,
+                         "tensors": {"inputs": [_spec(t) for t in inputs],
+                                     "outputs": [_spec(t) for t in first_output(outputs)]}})
+        spec = {"host": self.host, "http_port": self.http_port, "apps": apps,
+                "cpus": max(2, sum(m.settings.instances for m in self.models) + 1)}
         self._folder = Path(tempfile.mkdtemp(prefix="compress-serve-"))
         (self._folder / "spec.json").write_text(json.dumps(spec))
         self._log = open(self._folder / "server.log", "wb")
@@ -73,14 +76,24 @@ class RayServeServer(ModelServer):
     def alive(self) -> bool:
         return self._process is not None and self._process.poll() is None
 
+    def processes(self) -> list[int]:
+        return [self._process.pid] if self._process is not None else []
+
+    def limits(self, model: str | None = None) -> dict:
+        from serve_bench.servers.ray_serve.app import ray_limits
+
+        served = next(m for m in self.models if m.model == (model or self.model))
+        return ray_limits(served.settings.model_dump())
+
     def ready(self, timeout_s: float = 180.0) -> "RayServeServer":
         """Wait until the application answers. A server whose process ended before it was ready (seen when
         Ray's runtime-env agent exited at start beside another Ray instance on 2 busy cores, and the raylet
         with it) is started once more; a second end, or a timeout, is the error."""
         for attempt in range(1, STARTS + 1):
-            what = f"{self.title} serving {self.file.name} (log: {self.log_file})"
+            what = f"{self.title} serving {', '.join(m.file.name for m in self.models)} (log: {self.log_file})"
             try:
-                wait_until_ready(f"{self.endpoint.http}/{self.model}", timeout_s, self.alive, what)
+                for served in self.models:
+                    wait_until_ready(f"{self.endpoint.http}/{served.model}", timeout_s, self.alive, what)
                 return self
             except ServerError as exc:
                 if attempt == STARTS or self.alive():
@@ -93,23 +106,29 @@ class RayServeServer(ModelServer):
     def client(self) -> HttpClient:
         return HttpClient(self.host, self.http_port, self.model)
 
-    def statistics(self) -> ServerStatistics:
-        totals = get_json(f"{self.endpoint.http}/{self.model}/stats")
+    def statistics(self, model: str | None = None) -> ServerStatistics:
+        totals = get_json(f"{self.endpoint.http}/{model or self.model}/stats")
         return ServerStatistics(**{k: int(totals[k]) for k in ("success", "failed", "queue_ns", "compute_ns",
                                                                 "batches")})
 
     def stop(self) -> None:
-        """SIGTERM to the server's process group (Serve and Ray shut down), then SIGKILL past the timeout."""
+        """SIGTERM to the server's own process, which shuts Serve and Ray down in order; then SIGKILL to whatever of
+        its process group is left (or to all of it past the timeout). A SIGTERM to the whole group would reach
+        Ray's controller before Serve asks it to stop, and Serve then waits 30 s for it."""
         process = self._process
         if process is None:
             return
         if process.poll() is None:
-            os.killpg(process.pid, signal.SIGTERM)
+            process.send_signal(signal.SIGTERM)
             try:
                 process.wait(timeout=STOP_TIMEOUT_S)
             except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
+                pass
+        try:
+            os.killpg(process.pid, signal.SIGKILL)  # Ray's processes that outlived it, if any
+        except (ProcessLookupError, PermissionError):
+            pass
+        process.wait()
         self._log.close()
         self._process = None
 
