@@ -23,7 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
-from serve_bench.latency.served import measure_served, sweep_served
+from serve_bench.latency.served import measure_served
+from serve_bench.latency.served_sweep import sweep_served
 from serve_bench.latency.sweep import sweep
 from serve_bench.latency.traffic import TrafficSettings, sweep_plan
 from serve_bench.latency.worker import BenchWorker

@@ -113,7 +113,7 @@ def test_a_server_killed_mid_measurement_ends_that_files_served_record_with_the_
 def test_the_sweep_through_the_server_finds_the_load_it_sustains_on_the_servers_own_batcher(tmp_path):
     """One configuration swept through a real server: its offline ceiling read through HTTP, probes at fractions
     of it, every probe answered by the server started with that configuration and its queue limit."""
-    from serve_bench.latency.served import sweep_served
+    from serve_bench.latency.served_sweep import sweep_served
     from serve_bench.latency.traffic import TrafficSettings, sweep_plan
     from serve_bench.load.serving_loop import ServingSettings
     from serve_bench.report_model.sections import Sweep

@@ -7,8 +7,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from serve_bench.latency import served
-from serve_bench.latency.served import refusals_counted, sweep_served
+from serve_bench.latency import served_sweep as served
+from serve_bench.latency.served import refusals_counted
+from serve_bench.latency.served_sweep import sweep_served
 from serve_bench.latency.traffic import TrafficSettings, sweep_plan
 from serve_bench.load.capacity import passes
 from serve_bench.load.serving_loop import ServingSettings

@@ -248,7 +248,8 @@ def _measure_served(entries: dict[str, dict], workers: dict[str, BenchWorker], s
     """Each servable file's ``served`` record (serve_bench.latency.served), after every in-process figure, an INT8
     file and its fp32 file (``pairs``) through one server in the same rounds; where the bench sweeps
     (``traffic.sweep``), the served files it sweeps are swept again through their server."""
-    from serve_bench.latency.served import measure_served, sweep_served
+    from serve_bench.latency.served import measure_served
+    from serve_bench.latency.served_sweep import sweep_served
 
     wanted_files = [n for n in workers if n in servable and entries[n]["at_target"] is not None
                     and (settings.served_artifacts is None or n in settings.served_artifacts)]
