@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 
-from serve_bench.latency.machine_load import LoadSampler, _process_jiffies, busy_machine_flag, process_tree
+from serve_bench.latency.machine_load import LoadSampler, busy_machine_flag, process_tree
 from serve_bench.latency.served import served_groups
 from serve_bench.servers.base import ServedModel, ServerError
 from serve_bench.servers.deployment import ServedSettings
@@ -68,32 +67,33 @@ def test_one_server_serves_several_files_each_under_its_own_name(tmp_path):
 
 def test_a_servers_processes_and_those_it_starts_are_the_files_own_cpu_time(tmp_path):
     """A parent that starts a child which spins: the child is found under the parent, and the sampler that names
-    the parent's tree counts the child's time as its own, so the machine does not read as busy with others."""
-    spin = "import time\nend = time.time() + 30\nwhile time.time() < end: pass\n"
+    the parent's tree counts the child's time as its own, so the machine does not read as busy with others. The
+    child says when it is there and when it has spun ten clock ticks of CPU past the first snapshot: the test
+    waits on what the child says, never on a clock."""
+    spin = ("import os, sys\nprint('ready', flush=True)\nsys.stdin.readline()\nt = os.times()\n"
+            "start = t.user + t.system\nsaid = False\nwhile True:\n    t = os.times()\n"
+            "    if not said and t.user + t.system - start >= 0.1:\n        print('spun', flush=True)\n"
+            "        said = True\n")
     parent = subprocess.Popen([sys.executable, "-c", f"import subprocess, sys; subprocess.run([sys.executable, '-c', "
-                                                     f"{spin!r}])"])
+                                                     f"{spin!r}])"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              text=True)
     try:
-        for _ in range(400):  # until the child is there (a count of polls, not a time)
-            if len(process_tree([parent.pid])) >= 2:
-                break
-            time.sleep(0.05)
+        assert parent.stdout.readline().strip() == "ready"
         tree = process_tree([parent.pid])
         assert tree[0] == parent.pid and len(tree) == 2
         sampler = LoadSampler([], trees=[parent.pid])
         before = sampler.snapshot()
         assert set(before[2]) == set(tree)
-        child = tree[1]
-        for _ in range(400):  # until the child has run ten clock ticks more: a count, not a time
-            if _process_jiffies(child) >= before[2][child] + 10:
-                break
-            time.sleep(0.05)
+        parent.stdin.write("go\n")
+        parent.stdin.flush()
+        assert parent.stdout.readline().strip() == "spun"  # ten ticks (0.1 s of CPU) past the snapshot
         with_tree = sampler.other_share(before)
         without = LoadSampler([]).other_share((*before[:2], {}))
-        # the same interval but for a moment: the child's ten ticks are the tree's own, not other processes'
+        # the same interval but for a moment: the child's ticks are the tree's own, not other processes'
         assert with_tree is not None and without is not None and with_tree < without
     finally:
+        subprocess.run(["pkill", "-P", str(parent.pid)], check=False)  # the child first: orphaned, it would spin on
         parent.kill()
-        subprocess.run(["pkill", "-P", str(parent.pid)], check=False)
         parent.wait()
 
 
