@@ -22,10 +22,13 @@ class DataConfig(Strict):
     """The images every stage reads, split once into train, validation and test (calibration images are a
     seeded subset of train)."""
 
-    name: Literal["digits", "mnist5k", "imagefolder", "cifar10", "synthetic", "coco", "shapes"] = Field(
+    name: Literal["digits", "mnist5k", "imagefolder", "cifar10", "synthetic", "coco", "shapes", "masks", "voc",
+                  "coco_masks", "scenes"] = Field(
         ..., description="digits, mnist5k (built in); imagefolder (your class-per-folder images); cifar10 (its "
                          "python folder); synthetic (random, latency only); coco (your COCO folder); shapes "
-                         "(generated detection images)")
+                         "(generated detection images); segmentation: masks (your images/ and masks/ folders), voc "
+                         "(the Pascal VOC layout), coco_masks (COCO polygons or RLE painted into class masks), scenes "
+                         "(generated scenes with exact masks)")
     path: str | None = Field(None, description="folder of the data set (imagefolder, cifar10; coco: the folder "
                                                "holding images/ and the instances JSON)")
     image_size: int | None = Field(None, gt=0, le=1024, description="resize every image once to this square size")
@@ -62,12 +65,20 @@ class DataConfig(Strict):
     annotations: str | None = Field(None, description="coco: the instances JSON (relative to path or absolute); "
                                                       "default: the one JSON in path/annotations/ or path")
     resize: Literal["letterbox", "stretch"] = Field(
-        "letterbox", description="coco, shapes: letterbox (longest side to image_size, aspect kept, padded with grey "
-                                 "114, centred) or stretch (both sides to image_size); recorded in the ONNX metadata")
+        "letterbox", description="coco, shapes and segmentation data: letterbox (longest side to image_size, aspect "
+                                 "kept, padded with grey 114 and, in masks, ignore_index, centred) or stretch (both "
+                                 "sides to image_size; masks by nearest neighbour); recorded in the ONNX metadata")
+    ignore_index: int = Field(255, ge=0, le=255, description="segmentation: the mask value never scored or trained on "
+                                                             "(VOC's void border is 255)")
+    class_names: list[str] | None = Field(None, min_length=2, description="segmentation: the classes in index order "
+                                          "(default: classes.txt in the folder, VOC's 21, COCO's categories after "
+                                          "background, else class_0…class_k by the largest id found)")
+    palette: list[list[int]] | None = Field(None, description="segmentation: RGB masks: the colour [r, g, b] of each "
+                                            "class in index order (index PNGs, mode P or L, need none)")
 
     @model_validator(mode="after")
     def _check(self) -> "DataConfig":
-        if self.name in ("imagefolder", "cifar10", "coco") and not self.path:
+        if self.name in ("imagefolder", "cifar10", "coco", "masks", "voc", "coco_masks") and not self.path:
             raise ValueError(f"data.path is required for {self.name}")
         if self.test_path and self.name != "imagefolder":
             raise ValueError("data.test_path is a test folder beside an imagefolder data.path; use name: imagefolder")
@@ -75,6 +86,8 @@ class DataConfig(Strict):
             raise ValueError("give both mean and std, or neither (then both are measured on the train split)")
         if self.std is not None and any(s <= 0 for s in self.std):
             raise ValueError("every std value must be > 0")
+        if self.palette is not None and any(len(c) != 3 or not all(0 <= v <= 255 for v in c) for c in self.palette):
+            raise ValueError("data.palette: give one [r, g, b] per class, each value 0…255")
         train_share = (1 - self.test_fraction) * (1 - self.val_fraction)  # val is a share of what test leaves
         if train_share < 0.1:
             raise ValueError(f"test_fraction {self.test_fraction} and val_fraction {self.val_fraction} leave "
@@ -119,12 +132,10 @@ class ModelConfig(Strict):
         return bool(self.weights or self.onnx)
 
 
-DETECTION_METRICS = ("map", "map50")
-
-
 class RedLine(Strict):
-    metric: Literal["top1", "top5", "map", "map50"] = Field(
-        "top1", description="classification: top1, top5; detection: map (COCO mAP@0.5:0.95) or map50 (mAP@0.5)")
+    metric: Literal["top1", "top5", "map", "map50", "miou", "pixel_acc"] = Field(
+        "top1", description="classification: top1, top5; detection: map (COCO mAP@0.5:0.95) or map50 (mAP@0.5); "
+                            "segmentation: miou (mean IoU over the classes) or pixel_acc")
     max_drop: float = Field(1.0, ge=0, le=100, description="percentage points (accuracy or mAP points) below the "
                                                           "trained baseline")
     collapse_margin: float | None = Field(
@@ -237,9 +248,11 @@ class TrackingSettings(Strict):
 class PipelineConfig(Strict):
     name: str = Field(..., pattern=NAME_PATTERN, description="the pipeline's name: its run folder is runs/<name> "
                                                             "unless run_dir says otherwise")
-    task: Literal["classification", "detection"] = Field(
+    task: Literal["classification", "detection", "segmentation"] = Field(
         "classification", description="detection: boxes and classes from COCO-format data (data.name coco or "
-                                      "shapes), judged by COCO mAP (red_line.metric map or map50)")
+                                      "shapes), judged by COCO mAP (red_line.metric map or map50); segmentation: a "
+                                      "class per pixel (data.name masks, voc, coco_masks or scenes), judged by mIoU "
+                                      "(red_line.metric miou or pixel_acc)")
     seed: int = Field(0, ge=0, description="seeds initialisation and every stage's shuffling (the "
                                                             "split has its own: data.split_seed)")
     run_dir: str | None = Field(None, description="default: runs/<name> beside the current directory")
@@ -265,20 +278,11 @@ class PipelineConfig(Strict):
 
     @model_validator(mode="after")
     def _task(self) -> "PipelineConfig":
-        detection_data = self.data.name in ("coco", "shapes")
-        if self.task == "detection":
-            if not detection_data:
-                raise ValueError(f"task: detection reads boxes from COCO-format data: set data.name to coco (your "
-                                 f"folder) or shapes (generated), not {self.data.name}")
-            if self.red_line.metric not in DETECTION_METRICS:
-                raise ValueError("task: detection is judged by mAP: set red_line.metric to map (mAP@0.5:0.95) or "
-                                 "map50 (mAP@0.5)")
-        else:
-            if detection_data:
-                raise ValueError(f"data.name {self.data.name} holds boxes: add task: detection")
-            if self.red_line.metric in DETECTION_METRICS:
-                raise ValueError(f"red_line.metric {self.red_line.metric} is a detection metric: use top1 or top5, "
-                                 "or add task: detection")
+        from train.tasks import task_named
+
+        problem = task_named(self.task).red_line_problem(self.data.name, self.red_line.metric)
+        if problem:
+            raise ValueError(problem)
         return self
 
 
@@ -286,7 +290,7 @@ def check_metric_has_meaning(metric: str, num_classes: int | None) -> None:
     """A top-k red line on k classes or fewer would pass whatever the model does (every image is a hit)."""
     from train.evaluate import meaningful_metrics
 
-    if metric in DETECTION_METRICS:
+    if metric not in ("top1", "top5"):  # mAP and mIoU have a meaning at any class count
         return
     if num_classes is not None and metric not in meaningful_metrics(num_classes):
         raise ValueError(f"{metric} is meaningless with {num_classes} classes (every image would "

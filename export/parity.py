@@ -28,7 +28,7 @@ class ParityResult:
     max_abs_diff: float
     logit_scale: float
     rel_diff: float
-    top1_agreement: float  # percent (a detector: images whose best-scoring cell and class agree)
+    top1_agreement: float  # percent (a detector: images whose best-scoring cell and class agree; a segmenter: pixels)
     box_max_abs_diff: float | None = None  # a detector's output (N×A×(4+C)): boxes in pixels
     score_max_abs_diff: float | None = None  # … and its 0..1 class scores
 
@@ -54,7 +54,7 @@ def measure(session, model: nn.Module, images: torch.Tensor, batch_size: int, io
     input_name = session.get_inputs()[0].name
     feed_dtype = np.float16 if io_dtype == "fp16" else np.float32
     model = model.eval()
-    max_diff, scale, agree, n = 0.0, 0.0, 0, 0
+    max_diff, scale, agree, n = 0.0, 0.0, 0.0, 0
     box_diff = score_diff = None
     with torch.no_grad():
         for start in range(0, len(images) - batch_size + 1, batch_size):
@@ -69,7 +69,8 @@ def measure(session, model: nn.Module, images: torch.Tensor, batch_size: int, io
                 got, expected = got[..., 4:].reshape(len(x), -1), expected[..., 4:].reshape(len(x), -1)
             max_diff = max(max_diff, float(np.abs(got - expected).max()))
             scale = max(scale, float(np.abs(expected).max()))
-            agree += int((got.argmax(1) == expected.argmax(1)).sum())
+            # a classifier's images, or a segmenter's pixels (N×C×H×W), whose top class agrees
+            agree += float((got.argmax(1) == expected.argmax(1)).mean()) * len(x)
             n += len(x)
     rel = max_diff / scale if scale > 0 else max_diff
     if box_diff is not None:  # boxes relative to the image scale they live in, scores relative to 1

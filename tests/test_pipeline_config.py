@@ -65,7 +65,7 @@ def test_every_problem_is_reported_at_once(tmp_path):
     ("name: t\ndata: {name: imagefolder}\nmodel: {name: resnet20}\nstages: [{name: a, kind: train}]\n",
      r"data: data\.path is required for imagefolder"),
     ("name: t\ndata: {name: mnist}\nmodel: {name: resnet20}\nstages: [{name: a, kind: train}]\n",
-     r"data\.name: Input should be 'digits', 'mnist5k', 'imagefolder', 'cifar10', 'synthetic', 'coco' or 'shapes', got 'mnist'"),
+     r"data\.name: Input should be 'digits', 'mnist5k', 'imagefolder', 'cifar10', 'synthetic', 'coco', 'shapes', 'masks', 'voc', 'coco_masks' or 'scenes', got 'mnist'"),
     ("name: t\ndata: {name: digits}\nmodel: {name: resnet20}\nstages: []\n", r"stages: List should have at least 1 item"),
     ("name: t\ndata: {name: digits, colour: red}\nmodel: {name: resnet20}\nstages: [{name: a, kind: train}]\n",
      r"data\.colour: unknown field; known fields: name, path, image_size"),    ("name: t\ndata: {name: digits}\nmodel: {name: resnet20}\nlatency: {measured_at: served}\n"

@@ -43,7 +43,10 @@ class DataSpec:
     cache_dir: str | None = None
     decode_workers: int | None = None
     annotations: str | None = None  # coco: the instances JSON (default: the one under path)
-    resize: str = "letterbox"  # coco, shapes: letterbox | stretch
+    resize: str = "letterbox"  # coco, shapes and the segmentation sets: letterbox | stretch
+    ignore_index: int = 255  # segmentation: the mask value that is never scored
+    class_names: list[str] | None = None  # segmentation: the classes in index order (default: classes.txt or counted)
+    palette: list[list[int]] | None = None  # segmentation: RGB masks' colour per class, in class order
 
 
 # An image folder larger than this decoded goes through the on-disk cache under decode_cache: auto.
@@ -122,6 +125,11 @@ class DataBundle:
         return {"name": self.name, "split_digest": self.digest(),
                 "sizes": {s: len(getattr(self, s)) for s in ("train", "val", "calib", "test")},
                 "preprocessing": self.preprocessing()}
+
+    def judging_facts(self, split: str) -> dict:
+        """What a bench needs beside a split's images and labels to judge answers on it (TestSet's fields): a
+        classifier's labels say it all."""
+        return {}
 
     def summary(self) -> dict:
         return {

@@ -21,6 +21,8 @@ from train import cifar_resnet
 from train.detection.model import tiny_fcos
 from train.detection.torchvision_ssdlite import ssdlite_mobilenet_v3
 from train.errors import TrainError
+from train.segmentation.models import SMP_PREFIX, TORCHVISION_SEGMENTERS, smp_segmenter, tiny_segmenter, \
+    torchvision_segmenter
 
 
 class ModelError(TrainError):
@@ -30,7 +32,8 @@ class ModelError(TrainError):
 
 _CIFAR = {"resnet20": cifar_resnet.resnet20, "resnet32": cifar_resnet.resnet32, "resnet56": cifar_resnet.resnet56,
           "tiny_fcos": tiny_fcos,  # the project's own small models; tiny_fcos and ssdlite: detectors (task: detection)
-          "ssdlite_mobilenet_v3": ssdlite_mobilenet_v3}
+          "ssdlite_mobilenet_v3": ssdlite_mobilenet_v3,
+          "tiny_segmenter": tiny_segmenter}  # task: segmentation, as are torchvision's segmenters and smp:<Arch>
 
 
 def _torchvision_builders() -> dict[str, Callable[..., nn.Module]]:
@@ -41,7 +44,7 @@ def _torchvision_builders() -> dict[str, Callable[..., nn.Module]]:
 
 def known_models() -> list[str]:
     """The registry's names; timm's ~1,300 are written ``timm:<name>`` and listed by timm.list_models()."""
-    return sorted(_CIFAR) + sorted(_torchvision_builders())
+    return sorted(_CIFAR) + sorted(TORCHVISION_SEGMENTERS) + sorted(_torchvision_builders())
 
 
 TIMM_PREFIX = "timm:"
@@ -202,6 +205,10 @@ def check_model(name: str, in_channels: int | None, weights: str | None = None) 
     any channel count (timm adapts its stem to ``in_chans``)."""
     if name.startswith(TIMM_PREFIX):
         _timm_name(name)
+    elif name.startswith(SMP_PREFIX) or name in TORCHVISION_SEGMENTERS:
+        if in_channels is not None and in_channels != 3 and name in TORCHVISION_SEGMENTERS:
+            raise ModelError(f"model.name {name!r} is a torchvision segmenter and expects 3-channel input, the data "
+                             f"has {in_channels}; set data.channels: 3")
     elif ":" in name:
         _resolve_callable(name)
     elif name not in _CIFAR:
@@ -230,6 +237,20 @@ def build_model(name: str, num_classes: int, in_channels: int, args: dict | None
     elif name in _CIFAR:
         builder = _CIFAR[name]
         kwargs = {"num_classes": num_classes, "in_channels": in_channels, **args}
+    elif name.startswith(SMP_PREFIX):
+        def builder(**kw):
+            return smp_segmenter(name, **kw)
+        kwargs = {"num_classes": num_classes, "in_channels": in_channels, **args}
+        rejects = (TypeError, ValueError, KeyError, ImportError)
+    elif name in TORCHVISION_SEGMENTERS:
+        if in_channels != 3:
+            raise ModelError(f"model.name {name!r} is a torchvision segmenter and expects 3-channel input, the data "
+                             f"has {in_channels}; set data.channels: 3")
+
+        def builder(**kw):
+            return torchvision_segmenter(name, **kw)
+        kwargs = {"num_classes": num_classes, **args}
+        rejects = (TypeError, ValueError)
     elif ":" in name:
         builder = _resolve_callable(name)
         kwargs = dict(args)

@@ -2,8 +2,11 @@
 
 loss = α · T² · KL(softmax(teacher/T) ‖ softmax(student/T)) + (1 − α) · CE(student, labels)
 
-The hard term is the same cross-entropy the student's training settings describe, label
-smoothing included: a distilled run must differ from a plain one by the teacher term only.
+The hard term is the same loss the student's training settings describe (label smoothing included;
+a segmenter's pixel loss with its ignored pixels and auxiliary head): a distilled run must differ
+from a plain one by the teacher term only. The KL is taken over the class dimension at every output
+position and averaged over positions, so a segmenter is distilled pixel by pixel, and a classifier
+(one position per image) exactly as ``batchmean`` would.
 
 T² keeps the soft term's gradients on the same scale as the hard term's when T changes
 (the soft gradients shrink as 1/T²). The parts are returned separately so every epoch's
@@ -46,12 +49,27 @@ class DistillSettings(LossSettings):
     teacher: str = Field(..., description="an earlier stage or artifact, e.g. train or train.model")
 
 
+def main_output(outputs) -> torch.Tensor:
+    """The logits of what a forward returned: the tensor, the first of a training-mode (out, aux) pair, or a
+    torchvision {"out": …} dict."""
+    if isinstance(outputs, dict):
+        return outputs["out"]
+    if isinstance(outputs, (tuple, list)):
+        return outputs[0]
+    return outputs
+
+
+def soft_term(student: torch.Tensor, teacher: torch.Tensor, temperature: float) -> torch.Tensor:
+    """T² · KL(teacher ‖ student) over the class dimension (1), averaged over images and output positions."""
+    kl = F.kl_div(F.log_softmax(student.float() / temperature, dim=1), F.log_softmax(teacher.float() / temperature, dim=1),
+                  reduction="none", log_target=True)
+    return kl.sum(1).mean() * temperature**2
+
+
 def distillation_terms(student: torch.Tensor, teacher: torch.Tensor, labels: torch.Tensor, temperature: float,
                        alpha: float, label_smoothing: float = 0.0) -> dict[str, torch.Tensor]:
-    student, teacher = student.float(), teacher.float()
-    kd = F.kl_div(F.log_softmax(student / temperature, dim=1), F.log_softmax(teacher / temperature, dim=1),
-                  reduction="batchmean", log_target=True) * temperature**2
-    ce = F.cross_entropy(student, labels, label_smoothing=label_smoothing)
+    kd = soft_term(student, teacher, temperature)
+    ce = F.cross_entropy(student.float(), labels, label_smoothing=label_smoothing)
     return {"loss": alpha * kd + (1 - alpha) * ce, "kd": kd, "ce": ce}
 
 
@@ -60,12 +78,12 @@ class DistillationLoss:
 
     def __init__(self, teacher: nn.Module, temperature: float = 4.0, alpha: float = 0.5,
                  autocast: Callable[[], ContextManager] = contextlib.nullcontext, cache: bool = False,
-                 label_smoothing: float = 0.0) -> None:
+                 label_smoothing: float = 0.0, hard_loss: Callable | None = None) -> None:
         self.teacher = teacher.eval()
         for p in self.teacher.parameters():
             p.requires_grad_(False)
         self.temperature, self.alpha, self.autocast = temperature, alpha, autocast
-        self.label_smoothing = label_smoothing
+        self.label_smoothing, self.hard_loss = label_smoothing, hard_loss  # hard_loss: the task's (x, outputs, labels)
         self.cache: dict[bytes, torch.Tensor] | None = {} if cache else None
 
     def teacher_logits(self, x: torch.Tensor) -> torch.Tensor:
@@ -81,11 +99,15 @@ class DistillationLoss:
 
     def _run_teacher(self, x: torch.Tensor) -> torch.Tensor:
         with torch.no_grad(), self.autocast():
-            return self.teacher(x).float()
+            return main_output(self.teacher(x)).float()
 
-    def __call__(self, x: torch.Tensor, student_logits: torch.Tensor, labels: torch.Tensor) -> dict[str, torch.Tensor]:
-        return distillation_terms(student_logits, self.teacher_logits(x), labels, self.temperature, self.alpha,
-                                  self.label_smoothing)
+    def __call__(self, x: torch.Tensor, student_logits, labels: torch.Tensor) -> dict[str, torch.Tensor]:
+        if self.hard_loss is None:
+            return distillation_terms(student_logits, self.teacher_logits(x), labels, self.temperature, self.alpha,
+                                      self.label_smoothing)
+        kd = soft_term(main_output(student_logits), self.teacher_logits(x), self.temperature)
+        hard = self.hard_loss(x, student_logits, labels)["loss"]
+        return {"loss": self.alpha * kd + (1 - self.alpha) * hard, "kd": kd, "ce": hard}
 
 
 def check_pair(teacher_desc: dict, student_desc: dict, teacher_name: str, student_name: str) -> None:

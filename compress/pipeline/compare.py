@@ -23,6 +23,7 @@ from compress.pipeline.bench_report import find_report, load_report
 from compress.pipeline.fingerprint import environment
 from compress.pipeline.manifest import Manifest
 from compress.pipeline.pipeline_data import load_section
+from serve_bench.accuracy.judges import JUDGES
 from compress.pipeline.pipeline_file import Pipeline, load_pipeline
 from compress.stages.base import InputArtifact
 from compress.stages.bench_stage import BenchConfig
@@ -124,9 +125,9 @@ def load_runs(run_dirs: list[Path], artifact: str | None, picks: list[str | None
                               "give the folder `compress run` wrote")
         report = load_report(run_dir)[0] if find_report(run_dir).is_file() else None
         pipeline = load_pipeline(resolved)
-        if pipeline.config.task == "detection":
-            raise ConfigError(f"{run_dir}: a detection run cannot be compared yet (compare pairs top-k accuracy image "
-                              "by image); its own bench report holds the paired mAP drops of its files")
+        if pipeline.config.task in JUDGES:  # judged by the paired image bootstrap, which compare does not pool yet
+            raise ConfigError(f"{run_dir}: a {pipeline.config.task} run cannot be compared yet (compare pairs top-k "
+                              "accuracy image by image); its own bench report holds the paired drops of its files")
         wanted = labels[i] if labels else run_dir.resolve().name
         label, n = wanted, 2
         while label in used:

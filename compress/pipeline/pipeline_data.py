@@ -5,13 +5,13 @@ from compress.config import DataConfig
 from compress.errors import DataInputError
 from train.data import DataBundle, DataSpec, load_data
 from train.datasets import DataError
-from train.detection.data import DETECTION_DATASETS, load_detection
+from train.tasks import TASKS
 
 
 def load_section(data: DataConfig, source: str) -> DataBundle:
     """Load (or open the decode cache of) ``data``; a source that cannot be read is an input error naming the file."""
     try:
         spec = DataSpec(**data.model_dump(exclude={"independent_test"}))
-        return load_detection(spec) if spec.name in DETECTION_DATASETS else load_data(spec)
+        return next((t.load for t in TASKS.values() if spec.name in t.datasets), load_data)(spec)
     except DataError as exc:
         raise DataInputError(f"{source}: data: {exc}") from exc

@@ -26,6 +26,7 @@ from compress.pipeline.fingerprint import environment, environment_key
 from compress.pipeline.input_wiring import ARTIFACT_ROLE, input_refs
 from compress.pipeline.manifest import ArtifactRecord, Manifest, StageRecord, digest_path, now
 from compress.pipeline.pipeline_data import load_section
+from train.tasks import task_named, task_of
 from compress.pipeline.pipeline_file import Pipeline
 from compress.pipeline.preflight import preflight
 from compress.pipeline.rerun_reason import why_rerun
@@ -92,8 +93,9 @@ class Runner:
     def _load_data(self) -> DataBundle:
         if self._data is None:
             self._data = load_section(self.pipeline.config.data, self.pipeline.source)
-            if getattr(self._data, "task", None) == "detection":  # how every stage of the run measures mAP
-                self._data.nms = self.pipeline.config.nms
+            section = task_of(self._data).pipeline_settings  # a detector's NMS: how every stage measures mAP
+            if section is not None:
+                setattr(self._data, section, getattr(self.pipeline.config, section))
             try:
                 check_metric_has_meaning(self.pipeline.config.red_line.metric, self._data.num_classes)
             except ValueError as exc:
@@ -248,8 +250,10 @@ class Runner:
                     "environment": self._environment_digest if cls.keyed_on_environment else None}
         if (extra := cls.key_extra(cfg, self.pipeline.config)) is not None:  # what the settings do not say
             material["extra"] = extra
-        if self.pipeline.config.task == "detection":  # every stage's mAP (and the best epoch) depends on the NMS
-            material["detection"] = {"nms": self.pipeline.config.nms.model_dump(mode="json")}
+        task = task_named(self.pipeline.config.task)
+        if task.pipeline_settings is not None:  # every stage's score (and the best epoch) depends on it (NMS)
+            material[task.name] = {task.pipeline_settings: getattr(self.pipeline.config, task.pipeline_settings)
+                                   .model_dump(mode="json")}
         if self.pipeline.config.threads is not None:  # float sums are split by thread: the bits depend on it
             material["threads"] = self.pipeline.config.threads
         spread = self._distributed(cfg, cls)

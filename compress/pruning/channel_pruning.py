@@ -227,6 +227,12 @@ def _trace_fn(model: nn.Module):
     return None
 
 
+def _class_width(output: torch.Tensor) -> int:
+    """The class count an output carries: its last dimension (a classifier's N×C, a detector's N×A×(4+C)), or its
+    channels where it is a dense map (a segmenter's N×C×H×W)."""
+    return output.shape[1] if output.dim() == 4 else output.shape[-1]
+
+
 def _counts(model: nn.Module, example: torch.Tensor) -> dict[str, int]:
     """MACs and parameters as torch-pruning counts them (the parameter count the budget is on)."""
     macs, params = tp.utils.count_ops_and_params(model, example)
@@ -249,7 +255,7 @@ def prune(model: nn.Module, example: torch.Tensor, target: PruneTarget, protecte
     model.eval()
     macs_before, params_before = tp.utils.count_ops_and_params(model, example)
     with torch.no_grad():
-        classes_before = model(example).shape[-1]
+        classes_before = _class_width(model(example))
     channels_before, heads_before = layer_widths(model), structure.head_counts(model)
     reasons = _kept_whole(model, protected)
     ignored = list(dict.fromkeys([*protected, *reasons]))  # the pruner ignores these and their submodules
@@ -293,7 +299,7 @@ def prune(model: nn.Module, example: torch.Tensor, target: PruneTarget, protecte
                                   "relax the target")
     try:
         with torch.no_grad():
-            width = model(example).shape[-1]
+            width = _class_width(model(example))
     except Exception as exc:  # a layer torch-pruning resized but whose forward was not told
         raise PruningError(f"the pruned model no longer runs ({type(exc).__name__}: {exc}); list the layer it names "
                            "under protected") from exc

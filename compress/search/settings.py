@@ -18,6 +18,7 @@ from compress.config import NAME_PATTERN, Strict
 from compress.errors import ConfigError
 from compress.pipeline.pipeline_file import (Pipeline, build_pipeline, fmt_path, line_map, line_of, read_yaml,
                                               set_dotted, yaml_value)
+from serve_bench.accuracy.judges import JUDGES
 
 OBJECTIVES = ("fastest_within_red_line", "most_accurate_within_budget", "most_traffic_within_budget")
 # Settings a trial may not change: they name the run or pin what every trial must share.
@@ -239,9 +240,10 @@ def load_search(path: str | Path, overrides: list[str] | None = None) -> SearchP
     base_raw, _ = read_yaml(base_path)
     if not isinstance(base_raw, dict):
         raise ConfigError(f"{base_path}: the pipeline file must be a YAML mapping (named by {path}: pipeline)")
-    if base_raw.get("task") == "detection":
-        raise ConfigError(f"{base_path}: task: detection cannot be searched yet (the search's split bench and its "
-                          "corrected intervals are written for paired top-k accuracy); tune the detection pipeline "
+    if base_raw.get("task", "classification") in JUDGES:
+        task = base_raw["task"]
+        raise ConfigError(f"{base_path}: task: {task} cannot be searched yet (the search's split bench and its "
+                          f"corrected intervals are written for paired top-k accuracy); tune the {task} pipeline "
                           "by hand, or search a classification pipeline")
     plan = SearchPlan(path, settings, base_raw, base_path)
     _check_stages(plan)

@@ -11,7 +11,7 @@ from compress.stages.base import InputArtifact, Output, Stage, StageContext, Sta
 from compress.stages.measurement import (EXPORT_ALONE_ROLE, bench_settings, candidates_of, compile_alone, export_alone, measure_and_judge, summary_table,
                                         test_set_of)
 from compress.stages.provenance import test_independence
-from compress.stages.training_run import is_detection
+from train.tasks import task_of
 from serve_bench.latency.harness import HarnessSettings
 from serve_bench.latency.traffic import TrafficSettings, wanted
 from serve_bench.report.files import write_report
@@ -98,10 +98,11 @@ class BenchStage(Stage):
             raise ConfigError(f"stages.{ctx.name}.traffic.loadgen: false, but latency.scenario is server: the gate "
                               "reads the p99 at latency.target_qps, which only the LoadGen test measures; drop "
                               "`loadgen: false` or gate on the single-stream scenario")
-        if is_detection(data) and wanted(cfg.traffic, pipeline.latency.scenario):
-            raise ConfigError(f"stages.{ctx.name}.traffic: latency under traffic is not built for task: detection yet "
-                              "(its serving copies would answer without NMS); use latency.scenario: single-stream "
-                              "and drop the traffic settings")
+        task = task_of(data)
+        if task.pipeline_settings is not None and wanted(cfg.traffic, pipeline.latency.scenario):
+            raise ConfigError(f"stages.{ctx.name}.traffic: latency under traffic is not built for task: {task.name} "
+                              f"yet (its serving copies would answer without the {task.pipeline_settings} that follows "
+                              "the model); use latency.scenario: single-stream and drop the traffic settings")
         if cfg.torch_compile:
             ctx.log(f"stages.{ctx.name}.torch_compile is deprecated: name inductor in stages.{ctx.name}.runtimes; "
                     "measured here as if it were named", style="yellow")
@@ -130,12 +131,13 @@ class BenchStage(Stage):
             specs, baseline, test, settings, data_name=data.name, meaningful=data.meaningful_accuracy,
             environment=ctx.environment,  # the runner's fingerprint, the same one the stage record names
             independence=test_independence(pipeline.model, pipeline.data, pipeline.stages),
-            run_dir_of=lambda entry: ctx.run_dir, class_names=data.class_names if is_detection(data) else None,
+            run_dir_of=lambda entry: ctx.run_dir, class_names=data.class_names,
             say=ctx.log)
         result, gate, flags = judged.result, judged.report["gate"], judged.report["flags"]
         report = {"pipeline": pipeline.name, **judged.report,
                   "settings": {**cfg.model_dump(mode="json"), "batch_size": batch,
-                               **({"nms": pipeline.nms.model_dump(mode="json")} if is_detection(data) else {})}}
+                               **({task.pipeline_settings: getattr(pipeline, task.pipeline_settings).model_dump(
+                                   mode="json")} if task.pipeline_settings is not None else {})}}
         with ctx.atomic_output_dir("report") as folder:
             write_report(folder, report, result.latencies, result.predictions)
         ctx.console.print(summary_table(report))

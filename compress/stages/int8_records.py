@@ -9,17 +9,15 @@ import torch
 
 from compress.errors import ArtifactError
 from compress.quantization import measure as int8_measure
-from compress.quantization.detection_int8 import file_map
 from compress.quantization.flavours import OPENVINO, TRT
 from compress.quantization.ladder import Attempt
+from compress.quantization.task_int8 import INT8
 from compress.stages.base import InputArtifact
 from compress.stages.model_source import model_from_artifact
 from compress.stages.quantize_record import RedLineCheck
-from compress.stages.training_run import is_detection
 from export.external_data import UnsafeModelError, check_external_data
 from train.data import BatchStream, DataBundle
-from train.detection.training import evaluate_detector
-from train.evaluate import evaluate
+from train.tasks import task_of
 
 
 def split_arrays(data: DataBundle, name: str, limit: int | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -30,21 +28,17 @@ def split_arrays(data: DataBundle, name: str, limit: int | None = None) -> tuple
 
 
 def torch_accuracy(model: torch.nn.Module, data: DataBundle, split: str) -> dict:
-    """The float reference, measured the way every train stage measures: the project's evaluate loop (a
-    detector's: decode, NMS and COCO mAP)."""
+    """The float reference, measured the way every train stage measures: the task's evaluate loop (a detector's:
+    decode, NMS and COCO mAP; a segmenter's: mIoU)."""
     stream = BatchStream(getattr(data, split), data, 256, shuffle=False, drop_last=False)
-    return evaluate_detector(model.cpu(), stream) if is_detection(data) else evaluate(model.cpu(), stream)
+    return task_of(data).evaluate(model.cpu(), stream)
 
 
 def split_scorer(data: DataBundle, split: str):
     """``score(path, batch_size, runtime=, threads=, options=)`` of an ONNX file on ``split``: top-k accuracy of
-    a classifier's logits, a detector's mAP after NMS."""
+    a classifier's logits, a detector's mAP after NMS, a segmenter's mIoU."""
     images, labels = split_arrays(data, split)
-    if is_detection(data):
-        targets = data.boxes_of(torch.from_numpy(labels))
-        return lambda path, batch=64, **kw: file_map(path, images, targets, data.num_classes, batch, nms=data.nms,
-                                                     **kw)
-    return lambda path, batch=64, **kw: int8_measure.split_accuracy(path, images, labels, batch, **kw)
+    return INT8[task_of(data).name].scorer(data, images, labels)
 
 
 def input_onnx(artifact: InputArtifact) -> Path:

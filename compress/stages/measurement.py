@@ -22,9 +22,8 @@ from compress.stages.onnx_labels import label_onnx
 from compress.stages.provenance import independence_flag
 from compress.stages.quantize_record import ShippedFile
 from compress.stages.runtime_choice import bench_runtimes, onnx_runtimes, runtime_settings, runtimes_for_kind
-from compress.stages.training_run import is_detection
 from serve_bench.bench import ArtifactSpec, BenchResult, BenchSettings, TestSet, on_runtimes, run_benchmark
-from serve_bench.accuracy.detection import thin_classes
+from serve_bench.accuracy.judges import thin_flag
 from serve_bench.gate import evaluate
 from serve_bench.report.int8_flags import quantized_not_faster
 from serve_bench.latency.harness import HarnessSettings, short_of_floors_flag
@@ -40,6 +39,7 @@ from export.tensorrt_engine import ENGINE_KIND
 from serve_bench.runners import RUNNER_OF_KIND, RUNNERS, format_of_kind
 from serve_bench.accuracy.runtime_parity import runtime_choice_note
 from train.data import BatchStream, DataBundle
+from train.tasks import task_named, task_of
 
 
 
@@ -61,7 +61,13 @@ def bench_settings(cfg, pipeline: PipelineConfig, batch: int | None = None, repe
                          scenario=latency.scenario, target_qps=latency.target_qps, measured_at=latency.measured_at,
                          limits=limits_of(pipeline),
                          profile_iters=cfg.profile_iters,
-                         nms=pipeline.nms.model_dump() if pipeline.task == "detection" else None)
+                         nms=_task_section(pipeline), predict_as=task_named(pipeline.task).predict_as)
+
+
+def _task_section(pipeline: PipelineConfig) -> dict | None:
+    """The pipeline section the task's scores depend on (a detector's NMS), as the bench takes it."""
+    section = task_named(pipeline.task).pipeline_settings
+    return getattr(pipeline, section).model_dump() if section is not None else None
 
 
 def candidates_of(artifact: InputArtifact, cfg, runtime: str | None = None, on_test: bool = True
@@ -149,7 +155,7 @@ def export_alone(ctx, cfg, specs: list[ArtifactSpec], baseline: InputArtifact | 
     baseline is measured already."""
     base = next((s for s in specs if baseline is not None and s.name == baseline.name), None)
     none = ExportedAlone([], None)
-    if (not cfg.export_alone or base is None or base.format != "torch" or is_detection(ctx.data)
+    if (not cfg.export_alone or base is None or base.format != "torch" or not task_of(ctx.data).export_alone
             or any(s.format == "onnx" and s.precision == "fp32" and s.source_model == base.name for s in specs)):
         return none
     import torch
@@ -187,10 +193,7 @@ def export_alone(ctx, cfg, specs: list[ArtifactSpec], baseline: InputArtifact | 
 def test_set_of(data: DataBundle) -> TestSet:
     """The test split as the arrays every artifact is judged on, in a fixed order (so results pair)."""
     images, labels = next(BatchStream(data.test, data, len(data.test), shuffle=False, drop_last=False).epoch(0))
-    if is_detection(data):  # the digest covers the boxes too (the bundle's split digest does)
-        return TestSet(images.numpy(), labels.numpy(), digest=f"detection:{data.digest()}",
-                       targets=data.split_targets("test"), num_classes=data.num_classes)
-    return TestSet(images.numpy(), labels.numpy())
+    return TestSet(images.numpy(), labels.numpy(), task=task_of(data).name, **data.judging_facts("test"))
 
 
 def run_relative(path: str | Path, run_dir: Path) -> str:
@@ -246,8 +249,8 @@ def flags_of(result: BenchResult, environment: dict, independence: dict | None, 
     flags += unfused_qdq_flags(judged)
     flags += slower_than_unpruned_flags(judged)
     flags += drift_flags(judged)
-    if test.targets is not None and class_names is not None:
-        flags += [f for f in (thin_classes(test.targets, class_names),) if f]
+    if class_names is not None:
+        flags += [f for f in (thin_flag(test, class_names),) if f]
     if limits is not None:
         flags += served_batch_flags(entries, limits.max_drop)
     return flags

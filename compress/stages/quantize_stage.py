@@ -28,8 +28,10 @@ from compress.stages.qat_rung import QATSettings, run_qat
 from compress.stages.quantize_record import RedLineCheck
 from compress.quantization.flavours import CPU, FLAVOURS, FORMER_FLAVOUR_NAMES, OPENVINO, TRT, Check, ships_on
 from compress.stages.int8_flavours import OpenVinoFlavour, flavour_plan, kernel_census
-from compress.stages.training_run import is_detection, stop_if_collapsed
-from compress.quantization.detection_int8 import detection_output_error, tail_nodes
+from compress.stages.training_run import stop_if_collapsed
+from compress.quantization.detection_int8 import tail_nodes
+from compress.quantization.task_int8 import INT8
+from train.tasks import task_of
 from export.onnx_export import export_onnx
 from serve_bench.report.int8_flags import why_int8_not_faster
 from serve_bench.runners import ONNX_RUNTIMES
@@ -201,7 +203,8 @@ class QuantizeStage(Stage):
         ladder = Ladder(float_onnx, work, settings, calib, val_x, val_y, ref_val[red.metric], log=ctx.log,
                         score=split_scorer(data, "val"),
                         exported_onnx=exported,
-                        **({"output_error": detection_output_error} if is_detection(data) else {}))
+                        **({"output_error": INT8[task_of(data).name].output_error}
+                           if INT8[task_of(data).name].output_error is not None else {}))
         score_test = split_scorer(data, "test")
         attempts, climbed = self._climb(ctx, cfg, ladder, model, description, inputs, calib, field)
         chosen = choose(attempts)
@@ -308,7 +311,7 @@ class QuantizeStage(Stage):
     @staticmethod
     def _decode_tail(ctx: StageContext, model, float_onnx, field: str) -> list[str]:
         """A detector's decode nodes (kept float on every rung); nothing for a classifier."""
-        if not is_detection(ctx.data):
+        if not INT8[task_of(ctx.data).name].decode_tail:
             return []
         heads = getattr(model, "head_convs", None)
         if model is None or not heads:
@@ -326,10 +329,10 @@ class QuantizeStage(Stage):
         if not ctx.data.meaningful_accuracy:
             ctx.log(f"{ctx.data.name} data: the labels are random, so an accuracy drop measures noise; the "
                     "ladder stays at PTQ (nothing to recover) and the red line is not judged", style="yellow")
-        qat = cfg.qat.enabled and model is not None and not is_detection(ctx.data)
-        if cfg.qat.enabled and is_detection(ctx.data):
-            ctx.log(f"{field}.qat: QAT of a detector is not built yet: the ladder stops at the fallback rung",
-                    style="yellow")
+        no_qat = INT8[task_of(ctx.data).name].no_qat
+        qat = cfg.qat.enabled and model is not None and no_qat is None
+        if cfg.qat.enabled and no_qat is not None:
+            ctx.log(f"{field}.qat: {no_qat}: the ladder stops at the fallback rung", style="yellow")
         if cfg.qat.enabled and model is None:
             ctx.log(f"{field}.qat: QAT trains the torch model, and {inputs['model'].name} is an ONNX file: the ladder "
                     "stops at the fallback rung (give model.name and model.weights to climb to QAT)", style="yellow")

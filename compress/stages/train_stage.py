@@ -11,12 +11,13 @@ from compress.config import StageConfig
 from compress.errors import ConfigError
 from compress.stages.base import InputArtifact, Output, Stage, StageContext, StageResult
 from compress.stages.model_source import model_from_artifact, model_from_config, model_meta, trained_on
-from compress.stages.training_run import (Distributable, TrainingSettings, headline, is_detection, run_training,
+from compress.stages.training_run import (Distributable, TrainingSettings, headline, run_training,
                                           test_accuracy, test_metrics)
 from train.head_transfer import HeadMismatch, classifier_name, freeze_all_but
 from train.loop import Hooks
 from train.model_io import save_model
 from train.models import count_macs, count_params
+from train.tasks import task_of
 
 
 class TrainConfig(StageConfig, TrainingSettings, Distributable):
@@ -54,16 +55,16 @@ class TrainStage(Stage):
                    "params": count_params(model), "macs": count_macs(model, data.input_shape)}
         if head_run is not None:
             metrics["head_first"] = {"epochs": cfg.freeze_backbone_epochs, **{
-                k: v for k, v in head_run.metrics.items() if k in ("best_val_top1", "best_val_map", "train_time_s")}}
+                k: v for k, v in head_run.metrics.items() if k.startswith("best_val_") or k == "train_time_s"}}
         if not data.meaningful_accuracy:
             metrics["accuracy_meaningless"] = "synthetic data: random images and labels, so this accuracy is meaningless"
             ctx.log("synthetic data: the accuracy below is meaningless (use it for latency only)", style="yellow")
-        best = "best_val_map" if is_detection(data) else "best_val_top1"
+        best = f"best_val_{task_of(data).val_metric}"
         ctx.log(f"{headline(metrics)} (best val {metrics[best]:.2f} at epoch "
                 f"{metrics['best_epoch']}), {metrics['images_per_s']:,.0f} img/s, "
                 f"{metrics['amp_skipped_steps']} AMP-skipped steps")
 
-        description["training"] = {"stage": ctx.name, **{k: metrics[k] for k in ("test_top1", "test_map") if k in metrics},
+        description["training"] = {"stage": ctx.name, **{k: metrics[k] for k in ("test_top1", "test_map", "test_miou") if k in metrics},
                                    "precision": metrics["precision"]}
         with ctx.atomic_output_dir("model") as folder:
             save_model(model.to("cpu", memory_format=torch.contiguous_format), folder,

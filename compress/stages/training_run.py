@@ -15,18 +15,17 @@ from pydantic import Field, field_validator
 from torch import nn
 
 from compress.config import DistributedSettings, Strict
-from compress.distillation.detection_kd import DetectionDistillation
-from compress.distillation.loss import DistillationLoss, DistillationMismatch, LossSettings
+from compress.distillation.loss import LossSettings
+from compress.distillation.task_kd import DISTILLATION, Training
 from compress.errors import ConfigError, ModelCollapsed, StageError
 from compress.stages.base import StageContext
 from train.activation_checkpointing import checkpoint_blocks
 from train.data import Augment, BatchStream, DataBundle
-from train.detection.training import evaluate_detector, loss_hook
 from train.distributed import SINGLE, ProcessGroupInfo
-from train.evaluate import evaluate
 from train.loop import FitResult, Hooks, LoopSettings, NonFiniteLoss, fit
 from train.optim import lr_factor, make_optimizer, make_scheduler
 from train.precision import Precision, make_precision
+from train.tasks import TASKS, task_of
 
 
 class AugmentConfig(Strict):
@@ -148,9 +147,7 @@ def run_training(ctx: StageContext, model: nn.Module, cfg: TrainingSettings, *, 
         except ValueError as exc:
             raise ConfigError(f"{field}.{exc}") from exc
     split = data.train if cfg.train_images is None else data.train.head(cfg.train_images)
-    augment = Augment(cfg.augment.pad, cfg.augment.hflip)
-    if is_detection(data):
-        augment, hooks = Augment(), detection_hooks(data, model, cfg, field, hooks, group)
+    augment, hooks = task_training(data, model, cfg, field, hooks, group)
     train = BatchStream(split, data, cfg.batch_size, shuffle=True, drop_last=True,
                         augment=augment, seed=ctx.pipeline.seed, device=device,
                         channels_last=cfg.channels_last, shard=group.shard)
@@ -170,7 +167,7 @@ def run_training(ctx: StageContext, model: nn.Module, cfg: TrainingSettings, *, 
                             label_smoothing=cfg.label_smoothing, checkpoint_every=cfg.checkpoint_every,
                             label=label, heartbeat_s=cfg.heartbeat_s, run_key=f"{ctx.cache_key}:{label}",
                             sync_batchnorm=_sync_batchnorm(ctx.distributed, device, field),
-                            val_metric="map" if is_detection(data) else "top1")
+                            val_metric=task_of(data).val_metric)
     bn = "SyncBatchNorm" if settings.sync_batchnorm else "BatchNorm statistics per process"
     where = (f"{group.world} processes ({train.batch_size} images each, global batch "
              f"{train.batch_size * group.world * cfg.grad_accum}, lr {lr:g} by lr_scaling {scaling}, {bn})"
@@ -185,7 +182,7 @@ def run_training(ctx: StageContext, model: nn.Module, cfg: TrainingSettings, *, 
     except NonFiniteLoss as exc:
         raise StageError(str(exc)) from exc
     metrics = {
-        ("best_val_map" if is_detection(data) else "best_val_top1"): round(result.best_val_top1, 3),
+        f"best_val_{task_of(data).val_metric}": round(result.best_val_top1, 3),
         "best_epoch": result.best_epoch,
         "images_per_s": round(result.images_per_s, 1), "train_time_s": round(result.train_time_s, 2),
         "peak_memory_mb": round(result.peak_memory_bytes / 2**20, 1), "peak_memory_kind": result.peak_memory_kind,
@@ -241,88 +238,64 @@ def test_accuracy(data: DataBundle, model: nn.Module, cfg: TrainingSettings, run
     device = run.device if run else resolve_device(cfg.device)
     group = run.group if run else SINGLE
     model.to(device)
-    if is_detection(data):
-        return evaluate_detector(model, eval_stream(data, "test", cfg, device))
-    return evaluate(model, eval_stream(data, "test", cfg, device, group), group=group)
+    return task_of(data).evaluate(model, eval_stream(data, "test", cfg, device, group), group=group)
 
 
 def test_metrics(test: dict) -> dict:
     """The test figures a stage records: top-1, and top-5 where the class count gives it a meaning; a
-    detector's mAP@0.5:0.95 and mAP@0.5 (points)."""
-    return {f"test_{name}": round(test[name], 3) for name in ("top1", "top5", "map", "map50") if name in test}
+    detector's mAP@0.5:0.95 and mAP@0.5; a segmenter's mIoU and pixel accuracy (points)."""
+    names = dict.fromkeys(name for task in TASKS.values() for name in task.figures)
+    return {f"test_{name}": round(test[name], 3) for name in names if name in test}
 
 
 def val_score(model: nn.Module, data: DataBundle, cfg: TrainingSettings, device: torch.device,
               group: ProcessGroupInfo = SINGLE) -> tuple[str, float]:
-    """The validation figure a stage judges by (top1 of a classifier, mAP of a detector), and its name."""
-    if is_detection(data):
-        return "map", evaluate_detector(model.to(device), eval_stream(data, "val", cfg, device))["map"]
-    return "top1", evaluate(model.to(device), eval_stream(data, "val", cfg, device, group), group=group)["top1"]
-
-
-def is_detection(data: DataBundle) -> bool:
-    return getattr(data, "task", "classification") == "detection"
+    """The validation figure a stage judges by (the task's: top1, mAP, mIoU), and its name."""
+    task = task_of(data)
+    return task.val_metric, task.evaluate(model.to(device), eval_stream(data, "val", cfg, device, group),
+                                          group=group)[task.val_metric]
 
 
 def headline(metrics: dict) -> str:
-    """The test figure a log line leads with: top-1 of a classifier, mAP of a detector."""
-    if "test_map" in metrics:
-        return f"test mAP {metrics['test_map']:.2f} (mAP@0.5 {metrics['test_map50']:.2f})"
-    return f"test top1 {metrics['test_top1']:.2f}%"
+    """The test figure a log line leads with: top-1 of a classifier, mAP of a detector, mIoU of a segmenter."""
+    task = next((t for t in TASKS.values() if f"test_{t.val_metric}" in metrics), TASKS["classification"])
+    return task.headline(metrics)
 
 
-def detection_hooks(data: DataBundle, model: nn.Module, cfg: TrainingSettings, field: str, hooks: Hooks | None,
-                    group: ProcessGroupInfo) -> Hooks:
-    """The loop's hooks for a detector: its loss and mAP validation beside what the stage asked for."""
-    explicit = cfg.augment.model_fields_set & {"pad", "hflip"}
-    if explicit and (cfg.augment.pad or cfg.augment.hflip):
-        raise ConfigError(f"{field}.augment: shifts and flips move the boxes, which this loop's augmentation does not "
-                          "follow; drop augment for task: detection")
-    if group.active:
-        raise ConfigError(f"{field}.distributed: task: detection trains in one process; drop the distributed section")
+def task_training(data: DataBundle, model: nn.Module, cfg: TrainingSettings, field: str, hooks: Hooks | None,
+                  group: ProcessGroupInfo) -> tuple[Augment, Hooks | None]:
+    """The augmentation and the loop's hooks for ``data``'s task: its loss and validation beside what the stage
+    asked for (a classifier's are the loop's own)."""
+    task = task_of(data)
+    augment = Augment(cfg.augment.pad, cfg.augment.hflip)
+    if task.labels_move_with_pixels:
+        explicit = cfg.augment.model_fields_set & {"pad", "hflip"}
+        if explicit and (cfg.augment.pad or cfg.augment.hflip):
+            raise ConfigError(f"{field}.augment: shifts and flips move the pixels, which this loop's augmentation does "
+                              f"not follow in the labels of task: {task.name}; drop augment")
+        augment = Augment()
+    if group.active and not task.distributed:
+        raise ConfigError(f"{field}.distributed: task: {task.name} trains in one process; drop the distributed "
+                          "section")
+    if task.loss is None:
+        return augment, hooks
     hooks = hooks or Hooks()
-    if not callable(getattr(model, "loss", None)):
-        detector_stride(model, field)  # the FCOS loss needs it
+    DISTILLATION[task.distillation].check(model, hooks, field)
     if hooks.loss is None:
-        hooks.loss = loss_hook(data, model)
-    elif not isinstance(hooks.loss, DetectionDistillation):
-        raise ConfigError(f"{field}: this stage's loss is a classifier's (distillation of logits); a detector "
-                          "distils through teacher_loss with its data")
-    hooks.validate = lambda m, stream, autocast: evaluate_detector(m, stream, autocast)
-    return hooks
-
-
-def detector_stride(model: nn.Module, field: str) -> int:
-    stride = getattr(model, "stride", None)
-    if not isinstance(stride, int):
-        raise ConfigError(f"{field}: a detector must have an integer `stride` (input pixels per cell of its maps); "
-                          f"{type(model).__name__} has {stride!r}")
-    return stride
+        hooks.loss = task.loss(data, model, cfg.label_smoothing)
+    hooks.validate = lambda m, stream, autocast: task.evaluate(m, stream, autocast, group=group)
+    return augment, hooks
 
 
 def teacher_loss(teacher: nn.Module, cfg: TrainingSettings, kd: LossSettings, field: str,
                  data: DataBundle | None = None, student: nn.Module | None = None):
-    """The loss for a student trained with ``cfg``: teacher on the same device, in the same precision. A
-    detector (``data`` of task detection, ``student`` given) distils class maps, boxes and neck features."""
-    if data is not None and is_detection(data):
-        if student is None:
-            raise ValueError("a detector's distillation needs the student (its stride)")
-        if callable(getattr(student, "loss", None)):
-            raise ConfigError(f"{field}: {type(student).__name__} trains with its own (anchor-based) loss; "
-                              "distillation is written for single-stride detectors with sigmoid class maps "
-                              "(tiny_fcos): drop the distill section")
-        device = resolve_device(cfg.device)
-        try:
-            return DetectionDistillation(teacher.to(device), data.boxes_of, detector_stride(student, field),
-                                         temperature=kd.temperature, alpha=kd.alpha, feature_weight=kd.feature_weight,
-                                         autocast=make_precision(cfg.amp, device).autocast)
-        except DistillationMismatch as exc:
-            raise ConfigError(f"{field}: {exc}") from exc
-    if kd.cache_teacher and (cfg.augment.pad or cfg.augment.hflip):
-        raise ConfigError(f"{field}: cache_teacher needs training without augmentation (augment: {{pad: 0}}): "
-                          "augmented images differ every epoch, so cached teacher logits would be wrong")
+    """The loss for a student trained with ``cfg``: teacher on the same device, in the same precision, the way
+    ``data``'s task passes knowledge on (a classifier's logits without data)."""
+    task = task_of(data) if data is not None else TASKS["classification"]
     device = resolve_device(cfg.device)
-    teacher = teacher.to(device, memory_format=torch.channels_last if cfg.channels_last else torch.preserve_format)
-    return DistillationLoss(teacher, temperature=kd.temperature, alpha=kd.alpha,
-                            autocast=make_precision(cfg.amp, device).autocast, cache=kd.cache_teacher,
-                            label_smoothing=cfg.label_smoothing)
+    hard = (lambda: task.loss(data, student, cfg.label_smoothing)) if task.loss is not None and data is not None \
+        else None  # the task's own loss as the hard term, made only where the way of distilling takes one
+    training = Training(device=device, autocast=make_precision(cfg.amp, device).autocast,
+                        channels_last=cfg.channels_last, augmenting=bool(cfg.augment.pad or cfg.augment.hflip),
+                        label_smoothing=cfg.label_smoothing)
+    return DISTILLATION[task.distillation].make(teacher, kd, field, hard, student, data, training)

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from serve_bench.accuracy.classification import accuracy, accuracy_intervals
-from serve_bench.accuracy.detection import detection_entries
+from serve_bench.accuracy.judges import JUDGES
 from serve_bench.accuracy.predictions import Predictions
 from serve_bench.accuracy.runtime_parity import runtime_parity, same_file_pairs
 from serve_bench.bench.batches import eval_batch_of, served_batch, served_batch_accuracy
@@ -24,7 +24,6 @@ from serve_bench.runners import RUNNERS
 from serve_bench.runners.channel_widths import widths_against
 from serve_bench.stats.latency_intervals import repeat_spread
 from serve_bench.stats.paired import paired_counts, paired_summary
-from train.detection.postprocess import NmsSettings
 
 
 @dataclass
@@ -45,12 +44,13 @@ class _Answers:
 
 @dataclass
 class _Judged:
-    """The accuracy side: predictions paired on the baseline's split, or a detector's judged entries."""
+    """The accuracy side: predictions paired on the baseline's split, or the entries a task's judge gave (a
+    detector's, a segmenter's: paired image bootstrap)."""
 
     predictions: Predictions
     unpaired: dict[str, str]
     accuracies: dict[str, dict]
-    detection: dict | None
+    judged: dict | None
     base_hits: np.ndarray | None
     base_acc: float | None
 
@@ -75,7 +75,7 @@ def run_benchmark(specs: list[ArtifactSpec], baseline: str, test: TestSet, setti
         latency[name]["short_of_floors"] = True
     entries = [_entry(spec, specs, baseline, tests, settings, answers, judged, latency, metric, max_drop)
                for spec in specs]
-    return BenchResult(entries, blocked, judged.predictions if judged.detection is None else None, answers.infos,
+    return BenchResult(entries, blocked, judged.predictions if judged.judged is None else None, answers.infos,
                        judged.unpaired, answers.traffic_facts)
 
 
@@ -88,7 +88,8 @@ def _answers(specs: list[ArtifactSpec], tests: dict[str, TestSet], test: TestSet
         workers = {}
         for spec in specs:
             options = {"threads": settings.threads, "device": RUNNERS[spec.runtime].fixed_device or settings.device,
-                       **spec.options, **({"postprocess": settings.nms} if settings.nms is not None else {})}
+                       **spec.options, **({"postprocess": settings.nms} if settings.nms is not None else {}),
+                       **({"predict_as": settings.predict_as} if settings.predict_as != "logits" else {})}
             workers[spec.name] = stack.enter_context(BenchWorker(
                 spec.name, spec.runtime, spec.path, options, pool_of(tests[spec.name], settings.batch_size),
                 settings.batch_size, settings.device_only, wait=False))
@@ -115,7 +116,7 @@ def _answers(specs: list[ArtifactSpec], tests: dict[str, TestSet], test: TestSet
         served = {spec.name: batch for spec in specs
                   if (batch := served_batch(spec, traffic.get(spec.name), eval_batches[spec.name]))}
         served_logits = {name: workers[name].call("predict", tests[name].images, batch)
-                         for name, batch in served.items() if tests[name].targets is None}
+                         for name, batch in served.items() if tests[name].task == "classification"}
     return _Answers(measured, per_repeat, logits, eval_batches, infos, traffic, traffic_facts, profiles, served,
                     served_logits)
 
@@ -135,25 +136,22 @@ def _accuracies(specs: list[ArtifactSpec], tests: dict[str, TestSet], baseline: 
     """Each candidate's accuracy, paired image by image with the baseline's where they share its test split (a
     detector: mAP with bootstrap intervals, on the one split every candidate must share)."""
     base_test = tests[baseline]
-    detection = None
-    if base_test.targets is not None:
+    judge = JUDGES.get(base_test.task)
+    if judge is not None:
         if any(tests[s.name].digest != base_test.digest for s in specs):
-            raise ValueError("detectors are judged on one test split; every artifact must share the baseline's")
-        detection = detection_entries([s.name for s in specs], logits, base_test.targets, base_test.num_classes,
-                                      baseline, metric, max_drop, NmsSettings(**(settings.nms or {})))
+            raise ValueError(f"a {base_test.task} model is judged on one test split; every artifact must share the "
+                             "baseline's")
+        judged = judge([s.name for s in specs], logits, base_test, baseline, metric, max_drop, settings.nms)
+        return _Judged(Predictions(labels=base_test.labels, test_digest=base_test.digest), {},
+                       {name: j["accuracy"] for name, j in judged.items()}, judged, None, None)
     predictions = Predictions(labels=base_test.labels, test_digest=base_test.digest)
     unpaired = {}
     for spec in specs:
-        if detection is not None:
-            continue
         if tests[spec.name].digest == base_test.digest:
             predictions.add(spec.name, logits[spec.name])
         else:
             unpaired[spec.name] = (f"judged on another test split (digest {tests[spec.name].digest[:12]}… vs the "
                                    f"baseline's {base_test.digest[:12]}…): its accuracy is its own, not paired")
-    if detection is not None:
-        return _Judged(predictions, unpaired, {name: j["accuracy"] for name, j in detection.items()}, detection,
-                       None, None)
     accuracies = {s.name: accuracy(logits[s.name], tests[s.name].labels, settings.per_class) for s in specs}
     return _Judged(predictions, unpaired, accuracies, None, predictions.hits(baseline, metric),
                    accuracies[baseline][metric])
@@ -164,7 +162,7 @@ def _entry(spec: ArtifactSpec, specs: list[ArtifactSpec], baseline: str, tests: 
            max_drop: float | None) -> Entry:
     """One candidate's report entry, as the report's typed ``Entry`` (refused here, the field named, where a
     measurement does not fit it): what it is, its accuracy and latency, and its comparisons."""
-    acc, detection = judged.accuracies[spec.name], judged.detection
+    acc, task_judged = judged.accuracies[spec.name], judged.judged
     wall = answers.measured["walls"][spec.name]
     blocked = answers.measured["blocked"]
     profile = answers.profiles.get(spec.name)
@@ -172,9 +170,9 @@ def _entry(spec: ArtifactSpec, specs: list[ArtifactSpec], baseline: str, tests: 
         "name": spec.name, "artifact": spec.artifact, "stage": spec.stage, "runtime": spec.runtime,
         "precision": spec.precision, "format": spec.format, "path": spec.path, "size_bytes": spec.size_bytes,
         "params": spec.params, "macs": spec.macs, "accuracy": acc,
-        "accuracy_ci": accuracy_intervals(acc) if detection is None else detection[spec.name]["accuracy_ci"],
+        "accuracy_ci": accuracy_intervals(acc) if task_judged is None else task_judged[spec.name]["accuracy_ci"],
         "eval_batch": answers.eval_batches[spec.name],
-        "accuracy_drop": (detection[spec.name]["accuracy_drop"] if detection is not None else
+        "accuracy_drop": (task_judged[spec.name]["accuracy_drop"] if task_judged is not None else
                           round(judged.base_acc - acc[metric], 4) if spec.name not in judged.unpaired else None),
         "latency_ms": latency[spec.name], **speed_figures(spec.name, baseline, blocked, wall[0], wall[1],
                                                           settings.batch_size),
@@ -186,9 +184,9 @@ def _entry(spec: ArtifactSpec, specs: list[ArtifactSpec], baseline: str, tests: 
         **({"refused": spec.refused} if spec.refused else {}),
         **({"quantization": spec.quantization} if spec.quantization else {}),
     }
-    if detection is not None:
-        entry["accuracy_paired"] = detection[spec.name]["accuracy_paired"]
-        entry["postprocess_ms"] = detection[spec.name]["postprocess_ms"]
+    if task_judged is not None:
+        entry.update({k: v for k, v in task_judged[spec.name].items()
+                      if k not in ("accuracy", "accuracy_ci", "accuracy_drop")})  # paired drop, per class, NMS time
     elif spec.name in judged.unpaired:
         entry["accuracy_paired"] = {"unpaired": judged.unpaired[spec.name]}
     elif spec.name == baseline:
@@ -218,7 +216,7 @@ def _comparisons(spec: ArtifactSpec, specs: list[ArtifactSpec], tests: dict[str,
     out: dict = {}
     blocked, logits = answers.measured["blocked"], answers.logits
     other = same_file_pairs(specs).get(spec.name)
-    if judged.detection is None and other is not None and tests[spec.name].digest == tests[other].digest:
+    if judged.judged is None and other is not None and tests[spec.name].digest == tests[other].digest:
         out["runtime_parity"] = {**runtime_parity(other, logits[other], logits[spec.name], tests[spec.name].labels,
                                                   metric),
                                  "latency_ratio": {k: r.as_dict() for k, r in paired_ratios(blocked[spec.name],

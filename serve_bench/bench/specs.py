@@ -74,6 +74,9 @@ class TestSet:
     digest: str = ""
     targets: list[dict] | None = None  # a detector's test set: boxes, classes and crowd flags per image
     num_classes: int | None = None
+    task: str = "classification"  # which judge scores the answers (serve_bench.accuracy.judges)
+    ignore_index: int | None = None  # a segmenter's: the mask value never scored
+    class_names: list[str] | None = None
 
     def __post_init__(self) -> None:
         self.digest = self.digest or digest_of_test_split(self.images, self.labels)
@@ -97,6 +100,7 @@ class BenchSettings:
     limits: Limits | None = None  # what the gate judges by: the capacity search reads its budget and rule
     profile_iters: int = 0  # per-operator profile of each artifact over this many runs (0: none)
     nms: dict | None = None  # a detector's NmsSettings: every timed request ends after NMS
+    predict_as: str = "logits"  # what a worker hands back for accuracy: logits, or their argmax (a segmenter's mask)
 
 
 @dataclass

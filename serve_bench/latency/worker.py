@@ -136,6 +136,7 @@ def worker_main(conn, runtime: str, path: str, options: dict, pool: np.ndarray, 
     try:
         options = dict(options)
         nms = options.pop("postprocess", None)
+        predict_as = options.pop("predict_as", "logits")
         model = make_runner(runtime, path, **options).load()
         runner = WithNms(model, nms) if nms is not None else model
         batches = batches_of(pool, batch_size)
@@ -162,7 +163,7 @@ def worker_main(conn, runtime: str, path: str, options: dict, pool: np.ndarray, 
                 conn.send(("ok", timed_block(runner, batches, staged, n, start, concurrency)))
             elif command == "predict":
                 images, eval_batch = args
-                conn.send(("ok", predict(model, images, eval_batch)))
+                conn.send(("ok", predict(model, images, eval_batch, predict_as)))
             elif command == "serve":
                 from serve_bench.load.loadgen_scenarios import ScenarioSettings, run_scenario
 

@@ -199,11 +199,23 @@ RUNTIME_NOTE = ("The same bytes run by another runtime: its answers paired image
                 "runtime, and the red line is checked on the runtime a file is released on.")
 
 
+def per_class_table(report: Report) -> Table:
+    """A segmenter's IoU per class for every file (points), and the classes each loses the most against the
+    baseline: a mean can hide one class collapsing."""
+    arts = [a for a in report.artifacts if a.per_class_iou]
+    if not arts:
+        return [], []
+    classes = list(arts[0].per_class_iou)
+    rows = [[a.name, *(fmt(a.per_class_iou.get(c), 2) for c in classes),
+             ", ".join(f"{x['class']} −{x['drop']:.2f}" for x in (a.per_class_loss or [])) or "—"] for a in arts]
+    return ["artifact", *(f"{c} IoU" for c in classes), "loses most (points)"], rows
+
+
 def sections(report: Report) -> list[tuple[str, Table]]:
     """The tables after the main one, each with its heading; empty ones left out; then latency under traffic and
     where each artifact's time goes."""
     out = [("Comparison of runs", comparison_table(report)), ("Latency against the baseline (block-paired)", ratio_table(report)),
            (EXPORT_ALONE_TITLE, export_alone_table(report)),
            ("Run-to-run spread", repeat_table(report)), ("INT8 ladder", ladder_table(report)),
-           ("Same file, another runtime", runtime_table(report))]
+           ("Same file, another runtime", runtime_table(report)), ("IoU per class", per_class_table(report))]
     return [(title, table) for title, table in out if table[1]] + traffic_sections(report) + kernel_section(report) + profile_sections(report)

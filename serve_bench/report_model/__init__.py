@@ -99,7 +99,7 @@ class Entry(_Open):
     run: str | None = Field(None, description="compress compare: the run this file came from")
     run_artifact: str | None = Field(None, description="compress compare and a search's split bench: the file's "
                                                        "artifact name in its run")
-    accuracy: dict[str, Any] = Field(description="metric → value (percent, or mAP), with n")
+    accuracy: dict[str, Any] = Field(description="metric → value (percent, mAP or mIoU points), with n")
     accuracy_ci: dict[str, Interval] = Field(default_factory=dict)
     accuracy_drop: float | None = Field(description="points below the baseline; None where not paired")
     accuracy_paired: Paired | None = None
@@ -123,6 +123,11 @@ class Entry(_Open):
         "where the file was timed on the profiler's device) and inference_precision (a float file on bf16 kernels)"))
     postprocess_ms: dict[str, Any] | None = Field(None, description="a detector: its NMS per image (p50, p99 ms, n, "
                                                                     "what), timed apart from the file's latency")
+    per_class_iou: dict[str, float | None] | None = Field(None, description="a segmenter: IoU per class (points; "
+                                                                           "None where the class is in neither "
+                                                                           "the masks nor the answers)")
+    per_class_loss: list[dict[str, Any]] | None = Field(None, description="a segmenter: the classes whose IoU falls "
+                                                                         "the most below the baseline's (points)")
     traffic: EntryTraffic | None = None
     contender: dict[str, Any] | None = Field(None, description="a search's split bench: the trial it stands for")
     role: str | None = Field(None, description="reference: the baseline's own file, made as it is (export alone, "

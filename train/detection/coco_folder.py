@@ -75,7 +75,7 @@ def _bbox(ann: dict, path: Path, width: int, height: int) -> tuple[float, float,
     return x1, y1, x2, y2
 
 
-def _frame(width: int, height: int, size: int, mode: str) -> dict:
+def frame_of(width: int, height: int, size: int, mode: str) -> dict:
     if mode == "stretch":
         return {"width": width, "height": height, "scale_x": size / width, "scale_y": size / height,
                 "pad_x": 0, "pad_y": 0, "new_width": size, "new_height": size}
@@ -144,7 +144,7 @@ def load_coco_folder(path: str | Path, size: int | None = None, mode: str = "let
         by_image[ann["image_id"]].append(ann)
     pixels, targets, frames = [], [], []
     for im in images:
-        frame = _frame(im["width"], im["height"], size, mode)
+        frame = frame_of(im["width"], im["height"], size, mode)
         pixels.append(_decode(_image_path(folder, im["file_name"], json_path), frame, size))
         anns = by_image[im["id"]]
         boxes = np.array([_bbox(a, json_path, im["width"], im["height"]) for a in anns], dtype=np.float32).reshape(-1, 4)

@@ -39,6 +39,11 @@ class DetectionBundle(DataBundle):
     def split_targets(self, split: str) -> list[dict]:
         return self.boxes_of(getattr(self, split).labels)
 
+    def judging_facts(self, split: str) -> dict:
+        """The boxes of the split's images; the digest covers them too (the bundle's split digest does)."""
+        return {"digest": f"detection:{self.digest()}", "targets": self.split_targets(split),
+                "num_classes": self.num_classes}
+
     def preprocessing(self) -> dict:
         return {**super().preprocessing(), "resize": self.resize, "pad_value": 114 if self.resize == "letterbox" else None,
                 "pad_rule": ("new = round(side × image_size / longest side); pad before = (image_size − new) // 2"

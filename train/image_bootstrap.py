@@ -1,0 +1,58 @@
+"""The paired image bootstrap every task whose metric is not a mean over images (mAP, mIoU) is judged by.
+
+A pixel or a box is not an independent sample: the images are. So each draw weights every test image
+by how often it was drawn, the same draw for every file compared (the images pair), and the metric is
+recomputed from per-image tallies. The figure is the metric on the whole set, the interval the
+percentile interval of the same estimator over the draws, and a drop's interval comes from the draws'
+differences.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+LEVEL = 0.95
+POWER = 0.8
+
+
+def bootstrap_weights(n: int, draws: int, seed: int) -> np.ndarray:
+    """``draws``×``n`` image counts of seeded resamples with replacement (the same for every file compared)."""
+    rng = np.random.default_rng(seed)
+    return rng.multinomial(n, np.full(n, 1.0 / n), size=draws).astype(float)
+
+
+def percentile_interval(values: np.ndarray, level: float = LEVEL) -> list[float]:
+    values = values[np.isfinite(values)]
+    return [float(v) for v in np.percentile(values, [50 * (1 - level), 50 * (1 + level)])]
+
+
+def drop_summary(drop: float, draws: np.ndarray, n: int, max_drop: float | None = None, level: float = LEVEL) -> dict:
+    """A drop with the percentile interval of its paired bootstrap ``draws`` (the same resamples of the same
+    images for both files), and (where it is not shown within ``max_drop``) roughly how many test images
+    would show it: the interval's half-width shrinks as 1/√n, so at the observed drop and spread
+    n' = n · ((z_level + z_power) · sd / (max_drop − drop))² puts the upper bound below the red line with
+    ``POWER`` probability."""
+    finite = draws[np.isfinite(draws)]
+    lower, upper = percentile_interval(finite, level)
+    sd = float(finite.std())
+    out = {"n": n, "drop": round(drop, 4), "drop_ci": [round(lower, 4), round(upper, 4)], "level": level,
+           "method": "paired-bootstrap", "draws": int(len(finite)), "draws_undefined": int(len(draws) - len(finite)),
+           "sd": round(sd, 4)}
+    if max_drop is not None:
+        out["max_drop"] = max_drop
+        out["non_inferior"] = bool(upper <= max_drop)
+        out["needed_test_images"] = None if upper <= max_drop else needed_for_bootstrap(n, drop, sd, max_drop, level)
+        out["needed_test_images_power"] = POWER
+    return out
+
+
+def needed_for_bootstrap(n: int, drop: float, sd: float, max_drop: float, level: float = LEVEL,
+                         power: float = POWER) -> int | None:
+    """Test images that would put a drop's upper bound under ``max_drop`` with ``power`` probability, from the
+    bootstrap spread ``sd`` at ``n`` images scaled as 1/√n (more than ``n``: this set did not show it). None
+    when the drop is itself at or past the line, or the bootstrap had no spread."""
+    from statistics import NormalDist
+
+    if drop >= max_drop or sd <= 0:
+        return None
+    z = NormalDist().inv_cdf(1 - (1 - level) / 2) + NormalDist().inv_cdf(power)
+    return max(n + 1, int(np.ceil(n * (z * sd / (max_drop - drop)) ** 2)))
