@@ -20,9 +20,11 @@ VERSION_KEY = "compress.version"
 QUANTIZATION_KEY = "compress.quantization"
 # How an image becomes the input tensor, in words a reader without this project can follow.
 RESIZE = "bilinear, the whole image to width x height (no crop)"
-RESIZE_DETECTION = {"letterbox": "letterbox: bilinear, the longest side to width (aspect kept), centred on a square "
-                                 "of pad_value grey; boxes come back in that square's pixels",
-                    "stretch": "stretch: bilinear, the whole image to width x height; boxes come back in those pixels"}
+# Data read into a square frame (detection, segmentation) states how: its boxes or masks come back in that frame.
+RESIZE_FRAMED = {"letterbox": "letterbox: bilinear, the longest side to width (aspect kept), centred on a square "
+                              "of pad_value grey; boxes and masks come back in that square's pixels",
+                 "stretch": "stretch: bilinear, the whole image to width x height; boxes and masks come back in those "
+                            "pixels"}
 FORMULA = "x[c] = (pixel[c] / pixel_divisor - mean[c]) / std[c] in float32, pixel the 0..255 value"
 
 
@@ -55,8 +57,8 @@ def input_description(preprocessing: dict) -> dict:
     last bit for half the pixel values, and a reader should get the tensors the model was judged on."""
     return {**preprocessing, "pixel_divisor": round(1 / preprocessing["scale"]), "layout": "NCHW",
             "color": "L" if preprocessing["channels"] == 1 else "RGB", "formula": FORMULA,
-            "resize": preprocessing.get("resize", "stretch") if "box_format" in preprocessing else RESIZE,
-            **({"resize_how": RESIZE_DETECTION[preprocessing["resize"]]} if "box_format" in preprocessing else {})}
+            "resize": preprocessing["resize"] if "resize" in preprocessing else RESIZE,
+            **({"resize_how": RESIZE_FRAMED[preprocessing["resize"]]} if "resize" in preprocessing else {})}
 
 
 def deployment_properties(*, preprocessing: dict, class_names: list[str], lineage: dict, version: str,

@@ -132,3 +132,21 @@ def test_the_ladder_ships_the_faster_cpu_file_with_its_groups_float_and_its_new_
     assert float_convs == set(groups["squeeze-excite"])  # exactly the group, as its record names it
     cpu = Check.own("cpu")
     assert chosen.drops[cpu] == 50.0 - chosen.val[cpu]["top1"]  # judged again: the shipped file's own accuracy
+
+
+def test_a_segmenters_upsampling_is_a_group_and_the_record_says_how_each_resize_runs(tmp_path):
+    from compress.quantization.latency_fallback import resize_nodes
+    from compress.quantization.ptq import Calibration, quantize
+    from train.models import build_model
+
+    model = build_model("tiny_segmenter", 3, 3, {"width": 8}).eval()
+    export_onnx(model, torch.randn(1, 3, 32, 32), tmp_path / "m.onnx")
+    groups = layer_groups(tmp_path / "m.onnx")
+    assert len(groups["upsampling (Resize)"]) == 2  # the decoder's and the logits' to the input size
+    calib = torch.randn(8, 3, 32, 32).numpy()
+    both = quantize(tmp_path / "m.onnx", tmp_path / "q.onnx", "cpu", Calibration(method="minmax"), calib,
+                    tmp_path / "cache")
+    assert [r["runs"] for r in resize_nodes(both)] == ["int8", "int8"]
+    kept = quantize(tmp_path / "m.onnx", tmp_path / "f.onnx", "cpu", Calibration(method="minmax"), calib,
+                    tmp_path / "cache", exclude=groups["upsampling (Resize)"])
+    assert {r["runs"] for r in resize_nodes(kept)} == {"float"} and {r["mode"] for r in resize_nodes(kept)} == {"linear"}

@@ -71,3 +71,18 @@ def test_the_chain_trains_prunes_quantizes_and_benches_a_segmenter_with_paired_m
     assert report["gate"]["decided_on"]
     md = (scenes_run / "bench" / "report" / "report.md").read_text()
     assert "## IoU per class" in md
+
+
+@pytest.mark.slow  # the chain above, released and verified
+def test_a_released_segmenter_has_a_card_with_iou_per_class_and_verify_says_what_it_cannot_measure(scenes_run,
+                                                                                                    tmp_path):
+    bundle = tmp_path / "release"
+    assert main(["release", str(scenes_run), "--to", str(bundle), "--anyway"]) == 0
+    card = (bundle / "MODEL_CARD.md").read_text()
+    assert "- miou **" in card and "IoU per class: `background`" in card
+    assert "N×C×H×W class logits at the input's resolution" in card
+    assert "letterbox" in json.loads((bundle / "model_card.json").read_text())["input"]["resize"]
+    assert main(["verify", str(bundle)]) == 0
+    images = tmp_path / "images"
+    (images / "background").mkdir(parents=True)
+    assert main(["verify", str(bundle), str(images)]) == 2  # mIoU from a class folder: refused, said

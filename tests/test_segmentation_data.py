@@ -164,3 +164,28 @@ def test_the_pipeline_file_ties_segmentation_to_mask_data_and_miou():
         PipelineConfig.model_validate({**base, "task": "segmentation", "data": {"name": "scenes"}})
     with pytest.raises(ValueError, match="add task: segmentation"):
         PipelineConfig.model_validate({**base, "data": {"name": "scenes"}})
+
+
+def test_object_masks_saved_as_0_and_255_are_refused_not_read_as_all_background(tmp_path):
+    root = mask_folder(tmp_path / "m", n=3)
+    (root / "classes.txt").write_text("background\nobject\n")
+    for i in range(3):
+        mask = np.asarray(Image.open(root / "masks" / f"im{i}.png"))
+        Image.fromarray(np.where(mask > 0, 255, 0).astype(np.uint8)).save(root / "masks" / f"im{i}.png")
+    # a quarter of the pixels would be ignored and class 1 would never be scored
+    blocks = np.zeros((48, 64), dtype=np.uint8)
+    blocks[:24] = 255
+    Image.fromarray(blocks).save(root / "masks" / "im0.png")
+    with pytest.raises(DataError, match=r"are ignore_index 255 and no mask holds object: object masks saved as 0/255"):
+        load_mask_folder(root, MaskReading(size=32))
+
+
+def test_voc_lists_that_share_an_image_are_refused_and_the_digest_covers_what_masks_mean(tmp_path):
+    root, ids = voc_folder(tmp_path / "VOC2012")
+    (root / "ImageSets/Segmentation/train.txt").write_text("\n".join(ids[:8]) + "\n")  # ids[7] also in val
+    with pytest.raises(DataError, match="1 images are in the train list and in a held-out list"):
+        load_segmentation(DataSpec(name="voc", path=str(root), image_size=32, resize="stretch"))
+    root, _ = voc_folder(tmp_path / "again")
+    spec = DataSpec(name="voc", path=str(root), image_size=32, resize="stretch")
+    renamed = DataSpec(**{**spec.__dict__, "class_names": [f"c{i}" for i in range(21)]})
+    assert load_segmentation(spec).digest() != load_segmentation(renamed).digest()

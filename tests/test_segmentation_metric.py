@@ -89,3 +89,16 @@ def test_a_file_worse_on_some_images_shows_a_paired_drop_and_an_identical_one_no
     assert entries["worse"]["per_class_loss"][0]["class"] == "fg"  # the class it lost most
     lo, hi = entries["base"]["accuracy_ci"]["miou"]
     assert lo < entries["base"]["accuracy"]["miou"] < hi
+
+
+def test_a_class_only_answered_is_reported_apart_and_does_not_sink_one_file_alone():
+    labels = np.zeros((4, 8, 8), dtype=np.uint8)
+    labels[:, :4] = 1  # classes 0 and 1 in the masks; class 2 in none
+    stray = labels.copy()
+    stray[0, 7, :3] = 2  # three pixels answered as a class no mask holds
+    entries = segmentation_entries(["base", "stray"], {"base": labels.copy(), "stray": stray}, labels, 3, 255,
+                                   ["bg", "fg", "other"], "base", "miou", 1.0)
+    assert entries["base"]["accuracy"]["miou"] == 100.0
+    assert entries["stray"]["answered_only"] == {"other": 3}
+    # the two files are averaged over the same classes: the drop is the 3 pixels' cost in bg's IoU, not a third
+    assert entries["stray"]["accuracy_drop"] == pytest.approx(100 * (1 - 125 / 128) / 2, abs=1e-3)  # bg: 125/128

@@ -76,6 +76,9 @@ def test_a_segmenter_distils_with_its_own_hard_loss():
     assert float(terms["loss"]) == pytest.approx(0.25 * float(terms["kd"]) + 0.75 * float(terms["ce"]), rel=1e-5)
     with torch.no_grad():
         assert float(terms["ce"]) == pytest.approx(float(pixel_loss(student(x), masks, 255)["loss"]), rel=1e-4)
+        kd.ignore_index = 255  # the soft term leaves the void rows out too, as the hard term does
+        scored_only = soft_term(student(x)[:, :, 8:], teacher(x)[:, :, 8:], 2.0)
+        assert float(kd(x, student(x), masks)["kd"]) == pytest.approx(float(scored_only), rel=1e-4)
 
 
 def test_pruning_a_segmenter_keeps_its_classes_and_reaches_the_target():
@@ -112,3 +115,17 @@ def test_the_export_is_judged_on_pixels_and_a_worker_hands_back_masks(tmp_path):
         expected = model(images).argmax(1).numpy()
     assert masks.dtype == np.uint8 and masks.shape == (4, 48, 48)
     assert (masks == expected).mean() > 0.99
+
+
+def test_a_from_scratch_model_with_slow_batchnorm_is_warned_about_and_the_segmenter_takes_a_momentum():
+    from compress.stages.training_run import slow_batchnorm
+
+    slow = build_model("lraspp_mobilenet_v3_large", 4, 3, {})  # torchvision's MobileNetV3: momentum 0.01
+    assert "still 76% their initial values" in slow_batchnorm(slow, 27)
+    assert slow_batchnorm(slow, 200) is None  # 200 steps × 0.01: the initial statistics are forgotten
+    assert slow_batchnorm(build_model("lraspp_mobilenet_v3_large", 4, 3, {"bn_momentum": 0.1}), 27) is None
+    trained = build_model("lraspp_mobilenet_v3_large", 4, 3, {})
+    for m in trained.modules():  # statistics loaded with trained weights: nothing to forget
+        if isinstance(m, torch.nn.BatchNorm2d):
+            m.running_mean.fill_(0.3)
+    assert slow_batchnorm(trained, 27) is None

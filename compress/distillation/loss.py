@@ -59,11 +59,16 @@ def main_output(outputs) -> torch.Tensor:
     return outputs
 
 
-def soft_term(student: torch.Tensor, teacher: torch.Tensor, temperature: float) -> torch.Tensor:
-    """T² · KL(teacher ‖ student) over the class dimension (1), averaged over images and output positions."""
+def soft_term(student: torch.Tensor, teacher: torch.Tensor, temperature: float,
+              scored: torch.Tensor | None = None) -> torch.Tensor:
+    """T² · KL(teacher ‖ student) over the class dimension (1), averaged over images and output positions (over the
+    ``scored`` positions only where given: a segmenter's letterbox border and void pixels are not learnt from, as
+    its hard loss does not learn from them)."""
     kl = F.kl_div(F.log_softmax(student.float() / temperature, dim=1), F.log_softmax(teacher.float() / temperature, dim=1),
-                  reduction="none", log_target=True)
-    return kl.sum(1).mean() * temperature**2
+                  reduction="none", log_target=True).sum(1)
+    if scored is not None:
+        return (kl * scored).sum() / scored.sum().clamp_min(1) * temperature**2
+    return kl.mean() * temperature**2
 
 
 def distillation_terms(student: torch.Tensor, teacher: torch.Tensor, labels: torch.Tensor, temperature: float,
@@ -78,12 +83,14 @@ class DistillationLoss:
 
     def __init__(self, teacher: nn.Module, temperature: float = 4.0, alpha: float = 0.5,
                  autocast: Callable[[], ContextManager] = contextlib.nullcontext, cache: bool = False,
-                 label_smoothing: float = 0.0, hard_loss: Callable | None = None) -> None:
+                 label_smoothing: float = 0.0, hard_loss: Callable | None = None,
+                 ignore_index: int | None = None) -> None:
         self.teacher = teacher.eval()
         for p in self.teacher.parameters():
             p.requires_grad_(False)
         self.temperature, self.alpha, self.autocast = temperature, alpha, autocast
         self.label_smoothing, self.hard_loss = label_smoothing, hard_loss  # hard_loss: the task's (x, outputs, labels)
+        self.ignore_index = ignore_index  # dense labels: the value whose positions the soft term leaves out
         self.cache: dict[bytes, torch.Tensor] | None = {} if cache else None
 
     def teacher_logits(self, x: torch.Tensor) -> torch.Tensor:
@@ -105,7 +112,8 @@ class DistillationLoss:
         if self.hard_loss is None:
             return distillation_terms(student_logits, self.teacher_logits(x), labels, self.temperature, self.alpha,
                                       self.label_smoothing)
-        kd = soft_term(main_output(student_logits), self.teacher_logits(x), self.temperature)
+        scored = (labels != self.ignore_index).float() if self.ignore_index is not None and labels.dim() > 1 else None
+        kd = soft_term(main_output(student_logits), self.teacher_logits(x), self.temperature, scored)
         hard = self.hard_loss(x, student_logits, labels)["loss"]
         return {"loss": self.alpha * kd + (1 - self.alpha) * hard, "kd": kd, "ce": hard}
 

@@ -55,7 +55,8 @@ class LogitDistillation:
                              else torch.preserve_format)
         return DistillationLoss(teacher, temperature=kd.temperature, alpha=kd.alpha, autocast=training.autocast,
                                 cache=kd.cache_teacher, label_smoothing=training.label_smoothing,
-                                hard_loss=hard_loss() if hard_loss is not None else None)
+                                hard_loss=hard_loss() if hard_loss is not None else None,
+                                ignore_index=getattr(data, "ignore_index", None))
 
 
 class DetectorDistillation:

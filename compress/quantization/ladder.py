@@ -19,7 +19,7 @@ import onnx
 
 from compress.quantization import measure as int8_measure
 from compress.quantization.flavours import CPU, FLAVOURS, ONNX_RUNTIME, OPENVINO, TRT, Check
-from compress.quantization.latency_fallback import LatencyFallbackSettings, greedy, layer_groups
+from compress.quantization.latency_fallback import LatencyFallbackSettings, greedy, layer_groups, resize_nodes
 from compress.quantization.nncf_ptq import NNCFQuantizationError, NNCFSettings, quantize_onnx as nncf_quantize
 from compress.quantization.ptq import Calibration, QuantizationError, compute_nodes, quantize
 from serve_bench.runners import RUNNERS, RunnerError
@@ -256,7 +256,8 @@ def latency_fallback(ladder: Ladder, chosen: Attempt, settings: LatencyFallbackS
         return None
     groups = layer_groups(ladder.float_onnx)
     if not groups:
-        ladder.log("latency fallback: no squeeze-excite, depthwise or hard-activation layers to try in float")
+        ladder.log("latency fallback: no squeeze-excite, depthwise, hard-activation or upsampling layers to try in "
+                   "float")
         return None
     folder = ladder.work / "latency"
     folder.mkdir(parents=True, exist_ok=True)
@@ -302,9 +303,32 @@ def latency_fallback(ladder: Ladder, chosen: Attempt, settings: LatencyFallbackS
                    f"({len(record['float_nodes'])} layers), {record['seconds']:.0f} s")
     else:
         ladder.log(f"latency fallback: no layer group was measurably faster in float ({record['seconds']:.0f} s)")
+    record["resize"] = _resize_record(Path(record["file"]), "upsampling (Resize)" in record["kept_float"])
+    if record["resize"]:
+        ladder.log("upsampling: " + "; ".join(f"{r['node']} ({r['mode']}) {r['runs']}: {r['why']}"
+                                              for r in record["resize"]))
     record["file"] = Path(record["file"]).name
     chosen.details["latency_fallback"] = record
     return record
+
+
+def _resize_record(cpu_file: Path, kept: bool) -> list[dict]:
+    """Each Resize of the shipped CPU file, how it runs and why."""
+    out = []
+    for r in resize_nodes(cpu_file):
+        if r["mode"] == "nearest":
+            why = "nearest: copies values, exact in INT8, so not tried in float"
+        elif kept and r["runs"] == "float":
+            why = "kept float: measurably faster in float, within the red line (latency fallback)"
+        elif kept:
+            why = ("excluded from quantization, but its input and output share one scale, so the runtime folds it to "
+                   "integers anyway")
+        elif r["runs"] == "int8":
+            why = "float upsampling was not measurably faster (latency fallback)"
+        else:
+            why = "float: its neighbours were kept float (accuracy fallback)"
+        out.append({**r, "why": why})
+    return out
 
 
 def choose(attempts: list[Attempt]) -> Attempt:

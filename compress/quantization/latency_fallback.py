@@ -7,8 +7,12 @@ conversions than they save. Which of these pay on which CPU is a measurement, no
 tries it, greedily and within a bound, on the runtime the file ships on.
 
 Groups come from the float graph (plain structure, no model-specific names): convolutions inside
-squeeze-excite blocks (their input is a global pooling), depthwise convolutions, and convolutions whose
-output feeds a hard-swish or hard-sigmoid. Each round makes one candidate file per remaining group (that
+squeeze-excite blocks (their input is a global pooling), depthwise convolutions, convolutions whose
+output feeds a hard-swish or hard-sigmoid, and upsampling (``Resize``: a segmenter's decoder and its
+logits brought to the input's size). onnxruntime drops the Q/DQ around a linear ``Resize`` and
+interpolates in integers, with rounding the ONNX definition does not have (onnxruntime issues 21319 and
+28448), and a quantized resize of the logits is a quantize-dequantize pair it cannot fuse: whether float
+upsampling pays is measured like the rest. Each round makes one candidate file per remaining group (that
 group kept float on top of what is already kept), times every candidate against the current file in one
 interleaved run, and keeps the fastest candidate whose p50 ratio interval lies wholly below 1 and whose
 accuracy stays within the red line. At most ``max_rounds`` rounds, so at most G + (G-1) + … files for G groups.
@@ -27,6 +31,39 @@ logger = logging.getLogger(__name__)
 
 POOLING = ("GlobalAveragePool", "ReduceMean")
 HARD_ACTIVATIONS = ("HardSwish", "HardSigmoid")
+UPSAMPLING = ("Resize", "Upsample")
+
+
+def resize_nodes(path: Path) -> list[dict]:
+    """Every ``Resize`` of a (quantized) file: its mode, and whether the runtime may run it on integers (``int8``:
+    its input is dequantized and its output quantized with the same scale and zero point, the pattern
+    onnxruntime folds into an integer resize) or runs it in ``float`` (no such pair: the node was excluded)."""
+    from onnx import numpy_helper
+
+    graph = onnx.load(str(path), load_external_data=False).graph
+    producer = {out: n for n in graph.node for out in n.output}
+    values = {t.name: numpy_helper.to_array(t).tolist() for t in graph.initializer}
+    values.update({n.output[0]: numpy_helper.to_array(a.t).tolist() for n in graph.node if n.op_type == "Constant"
+                   for a in n.attribute if a.name == "value"})
+    consumers: dict[str, list[onnx.NodeProto]] = {}
+    for node in graph.node:
+        for name in node.input:
+            consumers.setdefault(name, []).append(node)
+
+    def params(node: onnx.NodeProto) -> tuple:
+        return tuple(repr(values.get(name, name)) for name in node.input[1:3])
+
+    out = []
+    for node in graph.node:
+        if node.op_type not in UPSAMPLING:
+            continue
+        source = producer.get(node.input[0])
+        after = [c for c in consumers.get(node.output[0], []) if c.op_type == "QuantizeLinear"]
+        quantized = (source is not None and source.op_type == "DequantizeLinear"
+                     and any(params(q) == params(source) for q in after))
+        mode = next((a.s.decode() for a in node.attribute if a.name == "mode"), "nearest")
+        out.append({"node": node.name, "mode": mode, "runs": "int8" if quantized else "float"})
+    return out
 
 
 @dataclass(frozen=True)
@@ -68,6 +105,9 @@ def layer_groups(float_onnx: Path) -> dict[str, list[str]]:
         return None
 
     se, dw, hard = [], [], []
+    # a nearest resize copies values, exact in INT8 and as fast: only interpolating ones are worth a try
+    upsampling = [node.name for node in graph.node if node.op_type in UPSAMPLING
+                  and next((a.s.decode() for a in node.attribute if a.name == "mode"), "nearest") != "nearest"]
     for node in graph.node:
         if node.op_type != "Conv":
             continue
@@ -80,7 +120,7 @@ def layer_groups(float_onnx: Path) -> dict[str, list[str]]:
         if feeds_hard_activation(node) and node.name not in se:
             hard.append(node.name)
     groups = {"squeeze-excite": se, "depthwise": [n for n in dw if n not in hard],
-              "before hard-swish/hard-sigmoid": hard}
+              "before hard-swish/hard-sigmoid": hard, "upsampling (Resize)": upsampling}
     return {name: sorted(set(nodes)) for name, nodes in groups.items() if nodes}
 
 

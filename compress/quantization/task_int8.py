@@ -53,5 +53,5 @@ INT8 = {
     "classification": TaskInt8(scorer=_classifier),
     "detection": TaskInt8(scorer=_detector, output_error=detection_output_error, decode_tail=True,
                           no_qat="QAT of a detector is not built yet"),
-    "segmentation": TaskInt8(scorer=_segmenter),
+    "segmentation": TaskInt8(scorer=_segmenter, no_qat="QAT of a segmenter is not built yet"),
 }

@@ -45,7 +45,9 @@ def accuracy_of(report: Report, entry: Entry) -> dict:
     data, metric, paired = report.data, report.metric, entry.accuracy_paired
     return {"metric": metric, "data": data.name, "split": "test", "test_images": data.test_images,
             "test_digest": data.test_digest, "meaningful": data.meaningful_accuracy,
-            **{k: v for k, v in entry.accuracy.items() if k.startswith(("top", "map"))},
+            **{k: v for k, v in entry.accuracy.items() if k.startswith(("top", "map", "miou", "pixel_acc"))},
+            **({"per_class_iou": entry.per_class_iou, "per_class_loss": entry.per_class_loss}
+               if entry.per_class_iou else {}),
             # a detector's intervals are bootstrap percentiles over test images, a classifier's Wilson
             "interval": "bootstrap" if paired is not None and paired.method == "paired-bootstrap" else "wilson",
             **({"nms": report.settings.get("nms")} if metric in ("map", "map50") else {}),
@@ -225,6 +227,9 @@ def _interval_name(acc: dict) -> str:
 def _output_line(card: dict, acc: dict) -> str:
     names = ", ".join(f"{i} `{c}`" for i, c in enumerate(card["classes"][:50])) + (" …" if len(card["classes"]) > 50
                                                                                    else "")
+    if acc["metric"] in ("miou", "pixel_acc"):
+        return (f"- output: N×C×H×W class logits at the input's resolution, {len(card['classes'])} classes ({names}); "
+                f"the argmax over C is the mask (pixels equal to the data's ignore_index were never scored)")
     if acc["metric"].startswith("map"):
         nms = acc.get("nms") or {}
         how = ", ".join(f"{k} {v}" for k, v in nms.items()) or "not recorded"
@@ -274,11 +279,17 @@ def render_markdown(card: dict, environment_line: str) -> str:
               f"- {spec['formula']}; pixel_divisor {spec['pixel_divisor']}, mean {spec['mean']}, std {spec['std']}",
               _output_line(card, acc), "",
               "## Accuracy", "",
-              f"- {metric} **{acc[metric]}{'' if metric.startswith('map') else '%'}**"
+              f"- {metric} **{acc[metric]}{'' if metric.startswith(('map', 'miou', 'pixel')) else '%'}**"
               f"{_interval(acc.get(f'{metric}_ci'))} ({_interval_name(acc)}) on the "
               f"{acc['test_images']} images of the `{acc['split']}` split of `{acc['data']}` "
               f"(digest `{(acc['test_digest'] or '?')[:16]}…`), judged on this very file",
               f"- drop vs `{acc['baseline']}`: {acc['drop']} points{_interval(acc.get('drop_ci'))} (paired, 95%)"]
+    if acc.get("per_class_iou"):
+        lines.append("- IoU per class: " + ", ".join(f"`{c}` {v if v is not None else '—'}"
+                                                     for c, v in acc["per_class_iou"].items()))
+        if acc.get("per_class_loss"):
+            lines.append("- loses the most against the baseline: " + ", ".join(
+                f"`{x['class']}` −{x['drop']} points" for x in acc["per_class_loss"]))
     lines += _served_batch_lines(acc, metric)
     if not acc["meaningful"]:
         lines.append("- the labels of this data are random: the accuracy means nothing")

@@ -162,10 +162,11 @@ def _onnx_loads(path: Path, card: dict, result: Verification) -> bool:
 def _reproduce(runner, images: Path, card: dict, result: Verification) -> None:
     acc_card = card["accuracy"]
     metric = acc_card["metric"]
-    if metric in ("map", "map50"):
-        raise DataInputError(f"compress verify {images}: this bundle is a detector, judged by COCO mAP; verify reads a "
-                             "class-per-folder image set and cannot measure mAP yet: run compress verify without "
-                             "images (digests, the ONNX checker, the metadata and a load in the released runtime)")
+    if metric not in ("top1", "top5"):
+        what = "a segmenter, judged by mIoU" if metric in ("miou", "pixel_acc") else "a detector, judged by COCO mAP"
+        raise DataInputError(f"compress verify {images}: this bundle is {what}; verify reads a class-per-folder image "
+                             f"set and cannot measure {metric} yet: run compress verify without images (digests, the "
+                             "ONNX checker, the metadata and a load in the released runtime)")
     try:
         folder = read_labelled_folder(images, card["input"], card["classes"])
     except ImageFolderError as exc:

@@ -17,6 +17,8 @@ from pydantic import Field
 
 from compress.config import StageConfig
 from compress.errors import ConfigError
+from compress.quantization.task_int8 import INT8
+from train.tasks import task_of
 from compress.quantization.nncf_ptq import NNCFSettings, NNCFUnavailable, compare_on_split, nncf_version, quantize_onnx
 from compress.stages.base import InputArtifact, Output, Stage, StageContext, StageResult
 from compress.stages.int8_records import input_onnx, split_arrays
@@ -61,6 +63,12 @@ class NNCFStage(Stage):
         except NNCFUnavailable as exc:
             raise ConfigError(f"stage {ctx.name!r} (nncf) needs NNCF: {exc}") from exc
         source, data = inputs["model"], ctx.data
+        task = task_of(data)
+        if task.name in INT8 and task.metrics != ("top1", "top5"):  # judged by top-k on the split; a detector's or
+            # segmenter's file would be scored as a classifier's
+            raise ConfigError(f"stage {ctx.name!r} (nncf) judges its file by top-k accuracy and cannot score a "
+                              f"{task.name} model; use the quantize stage's openvino flavour (NNCF too, judged by "
+                              f"{task.val_metric})")
         if "samples" in cfg.model_fields_set and cfg.samples > len(data.calib):
             raise ConfigError(f"stages.{ctx.name}.samples: {cfg.samples} is more than the {len(data.calib)} "
                               "calibration images; lower it or raise data.calib_size")

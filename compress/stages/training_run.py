@@ -156,6 +156,9 @@ def run_training(ctx: StageContext, model: nn.Module, cfg: TrainingSettings, *, 
         processes = f" × {group.world} processes" if group.active else ""
         raise ConfigError(f"{field}.batch_size: {cfg.batch_size}{processes} × grad_accum {cfg.grad_accum} is more "
                           f"than the {len(split)} training images; lower it")
+    stale = slow_batchnorm(model, steps_per_epoch)
+    if stale:
+        ctx.log(f"warning: {field}: {stale}", style="yellow")
     scaling = ctx.distributed.lr_scaling if ctx.distributed is not None else "none"
     lr = cfg.lr * LR_SCALING[scaling](group.world)
     total = steps_per_epoch * cfg.epochs
@@ -193,6 +196,24 @@ def run_training(ctx: StageContext, model: nn.Module, cfg: TrainingSettings, *, 
         "resumed_from_step": result.resumed_from_step, "processes": group.world,
     }
     return TrainingRun(result, precision, device, metrics, group)
+
+
+def slow_batchnorm(model: nn.Module, steps_per_epoch: int) -> str | None:
+    """Why validation may read BatchNorm statistics that are still mostly their initial values, or None: a model
+    trained from scratch (its running statistics never updated) whose momentum forgets the initial ones more
+    slowly than one epoch (torchvision's MobileNetV3 uses 0.01)."""
+    fresh = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.momentum
+             and m.running_mean is not None and not m.running_mean.any() and bool((m.running_var == 1).all())]
+    if not fresh:
+        return None
+    momentum = min(m.momentum for m in fresh)
+    left = (1 - momentum) ** steps_per_epoch
+    if momentum * steps_per_epoch >= 1:
+        return None
+    return (f"BatchNorm momentum {momentum:g} over {steps_per_epoch} steps an epoch: after the first epoch the running "
+            f"statistics of {len(fresh)} layers are still {left:.0%} their initial values, and validation (eval mode) "
+            "reads them, so it can score the model as answering one class; raise the momentum (a torchvision "
+            "segmenter takes model.args.bn_momentum: 0.1) or train on more steps")
 
 
 def refresh_batchnorm(ctx: StageContext, model: nn.Module, settings: BatchNormSettings, cfg: TrainingSettings,

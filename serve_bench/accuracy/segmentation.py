@@ -33,7 +33,8 @@ def segmentation_entries(names: list[str], masks: dict[str, np.ndarray], labels:
         acc = {k: round(points[name][k], 4) for k in ("miou", "pixel_acc")}
         entry = {"accuracy": acc,
                  "accuracy_ci": {k: [round(v, 4) for v in percentile_interval(values[name][k])] for k in acc},
-                 "per_class_iou": points[name]["per_class_iou"]}
+                 "per_class_iou": points[name]["per_class_iou"],
+                 **({"answered_only": points[name]["answered_only"]} if "answered_only" in points[name] else {})}
         if name == baseline:
             entry["accuracy_drop"] = 0.0
             entry["accuracy_paired"] = {"reference": True, "n": len(labels), "drop": 0.0, "drop_ci": [0.0, 0.0],

@@ -240,5 +240,6 @@ def _comparisons(spec: ArtifactSpec, specs: list[ArtifactSpec], tests: dict[str,
                                   tests[spec.name].labels, metric,
                                   judged.base_hits if spec.name not in judged.unpaired else None, max_drop)
             if spec.name in answers.served_logits else
-            {"batch": batch, "not_measured": "a detector's mAP is measured at its latency batch only"})
+            {"batch": batch, "not_measured": f"a {tests[spec.name].task} model's {metric} is measured at its latency "
+                                             "batch only"})
     return out

@@ -126,6 +126,9 @@ class Entry(_Open):
     per_class_iou: dict[str, float | None] | None = Field(None, description="a segmenter: IoU per class (points; "
                                                                            "None where the class is in neither "
                                                                            "the masks nor the answers)")
+    answered_only: dict[str, int] | None = Field(None, description="a segmenter: pixels it answered with a class no "
+                                                                  "test mask holds (not in its mIoU, which averages "
+                                                                  "over the classes in the masks)")
     per_class_loss: list[dict[str, Any]] | None = Field(None, description="a segmenter: the classes whose IoU falls "
                                                                          "the most below the baseline's (points)")
     traffic: EntryTraffic | None = None

@@ -6,6 +6,9 @@ the calibration subset and the split digest (which hashes every mask pixel) are 
 """
 from __future__ import annotations
 
+import hashlib
+import json
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,9 +18,11 @@ from train.data import DataBundle, DataSpec, Split, _split_indices, _train_stats
 from train.datasets import DataError, RawDataset
 from train.decode_cache import default_cache_dir
 from train.segmentation.folders import MaskRaw, MaskReading, load_coco_masks, load_mask_folder, load_voc
+from train.detection.shapes import GENERATOR_VERSION as SHAPES_VERSION
 from train.segmentation.scenes import GENERATOR_VERSION, write_scenes
 
 SEGMENTATION_DATASETS = ("masks", "voc", "coco_masks", "scenes")
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -30,6 +35,18 @@ class SegmentationBundle(DataBundle):
         return {**super().preprocessing(), "resize": self.resize, "pad_value": 114 if self.resize == "letterbox" else None,
                 "classes": self.class_names, "ignore_index": self.ignore_index,
                 "output": "logits N×classes×H×W at the input's resolution; argmax over classes is the mask"}
+
+    def digest(self) -> str:
+        """The split digest, which covers every mask pixel, and what the masks mean: the class names, the unscored
+        value and the resize (a model made under other names or another void value is not this data's)."""
+        cached = self.__dict__.get("_digest")
+        if cached is not None:
+            return cached
+        h = hashlib.sha256(super().digest().encode())
+        h.update(json.dumps({"classes": self.class_names, "ignore_index": self.ignore_index,
+                             "resize": self.resize}, sort_keys=True).encode())
+        self.__dict__["_digest"] = h.hexdigest()
+        return self.__dict__["_digest"]
 
     def judging_facts(self, split: str) -> dict:
         """The masks are the labels; the classes and the unscored value say how to read them."""
@@ -44,7 +61,9 @@ def scenes_folder(spec: DataSpec) -> Path:
     """The generated scenes for ``spec`` (written once into the cache folder, then read like a user's)."""
     size = spec.image_size or 96
     root = Path(spec.cache_dir) if spec.cache_dir else default_cache_dir()
-    folder = root / f"scenes-v{GENERATOR_VERSION}-n{spec.synthetic_samples}-s{size}-seed{spec.split_seed}"
+    # the scenes paint the shapes generator's backgrounds and masks: a change to either names another folder
+    folder = root / (f"scenes-v{GENERATOR_VERSION}.{SHAPES_VERSION}-n{spec.synthetic_samples}-s{size}-"
+                     f"seed{spec.split_seed}")
     if not (folder / "classes.txt").is_file():
         root.mkdir(parents=True, exist_ok=True)
         write_scenes(folder, images=spec.synthetic_samples, size=size, seed=spec.split_seed)
@@ -71,10 +90,21 @@ def _named_splits(raw: MaskRaw, spec: DataSpec) -> dict[str, torch.Tensor] | Non
     """VOC's lists as the splits, where it names them: ``test`` (else ``val``) is the test split, ``val`` (where a
     test list exists) the validation split, and validation is otherwise carved from ``train`` by val_fraction."""
     lists = raw.lists
-    if "train" not in lists or not ({"val", "test"} & set(lists)):
+    train_list = next((name for name in ("train", "trainaug") if name in lists), None)  # trainaug: SBD's larger list
+    if train_list is None or not ({"val", "test"} & set(lists)):
+        if lists:
+            logger.info("%s: the lists %s do not name a train and a val (or test) split: the project splits the "
+                        "images", spec.path, ", ".join(sorted(lists)))
         return None  # one list or none: split by the project, as the other tasks are
+    held = set(lists.get("test", [])) | set(lists.get("val", []))
+    shared = held & set(lists[train_list])
+    if shared:
+        raise DataError(f"{spec.path}: {len(shared)} images are in the {train_list} list and in a held-out list (val or "
+                        "test): a model would be judged on images it trained on; remove them from one list")
+    logger.info("%s: splits from ImageSets/Segmentation: %s for training, %s for test", spec.path, train_list,
+                "test" if "test" in lists else "val")
     gen = torch.Generator().manual_seed(spec.split_seed)
-    train = torch.tensor(lists["train"], dtype=torch.int64)
+    train = torch.tensor(lists[train_list], dtype=torch.int64)
     test = torch.tensor(lists["test"] if "test" in lists else lists["val"], dtype=torch.int64)
     if "test" in lists and "val" in lists:
         val = torch.tensor(lists["val"], dtype=torch.int64)

@@ -181,8 +181,21 @@ def _assemble(pairs: list[tuple[Path, Path | None, np.ndarray | None]], reading:
     class_names = known if known is not None else [f"class_{i}" for i in range(found_max + 1)]
     if len(class_names) < 2:
         raise DataError(f"{folder}: {len(class_names)} class; segmentation needs at least two (background and one)")
+    _check_not_binary_void(masks, class_names, reading.ignore_index, folder)
     return MaskRaw(images=images, masks=masks, class_names=class_names, files=[str(p[0]) for p in pairs],
                    source={**source, "images": len(pairs), "size": size})
+
+
+def _check_not_binary_void(masks: torch.Tensor, class_names: list[str], ignore_index: int, folder: Path) -> None:
+    """Refuse 0/255 object masks read with 255 as the unscored value: every object pixel would be ignored and a
+    model answering background everywhere would score a perfect mIoU."""
+    seen = torch.bincount(masks.reshape(-1).long(), minlength=256)
+    ignored = float(seen[ignore_index]) / max(int(seen.sum()), 1)
+    missing = [name for i, name in enumerate(class_names) if i > 0 and seen[i] == 0]
+    if missing and ignored > 0.2:
+        raise DataError(f"{folder}: {ignored:.0%} of mask pixels are ignore_index {ignore_index} and no mask holds "
+                        f"{', '.join(missing)}: object masks saved as 0/{ignore_index}? Save the object as class 1, "
+                        f"or set data.ignore_index to a value the masks never use")
 
 
 def _images_in(folder: Path) -> list[Path]:

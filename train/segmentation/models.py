@@ -59,7 +59,17 @@ class LrasppSegmenter(nn.Module):
         return F.interpolate(out, size=x.shape[-2:], mode="bilinear", align_corners=False)
 
 
-def torchvision_segmenter(name: str, num_classes: int, **args) -> nn.Module:
+def set_batchnorm_momentum(model: nn.Module, momentum: float) -> None:
+    for m in model.modules():
+        if isinstance(m, nn.modules.batchnorm._BatchNorm):
+            m.momentum = momentum
+
+
+def torchvision_segmenter(name: str, num_classes: int, bn_momentum: float | None = None, **args) -> nn.Module:
+    """``bn_momentum``: torchvision builds its MobileNetV3 backbones with BatchNorm momentum 0.01, right for its
+    recipe of tens of thousands of steps from ImageNet weights. Trained from scratch for a few hundred steps, the
+    running statistics are then still mostly their initial values and eval mode answers one class; 0.1
+    (PyTorch's default) follows the data within a few dozen steps."""
     from torchvision.models import segmentation
 
     args.setdefault("weights", None)
@@ -67,6 +77,8 @@ def torchvision_segmenter(name: str, num_classes: int, **args) -> nn.Module:
     if not name.startswith("lraspp"):
         args.setdefault("aux_loss", True)
     built = getattr(segmentation, name)(num_classes=num_classes, **args)
+    if bn_momentum is not None:
+        set_batchnorm_momentum(built, bn_momentum)
     return LrasppSegmenter(built, num_classes) if name.startswith("lraspp") else TorchvisionSegmenter(built, num_classes)
 
 
