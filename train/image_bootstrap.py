@@ -56,3 +56,14 @@ def needed_for_bootstrap(n: int, drop: float, sd: float, max_drop: float, level:
         return None
     z = NormalDist().inv_cdf(1 - (1 - level) / 2) + NormalDist().inv_cdf(power)
     return max(n + 1, int(np.ceil(n * (z * sd / (max_drop - drop)) ** 2)))
+
+
+def paired_fields(name: str, baseline: str, point: dict[str, float], draws: dict[str, np.ndarray], n: int,
+                  max_drop: float | None) -> dict:
+    """A file's drop below the baseline and its paired interval, as the report's entry holds them: ``point`` and
+    ``draws`` give every file's full-set figure and its bootstrap values (the same draws for every file)."""
+    if name == baseline:
+        return {"accuracy_drop": 0.0, "accuracy_paired": {"reference": True, "n": n, "drop": 0.0, "drop_ci": [0.0, 0.0],
+                                                          "method": "paired-bootstrap"}}
+    paired = drop_summary(point[baseline] - point[name], draws[baseline] - draws[name], n, max_drop)
+    return {"accuracy_drop": paired["drop"], "accuracy_paired": paired}

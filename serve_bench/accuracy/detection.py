@@ -12,8 +12,8 @@ import time
 
 import numpy as np
 
-from train.detection.coco_map import (bootstrap_values, bootstrap_weights, drop_summary, match, mean_ap,
-                                      percentile_interval)
+from train.detection.coco_map import bootstrap_values, bootstrap_weights, match, mean_ap, percentile_interval
+from train.image_bootstrap import paired_fields
 from train.detection.postprocess import NmsSettings, detections
 
 DRAWS = 1000
@@ -63,14 +63,7 @@ def detection_entries(names: list[str], outputs: dict[str, np.ndarray], targets:
         entry = {"accuracy": acc,
                  "accuracy_ci": {k: [round(v, 4) for v in percentile_interval(values[name][k])] for k in acc},
                  "postprocess_ms": nms_latency(outputs[name][: min(100, len(targets))], nms)}
-        if name == baseline:
-            entry["accuracy_drop"] = 0.0
-            entry["accuracy_paired"] = {"reference": True, "n": len(targets), "drop": 0.0, "drop_ci": [0.0, 0.0],
-                                        "method": "paired-bootstrap"}
-        else:
-            paired = drop_summary(points[baseline][metric] - points[name][metric],
-                                  values[baseline][metric] - values[name][metric], len(targets), max_drop)
-            entry["accuracy_drop"] = paired["drop"]
-            entry["accuracy_paired"] = paired
+        entry.update(paired_fields(name, baseline, {n: points[n][metric] for n in names},
+                                   {n: values[n][metric] for n in names}, len(targets), max_drop))
         out[name] = entry
     return out

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from train.image_bootstrap import bootstrap_weights, drop_summary, percentile_interval
+from train.image_bootstrap import bootstrap_weights, paired_fields, percentile_interval
 from train.segmentation.metric import bootstrap_scores, confusions, summary
 
 DRAWS = 1000
@@ -35,15 +35,9 @@ def segmentation_entries(names: list[str], masks: dict[str, np.ndarray], labels:
                  "accuracy_ci": {k: [round(v, 4) for v in percentile_interval(values[name][k])] for k in acc},
                  "per_class_iou": points[name]["per_class_iou"],
                  **({"answered_only": points[name]["answered_only"]} if "answered_only" in points[name] else {})}
-        if name == baseline:
-            entry["accuracy_drop"] = 0.0
-            entry["accuracy_paired"] = {"reference": True, "n": len(labels), "drop": 0.0, "drop_ci": [0.0, 0.0],
-                                        "method": "paired-bootstrap"}
-        else:
-            paired = drop_summary(points[baseline][metric] - points[name][metric],
-                                  values[baseline][metric] - values[name][metric], len(labels), max_drop)
-            entry["accuracy_drop"] = paired["drop"]
-            entry["accuracy_paired"] = paired
+        entry.update(paired_fields(name, baseline, {n: points[n][metric] for n in names},
+                                   {n: values[n][metric] for n in names}, len(labels), max_drop))
+        if name != baseline:
             entry["per_class_loss"] = most_lost(points[baseline]["per_class_iou"], points[name]["per_class_iou"])
         out[name] = entry
     return out
