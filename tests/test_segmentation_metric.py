@@ -102,3 +102,15 @@ def test_a_class_only_answered_is_reported_apart_and_does_not_sink_one_file_alon
     assert entries["stray"]["answered_only"] == {"other": 3}
     # the two files are averaged over the same classes: the drop is the 3 pixels' cost in bg's IoU, not a third
     assert entries["stray"]["accuracy_drop"] == pytest.approx(100 * (1 - 125 / 128) / 2, abs=1e-3)  # bg: 125/128
+
+
+def test_a_class_in_few_test_images_is_flagged_and_a_common_one_is_not():
+    from serve_bench.accuracy.segmentation import thin_classes
+
+    masks = np.zeros((12, 4, 4), dtype=np.uint8)
+    masks[:, 0, 0] = 1  # fg in all 12 images
+    masks[:2, 1, 1] = 2  # rare in 2
+    masks[:, 3, 3] = 255
+    flag = thin_classes(masks, ["bg", "fg", "rare"], 255)
+    assert "rare (2)" in flag and "fg" not in flag and "mIoU intervals" in flag
+    assert thin_classes(masks[:, :1], ["bg", "fg"], 255) is None

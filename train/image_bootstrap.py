@@ -67,3 +67,16 @@ def paired_fields(name: str, baseline: str, point: dict[str, float], draws: dict
                                                           "method": "paired-bootstrap"}}
     paired = drop_summary(point[baseline] - point[name], draws[baseline] - draws[name], n, max_drop)
     return {"accuracy_drop": paired["drop"], "accuracy_paired": paired}
+
+
+def rare_classes(images_per_class: np.ndarray, class_names: list[str], minimum: int, held: str,
+                 metric: str) -> str | None:
+    """A flag when a class is in fewer than ``minimum`` test images: resamples then often miss it, its score is
+    undefined there, and a draw's ``metric`` averages over fewer classes than the figure does."""
+    thin = [f"{class_names[c]} ({images_per_class[c]})" for c in range(len(class_names))
+            if images_per_class[c] < minimum]
+    if not thin:
+        return None
+    return (f"classes {held} fewer than {minimum} test images: {', '.join(thin)}; the {metric} intervals and the "
+            "paired drops are unreliable for them (a resample that misses a class averages over the others): add "
+            "test images of those classes")

@@ -13,7 +13,7 @@ import time
 import numpy as np
 
 from train.detection.coco_map import bootstrap_values, bootstrap_weights, match, mean_ap, percentile_interval
-from train.image_bootstrap import paired_fields
+from train.image_bootstrap import paired_fields, rare_classes
 from train.detection.postprocess import NmsSettings, detections
 
 DRAWS = 1000
@@ -41,12 +41,7 @@ def thin_classes(targets: list[dict], class_names: list[str], minimum: int = 5) 
     for t in targets:
         present = np.unique(np.asarray(t["classes"])[~np.asarray(t["crowd"], dtype=bool)])
         counts[present] += 1
-    thin = [f"{class_names[c]} ({counts[c]})" for c in range(len(class_names)) if counts[c] < minimum]
-    if not thin:
-        return None
-    return (f"classes with boxes in fewer than {minimum} test images: {', '.join(thin)}; the mAP intervals and the "
-            "paired drops are unreliable for them (a resample that misses a class averages over the others): "
-            "add test images of those classes")
+    return rare_classes(counts, class_names, minimum, "with boxes in", "mAP")
 
 
 def detection_entries(names: list[str], outputs: dict[str, np.ndarray], targets: list[dict], num_classes: int,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from train.image_bootstrap import bootstrap_weights, paired_fields, percentile_interval
+from train.image_bootstrap import bootstrap_weights, paired_fields, percentile_interval, rare_classes
 from train.segmentation.metric import bootstrap_scores, confusions, summary
 
 DRAWS = 1000
@@ -58,9 +58,4 @@ def thin_classes(labels: np.ndarray, class_names: list[str], ignore_index: int, 
     for row in flat:
         present = np.unique(row[row != ignore_index])
         counts[present[present < len(class_names)]] += 1
-    thin = [f"{class_names[c]} ({counts[c]})" for c in range(len(class_names)) if counts[c] < minimum]
-    if not thin:
-        return None
-    return (f"classes in fewer than {minimum} test images: {', '.join(thin)}; the mIoU intervals and the paired "
-            "drops are unreliable for them (a resample that misses a class averages over the others): add test "
-            "images of those classes")
+    return rare_classes(counts, class_names, minimum, "in", "mIoU")

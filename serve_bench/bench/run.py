@@ -116,7 +116,7 @@ def _answers(specs: list[ArtifactSpec], tests: dict[str, TestSet], test: TestSet
         served = {spec.name: batch for spec in specs
                   if (batch := served_batch(spec, traffic.get(spec.name), eval_batches[spec.name]))}
         served_logits = {name: workers[name].call("predict", tests[name].images, batch)
-                         for name, batch in served.items() if tests[name].task == "classification"}
+                         for name, batch in served.items() if tests[name].task not in JUDGES}  # top-k, paired by image
     return _Answers(measured, per_repeat, logits, eval_batches, infos, traffic, traffic_facts, profiles, served,
                     served_logits)
 
