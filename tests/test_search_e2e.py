@@ -28,11 +28,11 @@ TINY_FULL = {
     "name": "tiny-full", "seed": 0, "data": {"name": "digits"}, "model": {"name": "resnet20", "args": {"width": 8}},
     "red_line": {"metric": "top1", "max_drop": 6.0}, "latency": {"p99_budget_ms": 50.0}, "gate": {"decision": "point"},
     "stages": [
-        {"name": "train", "kind": "train", "epochs": 15, "batch_size": 64, "optimizer": "adamw", "lr": 3e-3,
+        {"name": "train", "kind": "train", "epochs": 10, "batch_size": 64, "optimizer": "adamw", "lr": 3e-3,
          "schedule": "wsd", "warmup_epochs": 0.5, "amp": "off", "checkpoint_every": 0},
         {"name": "prune", "kind": "prune", "target": {"macs": 0.7}, "deployed_latency": {"enabled": False},
          "sparsity": {"epochs": 1, "batch_size": 64, "lr": 5e-3, "amp": "off", "checkpoint_every": 0},
-         "finetune": {"epochs": 6, "batch_size": 64, "optimizer": "adamw", "lr": 3e-3, "amp": "off",
+         "finetune": {"epochs": 4, "batch_size": 64, "optimizer": "adamw", "lr": 3e-3, "amp": "off",
                       "checkpoint_every": 0}},
         {"name": "quantize", "kind": "quantize", "calibration": {"method": "minmax", "samples": 128},
          "fallback": {"enabled": False}, "qat": {"epochs": 1}},
