@@ -86,3 +86,19 @@ def test_a_released_segmenter_has_a_card_with_iou_per_class_and_verify_says_what
     images = tmp_path / "images"
     (images / "background").mkdir(parents=True)
     assert main(["verify", str(bundle), str(images)]) == 2  # mIoU from a class folder: refused, said
+
+
+@pytest.mark.slow  # the chain above, asked for an nncf stage
+def test_the_nncf_stage_refuses_a_segmenter_before_writing_anything(scenes_run, tmp_path, capsys):
+    import shutil
+
+    config = yaml.safe_load((scenes_run / "pipeline.resolved.yaml").read_text())
+    config["stages"].append({"name": "nncf", "kind": "nncf", "inputs": {"model": "train"}})
+    path = tmp_path / "with-nncf.yaml"
+    path.write_text(yaml.safe_dump(config))
+    run_dir = tmp_path / "run"
+    shutil.copytree(scenes_run, run_dir)
+    capsys.readouterr()
+    assert main(["run", str(path), "--run-dir", str(run_dir), "--only", "nncf", "--reuse-run-dir"]) == 2
+    assert "cannot score a segmentation model; use the quantize stage's openvino flavour" in capsys.readouterr().err
+    assert not (run_dir / "nncf" / "onnx").exists()
