@@ -23,6 +23,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from compress.config import Strict
+from train.segmentation.training import main_logits
 
 
 class DistillationMismatch(Exception):
@@ -47,16 +48,6 @@ class DistillSettings(LossSettings):
     """Distillation inside another stage's training (a pruned model's finetune, QAT): the teacher is required."""
 
     teacher: str = Field(..., description="an earlier stage or artifact, e.g. train or train.model")
-
-
-def main_output(outputs) -> torch.Tensor:
-    """The logits of what a forward returned: the tensor, the first of a training-mode (out, aux) pair, or a
-    torchvision {"out": …} dict."""
-    if isinstance(outputs, dict):
-        return outputs["out"]
-    if isinstance(outputs, (tuple, list)):
-        return outputs[0]
-    return outputs
 
 
 def soft_term(student: torch.Tensor, teacher: torch.Tensor, temperature: float,
@@ -106,14 +97,14 @@ class DistillationLoss:
 
     def _run_teacher(self, x: torch.Tensor) -> torch.Tensor:
         with torch.no_grad(), self.autocast():
-            return main_output(self.teacher(x)).float()
+            return main_logits(self.teacher(x)).float()
 
     def __call__(self, x: torch.Tensor, student_logits, labels: torch.Tensor) -> dict[str, torch.Tensor]:
         if self.hard_loss is None:
             return distillation_terms(student_logits, self.teacher_logits(x), labels, self.temperature, self.alpha,
                                       self.label_smoothing)
         scored = (labels != self.ignore_index).float() if self.ignore_index is not None and labels.dim() > 1 else None
-        kd = soft_term(main_output(student_logits), self.teacher_logits(x), self.temperature, scored)
+        kd = soft_term(main_logits(student_logits), self.teacher_logits(x), self.temperature, scored)
         hard = self.hard_loss(x, student_logits, labels)["loss"]
         return {"loss": self.alpha * kd + (1 - self.alpha) * hard, "kd": kd, "ce": hard}
 

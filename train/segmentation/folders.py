@@ -198,6 +198,14 @@ def _check_not_binary_void(masks: torch.Tensor, class_names: list[str], ignore_i
                         f"or set data.ignore_index to a value the masks never use")
 
 
+def _require(folder: Path, subfolders: tuple[str, ...], layout: str) -> list[Path]:
+    """The layout's sub-folders of ``folder``; a DataError naming the first one missing and what the layout holds."""
+    for name in subfolders:
+        if not (folder / name).is_dir():
+            raise DataError(f"data.path: {folder} has no {name}/ folder; {layout}")
+    return [folder / name for name in subfolders]
+
+
 def _images_in(folder: Path) -> list[Path]:
     return sorted(p for p in folder.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file())
 
@@ -205,11 +213,8 @@ def _images_in(folder: Path) -> list[Path]:
 def load_mask_folder(path: str | Path, reading: MaskReading) -> MaskRaw:
     """``images/`` and ``masks/``: each image's mask is the PNG of the same stem in ``masks/``."""
     folder = Path(path)
-    images_dir, masks_dir = folder / "images", folder / "masks"
-    for needed in (images_dir, masks_dir):
-        if not needed.is_dir():
-            raise DataError(f"data.path: {folder} has no {needed.name}/ folder; a mask folder holds images/ and "
-                            "masks/ (an index PNG of the same stem per image)")
+    images_dir, masks_dir = _require(folder, ("images", "masks"), "a mask folder holds images/ and masks/ (an index "
+                                     "PNG of the same stem per image)")
     masks = {p.stem: p for p in masks_dir.iterdir() if p.suffix.lower() == ".png"}
     pairs = []
     for image in _images_in(images_dir):
@@ -224,11 +229,8 @@ def load_voc(path: str | Path, reading: MaskReading) -> MaskRaw:
     """Pascal VOC: the images listed in ``ImageSets/Segmentation/*.txt`` (every image with a mask where there is
     no list), ``JPEGImages/<id>.jpg`` and ``SegmentationClass/<id>.png``; the lists come back as named splits."""
     folder = Path(path)
-    jpegs, classes_dir = folder / "JPEGImages", folder / "SegmentationClass"
-    for needed in (jpegs, classes_dir):
-        if not needed.is_dir():
-            raise DataError(f"data.path: {folder} has no {needed.name}/; give the VOC folder (VOC2012 itself, holding "
-                            "JPEGImages/, SegmentationClass/ and ImageSets/Segmentation/)")
+    jpegs, classes_dir = _require(folder, ("JPEGImages", "SegmentationClass"), "give the VOC folder (VOC2012 itself, "
+                                  "holding JPEGImages/, SegmentationClass/ and ImageSets/Segmentation/)")
     list_dir = folder / "ImageSets" / "Segmentation"
     lists = {p.stem: [line.split()[0] for line in p.read_text().splitlines() if line.strip()]
              for p in sorted(list_dir.glob("*.txt"))} if list_dir.is_dir() else {}

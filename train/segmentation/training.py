@@ -22,8 +22,8 @@ AUX_WEIGHT = 0.5  # torchvision's segmentation reference: loss = out + 0.5 · au
 
 
 def main_logits(outputs) -> torch.Tensor:
-    """The segmenter's class logits (N×C×H×W) from what its forward returned: the tensor itself, the first of a
-    training-mode (out, aux) pair, or torchvision's {"out": …} dict."""
+    """The class logits of what a forward returned: the tensor itself, the first of a training-mode (out, aux)
+    pair, or torchvision's {"out": …} dict (distillation reads every task's logits through this too)."""
     if isinstance(outputs, dict):
         return outputs["out"]
     if isinstance(outputs, (tuple, list)):
